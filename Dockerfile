@@ -1,0 +1,18 @@
+# One image for the API, the migrate step and the workers.
+# GPU workers: the default torch wheel from PyPI carries CUDA. For a CPU-only image build with
+#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu .
+FROM python:3.11-slim
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+RUN if [ -n "$TORCH_INDEX" ]; then pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX"; \
+    else pip install "torch==${TORCH_VERSION}"; fi
+COPY pyproject.toml README.md alembic.ini ./
+COPY sdk sdk
+COPY server server
+COPY workers workers
+COPY migrations migrations
+RUN pip install -e '.[worker]'
+ENV ACE3_MIGRATIONS_DIR=/app/migrations
+CMD ["ace3", "server", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,45 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint format services install clean
+
+## install: a virtual environment with the CPU build of torch 2.13.0 first, then the project
+install: $(STAMP)
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+## services: make sure PostgreSQL and Redis answer (starting them when installed but stopped)
+services:
+	@bash scripts/ensure-services.sh
+
+## demo: from nothing to a digits classifier trained through the SDK with 2 processes
+demo: install
+	@bash scripts/demo.sh
+
+## test: lint, then every test (unit, integration, end-to-end) against real Postgres, Redis, Celery, torchrun
+test: install services
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+## test-fast: only the tests not marked slow
+test-fast: install
+	$(BIN)/pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .ace3 .pytest_cache .ruff_cache

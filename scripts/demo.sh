@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# make demo: start ACE3 on the embedded defaults (SQLite, a local broker), create a key, and train
+# the digits example through the SDK with 2 processes. Stops everything it started on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+export ACE3_DATA_DIR="$PWD/.ace3/demo"
+rm -rf "$ACE3_DATA_DIR"
+mkdir -p "$ACE3_DATA_DIR"
+PORT=${ACE3_DEMO_PORT:-$($BIN/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+export ACE3_BASE_URL="http://127.0.0.1:$PORT"
+SECONDS=0
+
+$BIN/ace3 up --port "$PORT" > "$ACE3_DATA_DIR/stack.log" 2>&1 &
+STACK_PID=$!
+cleanup() {
+  kill "$STACK_PID" 2>/dev/null || true
+  wait "$STACK_PID" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+echo "Starting ACE3 (API + worker) on $ACE3_BASE_URL; logs in $ACE3_DATA_DIR/stack.log"
+for _ in $(seq 1 120); do
+  curl -fsS "$ACE3_BASE_URL/healthz" >/dev/null 2>&1 && break
+  kill -0 "$STACK_PID" 2>/dev/null || { cat "$ACE3_DATA_DIR/stack.log"; exit 1; }
+  sleep 0.5
+done
+curl -fsS "$ACE3_BASE_URL/healthz" >/dev/null || { echo "ACE3 did not come up"; cat "$ACE3_DATA_DIR/stack.log"; exit 1; }
+
+export ACE3_API_KEY=$($BIN/ace3 keys create --name demo --quiet)
+cd examples/digits
+../../$BIN/python train.py
+
+echo "demo wall time (stack start to trained model): ${SECONDS} s"

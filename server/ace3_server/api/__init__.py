@@ -1,0 +1,1 @@
+"""The HTTP layer: dependencies, one router per resource, mounted under /v1."""

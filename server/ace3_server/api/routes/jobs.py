@@ -1,0 +1,151 @@
+"""Jobs: create, list, get, cancel, metrics, logs, checkpoints and the live event stream."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+
+from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
+from ace3_server.errors import field_error, not_found
+from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, JobState
+from ace3_server.schemas import CheckpointList, JobCreate, JobOut, LogList, MetricList, Page
+from ace3_server.services import events, jobs
+from ace3_server.services.pagination import paginate
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(max_length=200, description="Retries with the same key and body return the same job."),
+]
+
+
+@router.post("", response_model=JobOut, status_code=201, operation_id="create_job",
+             responses={200: {"model": JobOut, "description": "Replay of an earlier request with this Idempotency-Key."}})
+async def create_job(
+    body: JobCreate,
+    response: Response,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    publisher: PublisherDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> Job:
+    job, created = await jobs.create_job(
+        session, publisher, owner_id=owner_id, body=body,
+        idempotency_key=idempotency_key, max_retries=settings.max_retries,
+    )
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return job
+
+
+@router.get("", response_model=Page[JobOut], operation_id="list_jobs")
+async def list_jobs(
+    session: SessionDep,
+    owner_id: OwnerDep,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> dict[str, object]:
+    stmt = select(Job).where(Job.owner_id == owner_id)
+    if state is not None:
+        stmt = stmt.where(Job.state == state)
+    rows, next_cursor = await paginate(session, stmt, Job, cursor=cursor, limit=limit)
+    return {"data": rows, "next_cursor": next_cursor}
+
+
+@router.get("/{job_id}", response_model=JobOut, operation_id="get_job")
+async def get_job(job_id: str, session: SessionDep, owner_id: OwnerDep) -> Job:
+    return await jobs.get_owned_job(session, owner_id, job_id)
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, status_code=202, operation_id="cancel_job")
+async def cancel_job(job_id: str, session: SessionDep, owner_id: OwnerDep) -> Job:
+    job = await jobs.get_owned_job(session, owner_id, job_id)
+    return await jobs.cancel_job(session, job)
+
+
+@router.get("/{job_id}/metrics", response_model=MetricList, operation_id="list_job_metrics")
+async def list_metrics(
+    job_id: str,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    since_step: Annotated[int | None, Query(ge=0, description="Only steps >= this.")] = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+) -> dict[str, object]:
+    await jobs.get_owned_job(session, owner_id, job_id)
+    stmt = select(JobMetric).where(JobMetric.job_id == job_id)
+    if since_step is not None:
+        stmt = stmt.where(JobMetric.step >= since_step)
+    if name is not None:
+        stmt = stmt.where(JobMetric.name == name)
+    rows = (await session.scalars(stmt.order_by(JobMetric.step, JobMetric.id))).all()
+    return {"data": rows}
+
+
+@router.get("/{job_id}/logs", response_model=LogList, operation_id="list_job_logs")
+async def list_logs(
+    job_id: str,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    after: Annotated[int, Query(ge=0, description="Only lines with seq > after.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> dict[str, object]:
+    await jobs.get_owned_job(session, owner_id, job_id)
+    stmt = select(JobLog).where(JobLog.job_id == job_id, JobLog.id > after).order_by(JobLog.id).limit(limit)
+    rows = (await session.scalars(stmt)).all()
+    return {"data": rows, "next_after": rows[-1].id if rows else after}
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, operation_id="list_job_checkpoints")
+async def list_checkpoints(job_id: str, session: SessionDep, owner_id: OwnerDep) -> dict[str, object]:
+    await jobs.get_owned_job(session, owner_id, job_id)
+    stmt = select(JobCheckpoint).where(JobCheckpoint.job_id == job_id).order_by(JobCheckpoint.step)
+    return {"data": (await session.scalars(stmt)).all()}
+
+
+@router.get("/{job_id}/checkpoints/{checkpoint_id}/content", operation_id="download_job_checkpoint",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+async def download_checkpoint(
+    job_id: str, checkpoint_id: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+) -> StreamingResponse:
+    await jobs.get_owned_job(session, owner_id, job_id)
+    checkpoint = await session.get(JobCheckpoint, checkpoint_id)
+    if checkpoint is None or checkpoint.job_id != job_id or not store.exists(checkpoint.storage_key):
+        raise not_found("checkpoint")
+    return StreamingResponse(
+        store.iter_bytes(checkpoint.storage_key),
+        media_type="application/octet-stream",
+        headers={
+            "content-length": str(checkpoint.size_bytes),
+            "content-disposition": f'attachment; filename="{checkpoint.name}"',
+            "x-checksum-sha256": checkpoint.sha256,
+        },
+    )
+
+
+@router.get("/{job_id}/events", operation_id="stream_job_events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}}})
+async def stream_events(
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    metrics_after: Annotated[int, Query(ge=0)] = 0,
+    logs_after: Annotated[int, Query(ge=0)] = 0,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    await jobs.get_owned_job(session, owner_id, job_id)
+    if last_event_id is not None and events.Cursor.parse(last_event_id, -1, -1).metrics_after < 0:
+        raise field_error(["header", "last-event-id"], "expected '<metrics_after>:<logs_after>'")
+    cursor = events.Cursor.parse(last_event_id, metrics_after, logs_after)
+    stream = events.job_events(request.app.state.session_factory, job_id, cursor, request.is_disconnected)
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )

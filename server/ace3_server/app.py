@@ -1,0 +1,70 @@
+"""The FastAPI application: wiring settings, database, storage, the publisher and the reconciler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, FastAPI
+from sqlalchemy import text
+
+from ace3_server import __version__
+from ace3_server.api.routes.artifacts import datasets_router, models_router
+from ace3_server.api.routes.jobs import router as jobs_router
+from ace3_server.db import async_session_factory, make_async_engine
+from ace3_server.middleware import RequestIdMiddleware, UploadSizeLimitMiddleware
+from ace3_server.migrations_check import ensure_migrated
+from ace3_server.queue import JobPublisher
+from ace3_server.reconciler import run_reconciler
+from ace3_server.settings import Settings, get_settings
+from ace3_server.storage import LocalArtifactStore
+
+
+def create_app(settings: Settings | None = None, *, run_reconciler_task: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ensure_migrated(settings.resolved_database_url)
+        engine = make_async_engine(settings.resolved_database_url)
+        app.state.settings = settings
+        app.state.session_factory = async_session_factory(engine)
+        app.state.store = LocalArtifactStore(settings.resolved_storage_dir)
+        app.state.publisher = JobPublisher(settings)
+        reconciler = None
+        if run_reconciler_task:
+            reconciler = asyncio.create_task(
+                run_reconciler(app.state.session_factory, app.state.publisher, settings)
+            )
+        try:
+            yield
+        finally:
+            if reconciler is not None:
+                reconciler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reconciler
+            app.state.publisher.close()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="ACE3",
+        version=__version__,
+        summary="Training as a service for PyTorch",
+        lifespan=lifespan,
+    )
+    v1 = APIRouter(prefix="/v1")
+    v1.include_router(models_router)
+    v1.include_router(datasets_router)
+    v1.include_router(jobs_router)
+    app.include_router(v1)
+
+    @app.get("/healthz", tags=["health"], operation_id="health")
+    async def health() -> dict[str, str]:
+        async with app.state.session_factory() as session:
+            await session.execute(text("SELECT 1"))
+        return {"status": "ok", "version": __version__}
+
+    app.add_middleware(UploadSizeLimitMiddleware, max_upload_bytes=settings.max_upload_bytes)
+    app.add_middleware(RequestIdMiddleware)
+    return app

@@ -1,0 +1,81 @@
+"""Database engines and sessions: async for the API, sync for the worker, one URL for both."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def _driver_url(url: str, *, is_async: bool) -> str:
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if backend == "sqlite":
+        driver = "sqlite+aiosqlite" if is_async else "sqlite"
+        return parsed.set(drivername=driver).render_as_string(hide_password=False)
+    raise ValueError(f"unsupported database URL {parsed.drivername!r}: use postgresql:// or sqlite:///")
+
+
+def async_url(url: str) -> str:
+    return _driver_url(url, is_async=True)
+
+
+def sync_url(url: str) -> str:
+    return _driver_url(url, is_async=False)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_sync_engine(url: str) -> Engine:
+    engine = create_engine(sync_url(url), pool_pre_ping=True)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def make_async_engine(url: str) -> AsyncEngine:
+    engine = create_async_engine(async_url(url), pool_pre_ping=True)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def sync_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def async_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def session_scope(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
+    async with factory() as session:
+        yield session
+
+
+def insert_ignoring_duplicates(dialect_name: str, table: Any, rows: list[dict[str, Any]]) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING: reports are stored idempotently by their natural key."""
+    if dialect_name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    elif dialect_name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    else:  # pragma: no cover - _driver_url accepts only these two
+        raise ValueError(f"unsupported dialect {dialect_name}")
+    return dialect_insert(table).values(rows).on_conflict_do_nothing()

@@ -1,0 +1,137 @@
+"""Every job state change as one conditional UPDATE, shared by the API and the worker.
+
+Each statement names the states it may leave and, once a job is claimed, the attempt that owns
+it (the fencing token): a duplicate message, a stale worker or a second API replica changes
+nothing. Callers execute these with a sync or an async session alike and read ``rowcount`` or
+the returned row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Update, and_, or_, update
+
+from ace3_server.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, utcnow
+
+
+def claim(job_id: str, worker_id: str, lease_seconds: float, now: datetime | None = None) -> Update:
+    """queued -> starting, taking the next attempt number; returns (attempt, cancel_requested)."""
+    now = now or utcnow()
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.state == JobState.QUEUED, Job.cancel_requested.is_(False))
+        .values(
+            state=JobState.STARTING,
+            attempt=Job.attempt + 1,
+            worker_id=worker_id,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            heartbeat_at=now,
+            exit_code=None,
+            error=None,
+            updated_at=now,
+        )
+        .returning(Job.attempt)
+    )
+
+
+def mark_running(job_id: str, attempt: int) -> Update:
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.state == JobState.STARTING)
+        .values(state=JobState.RUNNING, started_at=utcnow(), updated_at=utcnow())
+    )
+
+
+def renew_lease(job_id: str, attempt: int, lease_seconds: float) -> Update:
+    """Heartbeat; returns cancel_requested. No row back means the lease was lost: stop."""
+    now = utcnow()
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
+        .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_seconds))
+        .returning(Job.cancel_requested)
+    )
+
+
+def finish(
+    job_id: str,
+    attempt: int,
+    state: JobState,
+    *,
+    exit_code: int | None = None,
+    error: str | None = None,
+    final_metrics: dict[str, Any] | None = None,
+) -> Update:
+    if state not in TERMINAL_STATES:
+        raise ValueError(f"finish() needs a terminal state, not {state}")
+    now = utcnow()
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
+        .values(
+            state=state,
+            exit_code=exit_code,
+            error=error,
+            final_metrics=final_metrics,
+            finished_at=now,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+    )
+
+
+def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
+    """An attempt died through no fault of the user's code: queue the next attempt."""
+    now = utcnow()
+    return (
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.attempt == attempt,
+            Job.state.in_(ACTIVE_STATES),
+            Job.cancel_requested.is_(False),
+            Job.attempt <= Job.max_retries,
+        )
+        .values(
+            state=JobState.QUEUED,
+            worker_id=None,
+            lease_expires_at=None,
+            enqueued_at=now,
+            error=reason,
+            updated_at=now,
+        )
+    )
+
+
+def cancel_queued(job_id: str) -> Update:
+    """A job nobody runs yet is cancelled at once."""
+    now = utcnow()
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.state == JobState.QUEUED)
+        .values(state=JobState.CANCELLED, cancel_requested=True, finished_at=now, updated_at=now)
+    )
+
+
+def request_cancel(job_id: str) -> Update:
+    """A running job: raise the flag the supervisor watches."""
+    now = utcnow()
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.state.in_(ACTIVE_STATES))
+        .values(state=JobState.CANCELLING, cancel_requested=True, updated_at=now)
+    )
+
+
+def mark_republished(job_id: str, enqueued_before: datetime) -> Update:
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.state == JobState.QUEUED, Job.enqueued_at < enqueued_before)
+        .values(enqueued_at=utcnow())
+    )
+
+
+def expired_lease_condition(now: datetime) -> Any:
+    return and_(Job.state.in_(ACTIVE_STATES), or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))

@@ -1,0 +1,62 @@
+"""The Celery configuration shared by the publisher (API) and the worker; messages carry ids only.
+
+The API never imports the worker package: it publishes the task by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from ace3_server.settings import Settings
+
+RUN_JOB_TASK = "ace3.run_job"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "broker_url": settings.resolved_broker_url,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "task_ignore_result": True,
+        # Long training must not wait unacknowledged on Redis (its visibility timeout would hand
+        # it to a second worker): ack on receipt, and let the database lease do the rest.
+        "task_acks_late": False,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": settings.queue_name,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+    }
+    if config["broker_url"].startswith("filesystem://"):
+        folder = settings.broker_dir
+        for sub in ("out", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        config["broker_transport_options"] = {
+            "data_folder_in": str(folder / "out"),
+            "data_folder_out": str(folder / "out"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+        }
+    return config
+
+
+def make_celery(settings: Settings, main: str = "ace3") -> Celery:
+    app = Celery(main, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+class JobPublisher:
+    """Publishes "job <id> has work" messages; the database row is the truth."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._app = make_celery(settings, main="ace3-publisher")
+
+    def publish(self, job_id: str) -> None:
+        self._app.send_task(RUN_JOB_TASK, args=[job_id], queue=self._settings.queue_name)
+
+    def close(self) -> None:
+        self._app.close()

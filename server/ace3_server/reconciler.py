@@ -1,0 +1,69 @@
+"""Keeps the queue honest: re-publishes queued jobs nobody claimed, and expires dead leases.
+
+Celery messages only say "there is work"; the rows are the truth. A message lost between the
+commit and the publish, or swallowed by a dying worker, is made good here; a job whose worker
+stopped heartbeating is queued again (its next attempt resumes from the last checkpoint) while
+its retry budget lasts, and failed after that. Every change is a conditional update, so several
+API replicas may run this at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from ace3_server import job_transitions
+from ace3_server.models import Job, JobState, utcnow
+from ace3_server.queue import JobPublisher
+from ace3_server.services.jobs import publish_safely
+from ace3_server.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+async def reconcile_once(
+    session_factory: async_sessionmaker[AsyncSession], publisher: JobPublisher, settings: Settings
+) -> None:
+    now = utcnow()
+    to_publish: list[str] = []
+    async with session_factory() as session:
+        expired = (await session.scalars(select(Job).where(job_transitions.expired_lease_condition(now)))).all()
+        for job in expired:
+            reason = f"worker {job.worker_id} stopped heartbeating (lease expired) during attempt {job.attempt}"
+            if job.cancel_requested:
+                stmt = job_transitions.finish(job.id, job.attempt, JobState.CANCELLED, error=reason)
+            elif job.attempt <= job.max_retries:
+                stmt = job_transitions.requeue_for_retry(job.id, job.attempt, reason)
+                to_publish.append(job.id)
+            else:
+                stmt = job_transitions.finish(job.id, job.attempt, JobState.FAILED, error=reason + "; no retries left")
+            await session.execute(stmt)
+            logger.warning("job %s: %s", job.id, reason)
+        stale_before = now - timedelta(seconds=settings.republish_after_seconds)
+        stale = (
+            await session.scalars(
+                select(Job.id).where(Job.state == JobState.QUEUED, Job.enqueued_at < stale_before).limit(500)
+            )
+        ).all()
+        for job_id in stale:
+            result = await session.execute(job_transitions.mark_republished(job_id, stale_before))
+            if result.rowcount:
+                to_publish.append(job_id)
+        await session.commit()
+    for job_id in to_publish:
+        await publish_safely(publisher, job_id)
+
+
+async def run_reconciler(
+    session_factory: async_sessionmaker[AsyncSession], publisher: JobPublisher, settings: Settings
+) -> None:
+    while True:
+        try:
+            await reconcile_once(session_factory, publisher, settings)
+        except Exception:
+            logger.exception("reconciler pass failed; trying again next interval")
+        await asyncio.sleep(settings.reconcile_interval_seconds)

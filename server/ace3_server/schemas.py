@@ -1,0 +1,117 @@
+"""Request and response bodies of the REST API (the training config itself is ace3.config's)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from ace3.config import TrainingConfig
+from pydantic import BaseModel, ConfigDict, Field
+
+Item = TypeVar("Item")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True, protected_namespaces=())
+
+
+class Page(BaseModel, Generic[Item]):
+    data: list[Item]
+    next_cursor: str | None = None
+
+
+class ModelOut(_Out):
+    id: str
+    name: str
+    filename: str
+    kind: str
+    entry_module: str | None
+    factory: str
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+
+
+class DatasetOut(_Out):
+    id: str
+    name: str
+    filename: str
+    kind: str
+    format: str
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_id: str = Field(..., min_length=1, max_length=64)
+    dataset_id: str = Field(..., min_length=1, max_length=64)
+    validation_dataset_id: str | None = Field(None, min_length=1, max_length=64)
+    config: TrainingConfig = Field(default_factory=TrainingConfig)
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model factory.")
+    name: str | None = Field(None, max_length=200)
+
+
+class JobOut(_Out):
+    id: str
+    name: str | None
+    state: str
+    attempt: int
+    model_id: str
+    dataset_id: str
+    validation_dataset_id: str | None
+    config: dict[str, Any]
+    model_kwargs: dict[str, Any]
+    num_processes: int
+    cancel_requested: bool
+    exit_code: int | None
+    error: str | None
+    final_metrics: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class MetricOut(_Out):
+    id: int
+    step: int
+    epoch: float | None
+    name: str
+    value: float
+    created_at: datetime
+
+
+class MetricList(BaseModel):
+    data: list[MetricOut]
+
+
+class LogOut(_Out):
+    seq: int = Field(validation_alias="id")
+    attempt: int
+    rank: int | None
+    stream: str
+    line: str
+    created_at: datetime
+
+
+class LogList(BaseModel):
+    data: list[LogOut]
+    next_after: int
+
+
+class CheckpointOut(_Out):
+    id: str
+    name: str
+    step: int
+    epoch: int | None
+    attempt: int
+    sha256: str
+    size_bytes: int
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+class CheckpointList(BaseModel):
+    data: list[CheckpointOut]

@@ -1,0 +1,210 @@
+"""Models and datasets: validated, content-addressed per owner, soft-deleted.
+
+The same bytes uploaded twice by one owner are stored once: the second upload returns the
+existing record. Deleting keeps the row (old jobs still name it) but frees the stored bytes.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import HTTPException
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.concurrency import run_in_threadpool
+
+from ace3_server.archives import UnsafeArchiveError, is_archive_name, safe_extract
+from ace3_server.errors import field_error
+from ace3_server.models import ACTIVE_STATES, Job, JobState, StoredDataset, StoredModel, utcnow
+from ace3_server.services.uploads import StagedUpload
+from ace3_server.storage import LocalArtifactStore
+
+DATASET_FILE_FORMATS = {".pt": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass
+class PreparedArtifact:
+    """What to store: a file or directory staged on disk, and the row fields describing it."""
+
+    source: Path
+    storage_key: str
+    fields: dict[str, Any]
+
+
+def _safe_display_name(filename: str | None, fallback: str) -> str:
+    name = Path(filename or fallback).name
+    return name[:255] or fallback
+
+
+def _extract_staged(staged: StagedUpload, filename: str, staging_dir: Path, max_bytes: int) -> Path:
+    tree = Path(tempfile.mkdtemp(dir=staging_dir, prefix="tree-"))
+    try:
+        safe_extract(staged.path, tree, filename=filename, max_total_bytes=max_bytes)
+    except UnsafeArchiveError as exc:
+        shutil.rmtree(tree, ignore_errors=True)
+        raise field_error(["body", "file"], str(exc)) from exc
+    return tree
+
+
+def prepare_model(
+    staged: StagedUpload,
+    *,
+    owner_id: str,
+    filename: str | None,
+    factory: str,
+    entry_module: str | None,
+    staging_dir: Path,
+    max_extracted_bytes: int,
+) -> PreparedArtifact:
+    display = _safe_display_name(filename, "model.py")
+    if not _IDENTIFIER.match(factory):
+        raise field_error(["body", "factory"], f"{factory!r} is not a Python identifier")
+    base_key = f"models/{owner_id}/{staged.sha256}"
+    if display.endswith(".py"):
+        source = staged.path.read_bytes()
+        try:
+            ast.parse(source, filename=display)
+        except (SyntaxError, ValueError) as exc:
+            raise field_error(["body", "file"], f"{display} is not valid Python: {exc}") from exc
+        fields = {"kind": "file", "entry_module": None}
+        return PreparedArtifact(staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged))
+    if not is_archive_name(display):
+        raise field_error(
+            ["body", "file"], f"{display}: expected a .py file or a .tar.gz/.tgz/.tar/.zip archive"
+        )
+    if not entry_module or not _DOTTED.match(entry_module):
+        raise field_error(
+            ["body", "entry_module"],
+            "an archive needs entry_module, the dotted module that defines the factory (e.g. mypkg.model)",
+        )
+    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes)
+    relative = Path(*entry_module.split("."))
+    if not ((tree / relative).with_suffix(".py").is_file() or (tree / relative / "__init__.py").is_file()):
+        shutil.rmtree(tree, ignore_errors=True)
+        raise field_error(
+            ["body", "entry_module"], f"the archive has no module {entry_module!r} ({relative}.py)"
+        )
+    fields = {"kind": "archive", "entry_module": entry_module}
+    return PreparedArtifact(tree, f"{base_key}/tree", fields | _common(display, factory, staged))
+
+
+def _common(display: str, factory: str, staged: StagedUpload) -> dict[str, Any]:
+    return {"filename": display, "factory": factory, "sha256": staged.sha256, "size_bytes": staged.size_bytes}
+
+
+def _has_data(tree: Path) -> bool:
+    if (tree / "dataset.py").is_file():
+        return True
+    return any(p.suffix in DATASET_FILE_FORMATS for p in tree.rglob("*") if p.is_file())
+
+
+def prepare_dataset(
+    staged: StagedUpload,
+    *,
+    owner_id: str,
+    filename: str | None,
+    kind: str,
+    staging_dir: Path,
+    max_extracted_bytes: int,
+) -> PreparedArtifact:
+    display = _safe_display_name(filename, "dataset")
+    base_key = f"datasets/{owner_id}/{staged.sha256}"
+    common = {"filename": display, "sha256": staged.sha256, "size_bytes": staged.size_bytes}
+    if kind == "file":
+        suffix = Path(display).suffix.lower()
+        data_format = DATASET_FILE_FORMATS.get(suffix)
+        if data_format is None:
+            expected = ", ".join(sorted(DATASET_FILE_FORMATS))
+            raise field_error(
+                ["body", "file"],
+                f"{display}: unsupported dataset format {suffix or '(none)'!r}; expected one of "
+                f"{expected}, or a directory (kind=directory)",
+            )
+        key = f"{base_key}/data{suffix}"
+        return PreparedArtifact(staged.path, key, common | {"kind": "file", "format": data_format})
+    if kind != "directory":
+        raise field_error(["body", "kind"], f"kind must be 'file' or 'directory', not {kind!r}")
+    if not is_archive_name(display):
+        raise field_error(["body", "file"], f"{display}: a directory is uploaded as a .tar.gz, .tar or .zip")
+    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes)
+    if not _has_data(tree):
+        shutil.rmtree(tree, ignore_errors=True)
+        expected = ", ".join(sorted(DATASET_FILE_FORMATS))
+        raise field_error(
+            ["body", "file"], f"the directory holds no dataset.py and no data file ({expected})"
+        )
+    return PreparedArtifact(tree, f"{base_key}/tree", common | {"kind": "directory", "format": "directory"})
+
+
+async def store_artifact(
+    session: AsyncSession,
+    store: LocalArtifactStore,
+    model: type[StoredModel] | type[StoredDataset],
+    *,
+    owner_id: str,
+    name: str | None,
+    prepared: PreparedArtifact,
+) -> tuple[Any, bool]:
+    """Insert the record (or revive a deleted one); return (row, created)."""
+    sha = prepared.fields["sha256"]
+    existing = await session.scalar(select(model).where(model.owner_id == owner_id, model.sha256 == sha))
+    if existing is not None and existing.deleted_at is None:
+        _discard(prepared.source)
+        return existing, False
+    await run_in_threadpool(store.put_file, prepared.storage_key, prepared.source)
+    if existing is not None:
+        existing.deleted_at = None
+        existing.created_at = utcnow()
+        existing.name = name or existing.name
+        existing.storage_key = prepared.storage_key
+        await session.commit()
+        return existing, True
+    row = model(owner_id=owner_id, name=name or prepared.fields["filename"], storage_key=prepared.storage_key, **prepared.fields)
+    session.add(row)
+    try:
+        await session.commit()
+    except IntegrityError:
+        # A concurrent upload of the same bytes won the race: return its record.
+        await session.rollback()
+        winner = await session.scalar(select(model).where(model.owner_id == owner_id, model.sha256 == sha))
+        if winner is None:  # pragma: no cover - the conflicting row must exist
+            raise
+        return winner, False
+    return row, True
+
+
+def _discard(source: Path) -> None:
+    if source.is_dir():
+        shutil.rmtree(source, ignore_errors=True)
+    else:
+        source.unlink(missing_ok=True)
+
+
+async def get_owned(session: AsyncSession, model: Any, owner_id: str, item_id: str) -> Any | None:
+    row = await session.get(model, item_id)
+    if row is None or row.owner_id != owner_id or row.deleted_at is not None:
+        return None
+    return row
+
+
+async def delete_artifact(session: AsyncSession, store: LocalArtifactStore, row: Any) -> None:
+    column = Job.model_id if isinstance(row, StoredModel) else Job.dataset_id
+    conditions = [column == row.id]
+    if isinstance(row, StoredDataset):
+        conditions = [(Job.dataset_id == row.id) | (Job.validation_dataset_id == row.id)]
+    live_states = [JobState.QUEUED, *ACTIVE_STATES]
+    in_use = await session.scalar(select(Job.id).where(*conditions, Job.state.in_(live_states)).limit(1))
+    if in_use is not None:
+        raise HTTPException(status_code=409, detail=f"in use by job {in_use}, which has not finished; cancel it first")
+    row.deleted_at = utcnow()
+    await session.commit()
+    await run_in_threadpool(store.delete, row.storage_key)

@@ -1,0 +1,133 @@
+"""Jobs: creation (validated, idempotent), cancellation, and reading what a job reported."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from ace3.config import unsupported_settings
+from fastapi import HTTPException
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.concurrency import run_in_threadpool
+
+from ace3_server import job_transitions
+from ace3_server.errors import not_found
+from ace3_server.models import Job, JobState, StoredDataset, StoredModel
+from ace3_server.queue import JobPublisher
+from ace3_server.schemas import JobCreate
+from ace3_server.services.artifacts import get_owned
+
+logger = logging.getLogger(__name__)
+
+
+def request_hash(body: JobCreate) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _problems(body: JobCreate) -> list[dict[str, Any]]:
+    return [
+        {"loc": ["body", "config", problem.field], "msg": problem.reason, "type": "unsupported"}
+        for problem in unsupported_settings(body.config)
+    ]
+
+
+async def _reference_problems(session: AsyncSession, owner_id: str, body: JobCreate) -> list[dict[str, Any]]:
+    problems = []
+    references: list[tuple[str, Any, str | None]] = [
+        ("model_id", StoredModel, body.model_id),
+        ("dataset_id", StoredDataset, body.dataset_id),
+        ("validation_dataset_id", StoredDataset, body.validation_dataset_id),
+    ]
+    for field, model, item_id in references:
+        if item_id is not None and await get_owned(session, model, owner_id, item_id) is None:
+            what = "model" if model is StoredModel else "dataset"
+            problems.append(
+                {"loc": ["body", field], "msg": f"no {what} with id {item_id!r}", "type": "not_found"}
+            )
+    return problems
+
+
+async def _find_by_key(session: AsyncSession, owner_id: str, key: str) -> Job | None:
+    return await session.scalar(select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key))
+
+
+def _replay(existing: Job, digest: str) -> Job:
+    if existing.request_hash != digest:
+        raise HTTPException(
+            status_code=409,
+            detail="this Idempotency-Key was already used for a different request; use a new key",
+        )
+    return existing
+
+
+async def create_job(
+    session: AsyncSession,
+    publisher: JobPublisher,
+    *,
+    owner_id: str,
+    body: JobCreate,
+    idempotency_key: str | None,
+    max_retries: int,
+) -> tuple[Job, bool]:
+    """Validate, insert (queued) and publish; return (job, created)."""
+    digest = request_hash(body)
+    if idempotency_key:
+        existing = await _find_by_key(session, owner_id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, digest), False
+    problems = _problems(body) + await _reference_problems(session, owner_id, body)
+    if problems:
+        raise HTTPException(status_code=422, detail=problems)
+    job = Job(
+        owner_id=owner_id,
+        name=body.name,
+        model_id=body.model_id,
+        dataset_id=body.dataset_id,
+        validation_dataset_id=body.validation_dataset_id,
+        config=body.config.model_dump(mode="json"),
+        model_kwargs=body.model_kwargs,
+        num_processes=body.config.world_size,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        state=JobState.QUEUED,
+        max_retries=max_retries,
+    )
+    session.add(job)
+    try:
+        await session.commit()
+    except IntegrityError:
+        await session.rollback()
+        existing = await _find_by_key(session, owner_id, idempotency_key or "")
+        if existing is None:  # pragma: no cover - only the idempotency key can conflict
+            raise
+        return _replay(existing, digest), False
+    await publish_safely(publisher, job.id)
+    return job, True
+
+
+async def publish_safely(publisher: JobPublisher, job_id: str) -> None:
+    """Publish after the commit; if the broker is down the reconciler re-publishes later."""
+    try:
+        await run_in_threadpool(publisher.publish, job_id)
+    except Exception:
+        logger.exception("could not publish job %s; the reconciler will re-publish it", job_id)
+
+
+async def get_owned_job(session: AsyncSession, owner_id: str, job_id: str) -> Job:
+    job = await session.get(Job, job_id)
+    if job is None or job.owner_id != owner_id:
+        raise not_found("job")
+    return job
+
+
+async def cancel_job(session: AsyncSession, job: Job) -> Job:
+    await session.execute(job_transitions.cancel_queued(job.id))
+    await session.execute(job_transitions.request_cancel(job.id))
+    await session.commit()
+    await session.refresh(job)
+    return job

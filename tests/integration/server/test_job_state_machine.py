@@ -1,0 +1,146 @@
+"""The job state machine on real Postgres: claims are exclusive, stale attempts are fenced out,
+the reconciler re-queues dead attempts and re-publishes lost messages, and an un-migrated
+database is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from ace3_server import job_transitions
+from ace3_server.db import (
+    async_session_factory,
+    make_async_engine,
+    make_sync_engine,
+    sync_session_factory,
+)
+from ace3_server.migrations_check import DatabaseNotMigratedError, ensure_migrated
+from ace3_server.models import Job, JobState, Owner, StoredDataset, StoredModel, utcnow
+from ace3_server.reconciler import reconcile_once
+from ace3_server.settings import Settings
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+
+@pytest.fixture()
+def session(database_url: str) -> Iterator[Session]:
+    engine = make_sync_engine(database_url)
+    with sync_session_factory(engine)() as session:
+        yield session
+    engine.dispose()
+
+
+def _job(session: Session, max_retries: int = 1) -> Job:
+    owner = Owner(name="fsm")
+    session.add(owner)
+    session.flush()
+    common = {"owner_id": owner.id, "name": "x", "filename": "x", "sha256": secrets.token_hex(32),
+              "size_bytes": 1, "storage_key": "k"}
+    model = StoredModel(kind="file", entry_module=None, factory="build_model", **common)
+    dataset = StoredDataset(kind="file", format="npz", **common)
+    session.add_all([model, dataset])
+    session.flush()
+    job = Job(owner_id=owner.id, model_id=model.id, dataset_id=dataset.id, config={}, model_kwargs={},
+              num_processes=1, request_hash="h", max_retries=max_retries)
+    session.add(job)
+    session.commit()
+    return job
+
+
+def test_only_one_worker_claims_a_job(session: Session) -> None:
+    job = _job(session)
+    first = session.execute(job_transitions.claim(job.id, "worker-a", 30)).first()
+    second = session.execute(job_transitions.claim(job.id, "worker-b", 30)).first()
+    session.commit()
+    assert first is not None and first.attempt == 1
+    assert second is None, "a duplicate message must not start a second attempt"
+
+
+def test_a_stale_attempt_cannot_write(session: Session) -> None:
+    job = _job(session)
+    session.execute(job_transitions.claim(job.id, "worker-a", 30))
+    session.execute(job_transitions.requeue_for_retry(job.id, 1, "worker lost"))
+    session.execute(job_transitions.claim(job.id, "worker-b", 30))
+    session.commit()
+    stale = session.execute(job_transitions.finish(job.id, 1, JobState.SUCCEEDED, exit_code=0))
+    assert stale.rowcount == 0
+    assert session.execute(job_transitions.renew_lease(job.id, 1, 30)).first() is None
+    current = session.execute(job_transitions.finish(job.id, 2, JobState.FAILED, exit_code=1))
+    session.commit()
+    assert current.rowcount == 1
+    session.refresh(job)
+    assert (job.state, job.attempt, job.exit_code) == ("failed", 2, 1)
+
+
+def test_cancelling_a_queued_job_is_immediate_and_it_is_never_claimed(session: Session) -> None:
+    job = _job(session)
+    session.execute(job_transitions.cancel_queued(job.id))
+    session.commit()
+    assert session.execute(job_transitions.claim(job.id, "worker-a", 30)).first() is None
+    session.refresh(job)
+    assert job.state == "cancelled" and job.cancel_requested
+
+
+class _RecordingPublisher:
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    def publish(self, job_id: str) -> None:
+        self.published.append(job_id)
+
+
+def test_reconciler_requeues_dead_attempts_then_fails_them(session: Session, database_url: str) -> None:
+    job = _job(session, max_retries=1)
+    publisher = _RecordingPublisher()
+    settings = Settings(database_url=database_url, republish_after_seconds=3600)
+
+    async def reconcile() -> None:
+        engine = make_async_engine(database_url)
+        await reconcile_once(async_session_factory(engine), publisher, settings)  # type: ignore[arg-type]
+        await engine.dispose()
+
+    def expire_lease() -> None:
+        session.execute(update(Job).where(Job.id == job.id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        session.commit()
+
+    session.execute(job_transitions.claim(job.id, "worker-a", 30))
+    session.commit()
+    expire_lease()
+    asyncio.run(reconcile())
+    session.refresh(job)
+    assert job.state == "queued" and "lease expired" in (job.error or "")
+    assert job.id in publisher.published
+
+    session.execute(job_transitions.claim(job.id, "worker-b", 30))
+    session.commit()
+    expire_lease()
+    asyncio.run(reconcile())
+    session.refresh(job)
+    assert job.state == "failed" and job.attempt == 2 and "no retries left" in (job.error or "")
+
+
+def test_reconciler_republishes_queued_jobs_nobody_claimed(session: Session, database_url: str) -> None:
+    job = _job(session)
+    session.execute(update(Job).where(Job.id == job.id).values(enqueued_at=utcnow() - timedelta(minutes=5)))
+    session.commit()
+    publisher = _RecordingPublisher()
+    settings = Settings(database_url=database_url, republish_after_seconds=60)
+
+    async def reconcile() -> None:
+        engine = make_async_engine(database_url)
+        await reconcile_once(async_session_factory(engine), publisher, settings)  # type: ignore[arg-type]
+        await engine.dispose()
+
+    asyncio.run(reconcile())
+    assert job.id in publisher.published
+    republished = session.scalar(select(Job.enqueued_at).where(Job.id == job.id))
+    assert republished is not None and republished > utcnow() - timedelta(minutes=1)
+
+
+def test_an_unmigrated_database_is_refused_with_the_command_that_fixes_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    with pytest.raises(DatabaseNotMigratedError, match="run `ace3 migrate`"):
+        ensure_migrated(url)

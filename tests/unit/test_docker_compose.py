@@ -1,0 +1,53 @@
+"""docker-compose.yml cannot run here (no Docker engine), so its shape and commands are checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ace3.cli import build_parser
+
+COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_services_and_their_dependencies(compose: dict) -> None:
+    services = compose["services"]
+    assert {"postgres", "redis", "migrate", "api", "worker"} <= set(services)
+    assert "healthcheck" in services["postgres"] and "healthcheck" in services["redis"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("api", "worker"):
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert any(str(volume).startswith("storage:") for volume in services[name]["volumes"])
+    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert "storage" in compose["volumes"]
+
+
+def test_every_ace3_command_is_a_real_cli_command(compose: dict) -> None:
+    seen = set()
+    for name, service in compose["services"].items():
+        command = service.get("command")
+        if not command or command[0] != "ace3":
+            continue
+        args = build_parser().parse_args(command[1:])  # exits (fails the test) on an unknown command
+        assert callable(args.func), name
+        seen.add(args.command)
+    assert seen == {"migrate", "server", "worker"}
+
+
+def test_services_share_one_database_and_broker(compose: dict) -> None:
+    services = compose["services"]
+    urls = {
+        (services[name]["environment"]["ACE3_DATABASE_URL"], services[name]["environment"]["ACE3_BROKER_URL"])
+        for name in ("migrate", "api", "worker")
+    }
+    assert len(urls) == 1
+    database_url, broker_url = urls.pop()
+    assert database_url.startswith("postgresql://") and "@postgres:" in database_url
+    assert broker_url.startswith("redis://redis:")

@@ -1,0 +1,52 @@
+"""Log lines keep their rank, the events tail reads only whole lines, ranks get no credentials."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ace3_worker.launcher import rank_environment, torchrun_command
+from ace3_worker.reports import EventTail, parse_log_line
+
+
+def test_rank_prefix_is_parsed_and_stripped() -> None:
+    line = parse_log_line("stdout", "[rank 1] ready: world_size=2\n")
+    assert (line.rank, line.line, line.stream) == (1, "ready: world_size=2", "stdout")
+    other = parse_log_line("stderr", "torchrun warning\n")
+    assert (other.rank, other.line) == (None, "torchrun warning")
+
+
+def test_event_tail_reads_only_complete_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    tail = EventTail(path)
+    assert tail.read_new() == []
+    with path.open("w") as handle:
+        handle.write(json.dumps({"type": "metrics", "step": 1}) + "\n" + '{"type": "met')
+    assert tail.read_new() == [{"type": "metrics", "step": 1}]
+    with path.open("a") as handle:
+        handle.write('rics", "step": 2}\n')
+    assert tail.read_new() == [{"type": "metrics", "step": 2}]
+    assert tail.read_new() == []
+
+
+def test_ranks_get_no_service_credentials() -> None:
+    base = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "ACE3_DATABASE_URL": "postgresql://secret@db/ace3",
+        "ACE3_BROKER_URL": "redis://secret@redis/0",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "NCCL_DEBUG": "INFO",
+    }
+    env = rank_environment("cpu", 2, base)
+    assert "ACE3_DATABASE_URL" not in env and "ACE3_BROKER_URL" not in env
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["NCCL_DEBUG"] == "INFO" and env["PATH"] == "/usr/bin"
+    assert env["ACE3_DEVICE"] == "cpu" and int(env["OMP_NUM_THREADS"]) >= 1
+
+
+def test_torchrun_command_runs_one_process_per_gpu(tmp_path: Path) -> None:
+    command = torchrun_command(tmp_path / "job.json", 4)
+    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc-per-node=4" in command
+    assert command[-3:] == ["ace3.runtime", "--job", str(tmp_path / "job.json")]

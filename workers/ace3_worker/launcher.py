@@ -1,0 +1,42 @@
+"""The torchrun command line and the environment the ranks get (no service credentials)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
+_PASSED_THROUGH = ("PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONPATH", "TZ")
+_PASSED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "MKL_", "TORCH_", "GLOO_")
+
+
+def rank_environment(device: str, nproc_per_node: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    source = os.environ if base is None else base
+    env = {
+        key: value
+        for key, value in source.items()
+        if key in _PASSED_THROUGH or key.startswith(_PASSED_PREFIXES)
+    }
+    env["ACE3_DEVICE"] = device
+    env["PYTHONUNBUFFERED"] = "1"
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc_per_node))
+    return env
+
+
+def torchrun_command(job_file: Path, nproc_per_node: int) -> list[str]:
+    """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc_per_node}",
+        "--max-restarts=0",
+        "-m",
+        "ace3.runtime",
+        "--job",
+        str(job_file),
+    ]

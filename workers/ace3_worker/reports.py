@@ -1,0 +1,148 @@
+"""Turns what the ranks print and write into rows: log lines, metrics and checkpoints.
+
+Log lines arrive on the torchrun process's stdout and stderr, prefixed ``[rank R] `` by the
+runtime. Metrics and checkpoints arrive as JSON lines in ``output/events.jsonl`` (written by
+rank 0). Checkpoints are verified against their sha256 before they are copied into the artifact
+store and recorded; metrics and checkpoints are keyed by (job, step, name), so a resumed attempt
+never duplicates a point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ace3_server.db import insert_ignoring_duplicates
+from ace3_server.models import JobCheckpoint, JobLog, JobMetric, new_id, utcnow
+from ace3_server.storage import LocalArtifactStore, sha256_file
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+logger = logging.getLogger(__name__)
+
+_RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ?")
+MAX_LINE_CHARS = 8192
+
+
+@dataclass
+class LogLine:
+    stream: str
+    rank: int | None
+    line: str
+
+
+def parse_log_line(stream: str, raw: str) -> LogLine:
+    text = raw.rstrip("\r\n")
+    match = _RANK_PREFIX.match(text)
+    if match:
+        return LogLine(stream, int(match.group(1)), text[match.end():][:MAX_LINE_CHARS])
+    return LogLine(stream, None, text[:MAX_LINE_CHARS])
+
+
+def store_log_lines(session: Session, job_id: str, attempt: int, lines: list[LogLine]) -> None:
+    if not lines:
+        return
+    session.execute(
+        JobLog.__table__.insert(),
+        [
+            {"job_id": job_id, "attempt": attempt, "rank": item.rank, "stream": item.stream,
+             "line": item.line, "created_at": utcnow()}
+            for item in lines
+        ],
+    )
+
+
+@dataclass
+class EventTail:
+    """Reads complete new lines of the events file, remembering how far it got."""
+
+    path: Path
+    offset: int = 0
+    summary: dict[str, Any] | None = None
+    _partial: bytes = field(default=b"", repr=False)
+
+    def read_new(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        self.offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        events = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("skipping a malformed events line: %r", line[:200])
+        return events
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and value == value and value not in (float("inf"), float("-inf"))
+
+
+def store_metrics(session: Session, job_id: str, event: dict[str, Any]) -> None:
+    step = int(event["step"])
+    epoch = event.get("epoch")
+    rows = [
+        {"job_id": job_id, "step": step, "epoch": float(epoch) if epoch is not None else None,
+         "name": str(name)[:200], "value": float(value), "created_at": utcnow()}
+        for name, value in (event.get("values") or {}).items()
+        if _finite(value)
+    ]
+    if rows:
+        session.execute(insert_ignoring_duplicates(session.get_bind().dialect.name, JobMetric.__table__, rows))
+
+
+def store_checkpoint(
+    session: Session,
+    store: LocalArtifactStore,
+    job_id: str,
+    attempt: int,
+    event: dict[str, Any],
+    max_checkpoints: int | None,
+) -> list[str]:
+    """Verify, store and record a checkpoint; return storage keys to delete once committed."""
+    source = Path(event["path"])
+    name = Path(str(event["name"])).name
+    expected = str(event["sha256"])
+    if not source.is_file() or sha256_file(source) != expected:
+        logger.error("job %s: checkpoint %s failed verification; not recorded", job_id, name)
+        return []
+    key = f"checkpoints/{job_id}/{name}"
+    store.put_file(key, source)
+    row = {
+        "id": new_id(), "job_id": job_id, "attempt": attempt, "step": int(event["step"]),
+        "epoch": event.get("epoch"), "name": name, "sha256": expected,
+        "size_bytes": int(event.get("size_bytes") or source.stat().st_size), "storage_key": key,
+        "metrics": {k: v for k, v in (event.get("metrics") or {}).items() if _finite(v)},
+        "created_at": utcnow(),
+    }
+    session.execute(insert_ignoring_duplicates(session.get_bind().dialect.name, JobCheckpoint.__table__, [row]))
+    return _prune_checkpoints(session, job_id, max_checkpoints) if max_checkpoints else []
+
+
+def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
+    """Forget all but the newest ``keep`` verified checkpoints (never the newest one)."""
+    rows = session.scalars(
+        select(JobCheckpoint).where(JobCheckpoint.job_id == job_id).order_by(JobCheckpoint.step.desc())
+    ).all()
+    stale = rows[max(keep, 1):]
+    if stale:
+        session.execute(delete(JobCheckpoint).where(JobCheckpoint.id.in_([row.id for row in stale])))
+    return [row.storage_key for row in stale]
+
+
+def latest_checkpoint(session: Session, job_id: str) -> JobCheckpoint | None:
+    return session.scalars(
+        select(JobCheckpoint).where(JobCheckpoint.job_id == job_id).order_by(JobCheckpoint.step.desc()).limit(1)
+    ).first()

@@ -1,0 +1,289 @@
+"""Runs one attempt of a job: claim, prepare, launch torchrun, watch it, record the outcome.
+
+This is the one place a job's state is written from on the worker side. Every write is a
+conditional update fenced by the attempt number (``ace3_server.job_transitions``), so a duplicate
+message or a worker that lost its lease changes nothing. The torchrun process runs in its own
+process group; cancelling sends SIGTERM to the group, then SIGKILL after a grace period, and the
+group is always killed before the attempt is recorded, so no process outlives its job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from ace3_server import job_transitions
+from ace3_server.db import make_sync_engine, sync_session_factory
+from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
+from ace3_server.queue import JobPublisher
+from ace3_server.settings import Settings, get_settings
+from ace3_server.storage import LocalArtifactStore
+from sqlalchemy.orm import Session, sessionmaker
+
+from ace3_worker import reports
+from ace3_worker.device import worker_device
+from ace3_worker.job_dir import JobDirectory, prepare_job_directory
+from ace3_worker.launcher import rank_environment, torchrun_command
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.25
+ERROR_TAIL_LINES = 40
+
+
+@functools.cache
+def _sessions(database_url: str) -> sessionmaker[Session]:
+    # One engine per worker process (created after Celery's fork, on first use).
+    return sync_session_factory(make_sync_engine(database_url))
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class AttemptWatch:
+    """What the supervisor tracks while the ranks run."""
+
+    job_id: str
+    attempt: int
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES))
+    cancel_requested: bool = False
+    lease_lost: bool = False
+    terminate_sent_at: float | None = None
+    killed: bool = False
+
+
+def _pump(stream: IO[bytes], name: str, lines: queue.Queue[reports.LogLine]) -> None:
+    for raw in iter(stream.readline, b""):
+        lines.put(reports.parse_log_line(name, raw.decode("utf-8", errors="replace")))
+    stream.close()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sessions = _sessions(settings.resolved_database_url)
+        self.store = LocalArtifactStore(settings.resolved_storage_dir)
+        self.worker_id = worker_identity()
+
+    # -- claim and prepare -----------------------------------------------------------------------
+    def claim(self, job_id: str) -> int | None:
+        with self.sessions() as session:
+            row = session.execute(job_transitions.claim(job_id, self.worker_id, self.settings.lease_seconds)).first()
+            session.commit()
+        return None if row is None else int(row.attempt)
+
+    def prepare(self, job_id: str, attempt: int) -> tuple[Job, JobDirectory]:
+        with self.sessions() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            model = session.get(StoredModel, job.model_id)
+            dataset = session.get(StoredDataset, job.dataset_id)
+            validation = session.get(StoredDataset, job.validation_dataset_id) if job.validation_dataset_id else None
+            if model is None or dataset is None:
+                raise FileNotFoundError("the job's model or dataset record is gone")
+            resume_from: JobCheckpoint | None = reports.latest_checkpoint(session, job_id) if attempt > 1 else None
+            directory = prepare_job_directory(
+                self.settings.resolved_work_dir, self.store, job, attempt, model, dataset, validation, resume_from
+            )
+            if resume_from is not None:
+                logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)
+            return job, directory
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self, job_id: str) -> None:
+        attempt = self.claim(job_id)
+        if attempt is None:
+            logger.info("job %s is not queued (a duplicate message, or cancelled): nothing to do", job_id)
+            return
+        try:
+            job, directory = self.prepare(job_id, attempt)
+            device = worker_device(self.settings.worker_device)
+            backend = job.config.get("backend", "auto")
+            if backend == "nccl" and device != "cuda":
+                raise RuntimeError("backend='nccl' needs a CUDA worker, and this worker has no GPU")
+        except Exception as exc:
+            logger.exception("job %s: could not prepare attempt %d", job_id, attempt)
+            self._record(job_id, attempt, JobState.FAILED, error=f"could not prepare the job: {exc}")
+            return
+        try:
+            self._launch_and_watch(job, attempt, directory, device)
+        finally:
+            shutil.rmtree(directory.root, ignore_errors=True)
+
+    def _launch_and_watch(self, job: Job, attempt: int, directory: JobDirectory, device: str) -> None:
+        nproc = int(job.num_processes)
+        command = torchrun_command(directory.job_file, nproc)
+        process = subprocess.Popen(
+            command,
+            cwd=directory.root,
+            env=rank_environment(device, nproc),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        lines: queue.Queue[reports.LogLine] = queue.Queue()
+        pumps = [
+            threading.Thread(target=_pump, args=(process.stdout, "stdout", lines), daemon=True),
+            threading.Thread(target=_pump, args=(process.stderr, "stderr", lines), daemon=True),
+        ]
+        for pump in pumps:
+            pump.start()
+        watch = AttemptWatch(job.id, attempt)
+        events = reports.EventTail(directory.events_file)
+        with self.sessions() as session:
+            session.execute(job_transitions.mark_running(job.id, attempt))
+            session.commit()
+        next_heartbeat = 0.0
+        try:
+            while True:
+                exited = process.poll() is not None
+                if time.monotonic() >= next_heartbeat:
+                    self._heartbeat(watch, process)
+                    next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
+                self._escalate(watch, process)
+                self._ingest(job, watch, lines, events)
+                if exited:
+                    break
+                time.sleep(POLL_SECONDS)
+        finally:
+            # Whatever happened, nothing of this attempt may outlive it.
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+            for pump in pumps:
+                pump.join(timeout=10)
+        self._ingest(job, watch, lines, events)
+        self._record_outcome(job, watch, process.returncode, events)
+
+    def _heartbeat(self, watch: AttemptWatch, process: subprocess.Popen[bytes]) -> None:
+        with self.sessions() as session:
+            row = session.execute(
+                job_transitions.renew_lease(watch.job_id, watch.attempt, self.settings.lease_seconds)
+            ).first()
+            session.commit()
+        if row is None:
+            if not watch.lease_lost:
+                logger.error("job %s attempt %d lost its lease: stopping its processes", watch.job_id, watch.attempt)
+            watch.lease_lost = True
+        elif row.cancel_requested:
+            watch.cancel_requested = True
+        if (watch.lease_lost or watch.cancel_requested) and watch.terminate_sent_at is None:
+            _signal_group(process, signal.SIGTERM)
+            watch.terminate_sent_at = time.monotonic()
+
+    def _escalate(self, watch: AttemptWatch, process: subprocess.Popen[bytes]) -> None:
+        if watch.terminate_sent_at is None or watch.killed or process.poll() is not None:
+            return
+        if time.monotonic() - watch.terminate_sent_at >= self.settings.cancel_grace_seconds:
+            _signal_group(process, signal.SIGKILL)
+            watch.killed = True
+
+    def _ingest(
+        self, job: Job, watch: AttemptWatch, lines: queue.Queue[reports.LogLine], events: reports.EventTail
+    ) -> None:
+        batch: list[reports.LogLine] = []
+        while True:
+            try:
+                batch.append(lines.get_nowait())
+            except queue.Empty:
+                break
+        for item in batch:
+            if item.stream == "stderr":
+                watch.stderr_tail.append(item.line)
+        new_events = events.read_new()
+        if not batch and not new_events:
+            return
+        stale_keys: list[str] = []
+        with self.sessions() as session:
+            reports.store_log_lines(session, job.id, watch.attempt, batch)
+            for event in new_events:
+                kind = event.get("type")
+                if kind == "metrics":
+                    reports.store_metrics(session, job.id, event)
+                elif kind == "checkpoint":
+                    stale_keys += reports.store_checkpoint(
+                        session, self.store, job.id, watch.attempt, event, job.config.get("max_checkpoints")
+                    )
+                elif kind == "summary":
+                    events.summary = event
+            session.commit()
+        for key in stale_keys:
+            self.store.delete(key)
+
+    # -- outcome ---------------------------------------------------------------------------------
+    def _record_outcome(self, job: Job, watch: AttemptWatch, returncode: int, events: reports.EventTail) -> None:
+        if watch.lease_lost:
+            logger.warning("job %s attempt %d: lease lost; its outcome belongs to a newer attempt", job.id, watch.attempt)
+            return
+        final_metrics = _final_metrics(events.summary)
+        if watch.cancel_requested:
+            self._record(job.id, watch.attempt, JobState.CANCELLED, exit_code=returncode, final_metrics=final_metrics)
+        elif returncode == 0:
+            self._record(job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=final_metrics)
+        elif returncode < 0:
+            # torchrun itself was killed by a signal (not ours): the machine, not the code, failed.
+            reason = f"the torchrun process was killed by signal {-returncode}"
+            if not self._retry(job.id, watch.attempt, reason):
+                self._record(job.id, watch.attempt, JobState.FAILED, exit_code=returncode, error=reason)
+        else:
+            tail = "\n".join(watch.stderr_tail)
+            error = f"training exited with code {returncode}\n{tail}"[-8000:]
+            self._record(job.id, watch.attempt, JobState.FAILED, exit_code=returncode, error=error,
+                         final_metrics=final_metrics)
+
+    def _retry(self, job_id: str, attempt: int, reason: str) -> bool:
+        with self.sessions() as session:
+            result = session.execute(job_transitions.requeue_for_retry(job_id, attempt, reason))
+            session.commit()
+        if not result.rowcount:
+            return False
+        publisher = JobPublisher(self.settings)
+        try:
+            publisher.publish(job_id)
+        except Exception:
+            logger.exception("job %s: retry queued but not published; the reconciler will publish it", job_id)
+        finally:
+            publisher.close()
+        return True
+
+    def _record(self, job_id: str, attempt: int, state: JobState, **fields: Any) -> None:
+        with self.sessions() as session:
+            result = session.execute(job_transitions.finish(job_id, attempt, state, **fields))
+            session.commit()
+        if result.rowcount:
+            logger.info("job %s attempt %d: %s", job_id, attempt, state.value)
+        else:
+            logger.warning("job %s attempt %d: not recorded as %s (no longer ours)", job_id, attempt, state.value)
+
+
+def _final_metrics(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    if summary is None:
+        return None
+    metrics = dict(summary.get("final_metrics") or {})
+    for key in ("best_val_accuracy", "steps", "epochs"):
+        if summary.get(key) is not None:
+            metrics.setdefault(key, summary[key])
+    return metrics
+
+
+def run_job(job_id: str) -> None:
+    Supervisor(get_settings()).run(job_id)
