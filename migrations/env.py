@@ -16,8 +16,13 @@ def _database_url() -> str:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=_database_url(), target_metadata=target_metadata, literal_binds=True,
-                      compare_type=True, render_as_batch=True)
+    context.configure(
+        url=_database_url(),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        compare_type=True,
+        render_as_batch=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -26,8 +31,12 @@ def run_migrations_online() -> None:
     engine = make_sync_engine(_database_url())
     try:
         with engine.connect() as connection:
-            context.configure(connection=connection, target_metadata=target_metadata, compare_type=True,
-                              render_as_batch=connection.dialect.name == "sqlite")
+            context.configure(
+                connection=connection,
+                target_metadata=target_metadata,
+                compare_type=True,
+                render_as_batch=connection.dialect.name == "sqlite",
+            )
             with context.begin_transaction():
                 context.run_migrations()
     finally:

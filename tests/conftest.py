@@ -20,7 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-ADMIN_URL = os.environ.get("ACE3_TEST_DATABASE_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = os.environ.get(
+    "ACE3_TEST_DATABASE_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 REDIS_HOST_PORT = os.environ.get("ACE3_TEST_REDIS", "127.0.0.1:6379")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +93,11 @@ class Stack:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "ace3.cli", *args], env=self.env, capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "ace3.cli", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
 
     def create_key(self, name: str, owner: str | None = None) -> tuple[str, str]:
@@ -105,17 +111,25 @@ class Stack:
 
     def log_tail(self, name: str, lines: int = 60) -> str:
         path = self.root / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
 
     def worker_alive(self) -> bool:
         return self.processes["worker"].poll() is None
 
 
-def _wait_healthy(base_url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+def _wait_healthy(
+    base_url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the API exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+            raise RuntimeError(
+                f"the API exited with {process.returncode}:\n{log.read_text()[-4000:]}"
+            )
         try:
             if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
                 return
@@ -139,7 +153,9 @@ MAX_UPLOAD_BYTES = 3 * 1024 * 1024
 
 
 @pytest.fixture(scope="session")
-def stack(database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """The real API and a real Celery worker (2 slots) over Postgres and Redis, once per session."""
     root = tmp_path_factory.mktemp("stack")
     port = free_port()
@@ -166,7 +182,9 @@ def stack(database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFa
     }
     for name, command in commands.items():
         log = (root / f"{name}.log").open("wb")
-        stack.processes[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        stack.processes[name] = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root
+        )
     try:
         _wait_healthy(stack.base_url, stack.processes["api"], root / "api.log")
         yield stack

@@ -1,0 +1,145 @@
+"""ACE3: train PyTorch models on a self-hosted training service.
+
+::
+
+    import ace3
+
+    client = ace3.Client()                      # ACE3_API_KEY, ACE3_BASE_URL
+    model = client.load_model("model.py")       # defines build_model(**kwargs) -> nn.Module
+    dataset = client.load_dataset("digits.npz")
+    trainer = ace3.Trainer(ace3.TrainingConfig(epochs=3, batch_size=64))
+    result = trainer.train(model, dataset)
+    print(result.best_val_accuracy)
+
+Importing ``ace3`` needs only httpx, pydantic and rich (never torch).
+"""
+
+from __future__ import annotations
+
+from ace3._http import SDK_VERSION
+from ace3.client import (
+    Client,
+    DatasetRef,
+    ModelRef,
+    get_default_client,
+    set_default_client,
+)
+from ace3.config import ConfigProblem, DistributedConfig, TrainingConfig, unsupported_settings
+from ace3.errors import (
+    ACE3Error,
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ChecksumMismatchError,
+    ConflictError,
+    InternalServerError,
+    JobCancelledError,
+    JobFailedError,
+    NotFoundError,
+    PackingError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    RateLimitError,
+    UnsupportedFeatureError,
+    ValidationError,
+)
+from ace3.pagination import CursorPage
+from ace3.resources import Checkpoint, Dataset, Job, JobEvent, JobState, LogLine, Metric, Model
+from ace3.results import JobHandle, TrainingResult
+from ace3.trainers import (
+    DataParallelTrainer,
+    DistributedTrainer,
+    ModelParallelTrainer,
+    PipelineParallelTrainer,
+    Trainer,
+)
+
+__version__ = SDK_VERSION
+
+__all__ = [
+    "ACE3Error",
+    "APIConnectionError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "Checkpoint",
+    "ChecksumMismatchError",
+    "Client",
+    "ConfigProblem",
+    "ConflictError",
+    "CursorPage",
+    "DataParallelTrainer",
+    "Dataset",
+    "DatasetRef",
+    "DistributedConfig",
+    "DistributedTrainer",
+    "InternalServerError",
+    "Job",
+    "JobCancelledError",
+    "JobEvent",
+    "JobFailedError",
+    "JobHandle",
+    "JobState",
+    "LogLine",
+    "Metric",
+    "Model",
+    "ModelParallelTrainer",
+    "ModelRef",
+    "NotFoundError",
+    "PackingError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "PipelineParallelTrainer",
+    "RateLimitError",
+    "Trainer",
+    "TrainingConfig",
+    "TrainingResult",
+    "UnsupportedFeatureError",
+    "ValidationError",
+    "__version__",
+    "get_default_client",
+    "set_default_client",
+    "unsupported_settings",
+]
+
+# Names of the ACE3 documentation that this version does not provide yet. Asking for one
+# raises an AttributeError that says so, instead of the bare "has no attribute".
+PLANNED_NAMES = frozenset(
+    {
+        "AMPConfig",
+        "CheckpointConfig",
+        "HPConfig",
+        "autocast",
+        "GradientScaler",
+        "DynamicLossScaler",
+        "Callback",
+        "callbacks",
+        "schedulers",
+        "optimizers",
+        "hp",
+        "hyperparameter_search",
+        "utils",
+        "TrainingLogger",
+        "TensorBoardLogger",
+        "WandBLogger",
+        "save_checkpoint",
+        "load_checkpoint",
+        "TrainingProfiler",
+        "ProfilerActivity",
+        "MemoryProfiler",
+        "DataLoader",
+        "DataLoaderProfiler",
+        "optimize_dataloader",
+    }
+)
+
+
+def __getattr__(name: str):
+    if name in PLANNED_NAMES:
+        raise AttributeError(
+            f"ace3.{name} is not implemented yet in ace3 {__version__}; it is planned"
+        )
+    raise AttributeError(f"module 'ace3' has no attribute {name!r}")

@@ -20,7 +20,9 @@ def _need(extra: str, module: str) -> None:
     try:
         __import__(module)
     except ImportError as exc:
-        raise SystemExit(f"ace3: this command needs the '{extra}' extra: pip install 'ace3[{extra}]' ({exc})") from exc
+        raise SystemExit(
+            f"ace3: this command needs the '{extra}' extra: pip install 'ace3[{extra}]' ({exc})"
+        ) from exc
 
 
 def _settings() -> Any:
@@ -69,7 +71,9 @@ def cmd_keys_list(_: argparse.Namespace) -> int:
     with _sync_session() as session:
         for key in list_keys(session):
             state = "revoked" if key.revoked_at else "active"
-            print(f"{key.lookup_prefix}  {state:8}  owner={key.owner_id}  name={key.name}  created={key.created_at:%Y-%m-%d %H:%M}")
+            print(
+                f"{key.lookup_prefix}  {state:8}  owner={key.owner_id}  name={key.name}  created={key.created_at:%Y-%m-%d %H:%M}"
+            )
     return 0
 
 
@@ -103,11 +107,16 @@ def cmd_server(args: argparse.Namespace) -> int:
 def worker_argv(settings: Any, concurrency: int | None = None) -> list[str]:
     return [
         "worker",
-        "--loglevel", settings.log_level.upper(),
-        "--concurrency", str(concurrency or settings.worker_slots),
-        "--queues", settings.queue_name,
-        "--prefetch-multiplier", "1",
-        "--without-gossip", "--without-mingle",
+        "--loglevel",
+        settings.log_level.upper(),
+        "--concurrency",
+        str(concurrency or settings.worker_slots),
+        "--queues",
+        settings.queue_name,
+        "--prefetch-multiplier",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
     ]
 
 
@@ -128,8 +137,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     env["ACE3_DATA_DIR"] = str(settings.data_dir.resolve())
     base = [sys.executable, "-m", "ace3.cli"]
     worker = subprocess.Popen([*base, "worker"], env=env)
-    server = subprocess.Popen([*base, "server", "--host", args.host, "--port", str(args.port)], env=env)
-    print(f"ACE3 is up: API on http://{args.host}:{args.port} (docs at /docs), data in {settings.data_dir.resolve()}")
+    server = subprocess.Popen(
+        [*base, "server", "--host", args.host, "--port", str(args.port)], env=env
+    )
+    print(
+        f"ACE3 is up: API on http://{args.host}:{args.port} (docs at /docs), data in {settings.data_dir.resolve()}"
+    )
     children = [server, worker]
 
     def stop(*_: object) -> None:
@@ -153,29 +166,43 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ace3", description="ACE3: training as a service for PyTorch.")
+    parser = argparse.ArgumentParser(
+        prog="ace3", description="ACE3: training as a service for PyTorch."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("migrate", help="bring the database to the newest schema").set_defaults(func=cmd_migrate)
+    sub.add_parser("migrate", help="bring the database to the newest schema").set_defaults(
+        func=cmd_migrate
+    )
 
-    server = sub.add_parser("server", help="run the API (production: set ACE3_DATABASE_URL, ACE3_BROKER_URL)")
+    server = sub.add_parser(
+        "server", help="run the API (production: set ACE3_DATABASE_URL, ACE3_BROKER_URL)"
+    )
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8000)
     server.set_defaults(func=cmd_server)
 
     worker = sub.add_parser("worker", help="run a worker that trains jobs with torchrun")
-    worker.add_argument("--concurrency", type=int, default=None, help="jobs at once (default ACE3_WORKER_SLOTS)")
+    worker.add_argument(
+        "--concurrency", type=int, default=None, help="jobs at once (default ACE3_WORKER_SLOTS)"
+    )
     worker.set_defaults(func=cmd_worker)
 
-    up = sub.add_parser("up", help="API + worker on one machine, embedded defaults (SQLite, local broker)")
+    up = sub.add_parser(
+        "up", help="API + worker on one machine, embedded defaults (SQLite, local broker)"
+    )
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
     up.set_defaults(func=cmd_up)
 
-    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
+    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="keys_command", required=True
+    )
     create = keys.add_parser("create", help="create a key (printed once)")
     create.add_argument("--name", required=True, help="what the key is for")
-    create.add_argument("--owner", default=None, help="add the key to this owner id (default: a new owner)")
+    create.add_argument(
+        "--owner", default=None, help="add the key to this owner id (default: a new owner)"
+    )
     create.add_argument("--quiet", action="store_true", help="print only the key")
     create.set_defaults(func=cmd_keys_create)
     keys.add_parser("list", help="list keys (prefixes only)").set_defaults(func=cmd_keys_list)

@@ -36,50 +36,115 @@ class TrainingConfig(_Schema):
     """
 
     # -- scale -------------------------------------------------------------------------------
-    num_gpus: int = Field(1, ge=1, le=1024, description="Processes per node: one per GPU (or CPU slot on a CPU worker).")
+    num_gpus: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Processes per node: one per GPU (or CPU slot on a CPU worker).",
+    )
     num_nodes: int = Field(1, ge=1, le=1024, description="Machines (workers) that train together.")
-    backend: Backend = Field("auto", description="torch.distributed backend: auto = nccl on CUDA workers, gloo on CPU workers.")
-    node_rank: int | None = Field(None, ge=0, description="Local launches only: this machine's rank. The service assigns ranks itself.")
-    master_addr: str | None = Field(None, min_length=1, description="Local launches only: rendezvous host. The service assigns it itself.")
-    master_port: int | None = Field(None, ge=1, le=65535, description="Local launches only: rendezvous port. The service assigns it itself.")
+    backend: Backend = Field(
+        "auto",
+        description="torch.distributed backend: auto = nccl on CUDA workers, gloo on CPU workers.",
+    )
+    node_rank: int | None = Field(
+        None,
+        ge=0,
+        description="Local launches only: this machine's rank. The service assigns ranks itself.",
+    )
+    master_addr: str | None = Field(
+        None,
+        min_length=1,
+        description="Local launches only: rendezvous host. The service assigns it itself.",
+    )
+    master_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Local launches only: rendezvous port. The service assigns it itself.",
+    )
     parallelism: Parallelism = Field("data", description="How work is split across processes.")
-    model_sharding_strategy: ShardingStrategy | None = Field(None, description="With parallelism='model': layer, tensor or pipeline.")
-    num_stages: int | None = Field(None, ge=1, description="Pipeline stages (parallelism='pipeline').")
+    model_sharding_strategy: ShardingStrategy | None = Field(
+        None, description="With parallelism='model': layer, tensor or pipeline."
+    )
+    num_stages: int | None = Field(
+        None, ge=1, description="Pipeline stages (parallelism='pipeline')."
+    )
     micro_batch_size: int | None = Field(None, ge=1, description="Pipeline micro-batch size.")
-    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="ZeRO sharding stage (0 = plain data parallel).")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0, description="ZeRO sharding stage (0 = plain data parallel)."
+    )
 
     # -- optimisation ------------------------------------------------------------------------
     epochs: int = Field(3, ge=1, le=100_000, description="Passes over the training data.")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps, even mid-epoch.")
-    batch_size: int = Field(32, ge=1, le=1_000_000, description="Global micro-batch, summed over all processes.")
-    gradient_accumulation_steps: int = Field(1, ge=1, le=100_000, description="Micro-steps per optimizer step.")
+    max_steps: int | None = Field(
+        None, ge=1, description="Stop after this many optimizer steps, even mid-epoch."
+    )
+    batch_size: int = Field(
+        32, ge=1, le=1_000_000, description="Global micro-batch, summed over all processes."
+    )
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, le=100_000, description="Micro-steps per optimizer step."
+    )
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
     optimizer: OptimizerName = Field("adamw", description="adamw, adam or sgd.")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="Decoupled (AdamW) or L2 (Adam, SGD) weight decay.")
-    max_grad_norm: float | None = Field(None, gt=0.0, description="Clip the global gradient norm (unscaled) to this value.")
-    dropout: float | None = Field(None, ge=0.0, lt=1.0, description="Override p of every nn.Dropout in the model.")
+    weight_decay: float = Field(
+        0.0, ge=0.0, le=1.0, description="Decoupled (AdamW) or L2 (Adam, SGD) weight decay."
+    )
+    max_grad_norm: float | None = Field(
+        None, gt=0.0, description="Clip the global gradient norm (unscaled) to this value."
+    )
+    dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Override p of every nn.Dropout in the model."
+    )
 
     # -- precision ---------------------------------------------------------------------------
     mixed_precision: bool = Field(False, description="Autocast forward passes to a 16-bit type.")
-    amp_dtype: AmpDtype = Field("auto", description="auto = bfloat16 where supported (CPU, Ampere+), else float16.")
+    amp_dtype: AmpDtype = Field(
+        "auto", description="auto = bfloat16 where supported (CPU, Ampere+), else float16."
+    )
     amp_level: AmpLevel = Field("O1", description="O0 fp32, O1 autocast; O2/O3 cast weights too.")
-    loss_scaling: Literal["dynamic", "static"] | float = Field("dynamic", description="Loss scaling for float16.")
+    loss_scaling: Literal["dynamic", "static"] | float = Field(
+        "dynamic", description="Loss scaling for float16."
+    )
 
     # -- memory ------------------------------------------------------------------------------
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
-    checkpoint_segments: int | None = Field(None, ge=1, description="Segments for gradient checkpointing.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass."
+    )
+    checkpoint_segments: int | None = Field(
+        None, ge=1, description="Segments for gradient checkpointing."
+    )
     cpu_offload: bool = Field(False, description="Offload sharded state to CPU memory.")
     offload_optimizer: bool = Field(False, description="Offload optimizer state to CPU memory.")
     offload_parameters: bool = Field(False, description="Offload parameters to CPU memory.")
 
     # -- data, evaluation, checkpoints -------------------------------------------------------
-    validation_split: float = Field(0.0, ge=0.0, lt=1.0, description="Hold out this fraction of the training data for validation when no validation dataset is given.")
+    validation_split: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Hold out this fraction of the training data for validation when no validation dataset is given.",
+    )
     num_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per rank.")
-    seed: int = Field(42, ge=0, le=2**32 - 1, description="Seeds model init, shuffling and dropout: same seed, same run.")
-    log_interval: int = Field(10, ge=1, description="Optimizer steps between training-metric reports.")
-    save_interval: int | None = Field(None, ge=1, description="Optimizer steps between checkpoints (a final one is always written).")
-    max_checkpoints: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    seed: int = Field(
+        42,
+        ge=0,
+        le=2**32 - 1,
+        description="Seeds model init, shuffling and dropout: same seed, same run.",
+    )
+    log_interval: int = Field(
+        10, ge=1, description="Optimizer steps between training-metric reports."
+    )
+    save_interval: int | None = Field(
+        None,
+        ge=1,
+        description="Optimizer steps between checkpoints (a final one is always written).",
+    )
+    max_checkpoints: int | None = Field(
+        None, ge=1, description="Keep only the newest N checkpoints."
+    )
 
     @property
     def world_size(self) -> int:

@@ -24,7 +24,9 @@ def _driver_url(url: str, *, is_async: bool) -> str:
     if backend == "sqlite":
         driver = "sqlite+aiosqlite" if is_async else "sqlite"
         return parsed.set(drivername=driver).render_as_string(hide_password=False)
-    raise ValueError(f"unsupported database URL {parsed.drivername!r}: use postgresql:// or sqlite:///")
+    raise ValueError(
+        f"unsupported database URL {parsed.drivername!r}: use postgresql:// or sqlite:///"
+    )
 
 
 def async_url(url: str) -> str:

@@ -134,4 +134,7 @@ def mark_republished(job_id: str, enqueued_before: datetime) -> Update:
 
 
 def expired_lease_condition(now: datetime) -> Any:
-    return and_(Job.state.in_(ACTIVE_STATES), or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
+    return and_(
+        Job.state.in_(ACTIVE_STATES),
+        or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
+    )

@@ -27,7 +27,10 @@ class RequestIdMiddleware:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode("latin-1"))]
+                message["headers"] = [
+                    *message["headers"],
+                    (b"x-request-id", request_id.encode("latin-1")),
+                ]
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -46,9 +49,17 @@ def _too_large_message(limit: int) -> str:
 
 async def _send_413(send: Send, limit: int) -> None:
     body = json.dumps({"detail": _too_large_message(limit)}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -61,7 +72,11 @@ class UploadSizeLimitMiddleware:
         self.max_body_bytes = max_upload_bytes + MULTIPART_OVERHEAD_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].rstrip("/") not in UPLOAD_PATHS:
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or scope["path"].rstrip("/") not in UPLOAD_PATHS
+        ):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -92,5 +107,3 @@ class UploadSizeLimitMiddleware:
         except _BodyTooLarge:
             if not started:
                 await _send_413(send, self.max_upload_bytes)
-
-

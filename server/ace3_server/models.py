@@ -169,9 +169,13 @@ class Job(Base):
 
 class JobMetric(Base):
     __tablename__ = "job_metrics"
-    __table_args__ = (UniqueConstraint("job_id", "step", "name", name="uq_job_metrics_job_step_name"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "step", "name", name="uq_job_metrics_job_step_name"),
+    )
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     epoch: Mapped[float | None] = mapped_column(Float)
@@ -184,7 +188,9 @@ class JobLog(Base):
     __tablename__ = "job_logs"
     __table_args__ = (Index("ix_job_logs_job_id_id", "job_id", "id"),)
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int | None] = mapped_column(Integer)
@@ -195,7 +201,9 @@ class JobLog(Base):
 
 class JobCheckpoint(Base):
     __tablename__ = "job_checkpoints"
-    __table_args__ = (UniqueConstraint("job_id", "step", "name", name="uq_job_checkpoints_job_step_name"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "step", "name", name="uq_job_checkpoints_job_step_name"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

@@ -31,7 +31,9 @@ async def reconcile_once(
     now = utcnow()
     to_publish: list[str] = []
     async with session_factory() as session:
-        expired = (await session.scalars(select(Job).where(job_transitions.expired_lease_condition(now)))).all()
+        expired = (
+            await session.scalars(select(Job).where(job_transitions.expired_lease_condition(now)))
+        ).all()
         for job in expired:
             reason = f"worker {job.worker_id} stopped heartbeating (lease expired) during attempt {job.attempt}"
             if job.cancel_requested:
@@ -40,13 +42,17 @@ async def reconcile_once(
                 stmt = job_transitions.requeue_for_retry(job.id, job.attempt, reason)
                 to_publish.append(job.id)
             else:
-                stmt = job_transitions.finish(job.id, job.attempt, JobState.FAILED, error=reason + "; no retries left")
+                stmt = job_transitions.finish(
+                    job.id, job.attempt, JobState.FAILED, error=reason + "; no retries left"
+                )
             await session.execute(stmt)
             logger.warning("job %s: %s", job.id, reason)
         stale_before = now - timedelta(seconds=settings.republish_after_seconds)
         stale = (
             await session.scalars(
-                select(Job.id).where(Job.state == JobState.QUEUED, Job.enqueued_at < stale_before).limit(500)
+                select(Job.id)
+                .where(Job.state == JobState.QUEUED, Job.enqueued_at < stale_before)
+                .limit(500)
             )
         ).all()
         for job_id in stale:

@@ -50,7 +50,9 @@ class JobCreate(BaseModel):
     dataset_id: str = Field(..., min_length=1, max_length=64)
     validation_dataset_id: str | None = Field(None, min_length=1, max_length=64)
     config: TrainingConfig = Field(default_factory=TrainingConfig)
-    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model factory.")
+    model_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the model factory."
+    )
     name: str | None = Field(None, max_length=200)
 
 

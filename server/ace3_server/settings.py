@@ -18,21 +18,49 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ACE3_", extra="ignore")
 
     data_dir: Path = Field(Path(".ace3"), description="Root for the embedded defaults below.")
-    database_url: str | None = Field(None, description="postgresql://... or sqlite:///...; default: SQLite under data_dir.")
-    broker_url: str | None = Field(None, description="redis://...; default: a filesystem broker under data_dir.")
+    database_url: str | None = Field(
+        None, description="postgresql://... or sqlite:///...; default: SQLite under data_dir."
+    )
+    broker_url: str | None = Field(
+        None, description="redis://...; default: a filesystem broker under data_dir."
+    )
     queue_name: str = Field("ace3.jobs", description="Celery queue the jobs are published on.")
-    storage_dir: Path | None = Field(None, description="Artifact store root; default data_dir/storage.")
-    work_dir: Path | None = Field(None, description="Where a worker prepares job directories; default data_dir/jobs.")
-    max_upload_bytes: int = Field(1 << 30, ge=1, description="Largest accepted upload (413 past it).")
-    max_extracted_bytes: int = Field(4 << 30, ge=1, description="Largest total size an uploaded archive may extract to.")
-    lease_seconds: float = Field(60.0, gt=0, description="A running job's lease; the worker renews it with every heartbeat.")
-    heartbeat_seconds: float = Field(5.0, gt=0, description="How often a worker renews its lease and reads the cancel flag.")
-    cancel_grace_seconds: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling.")
-    reconcile_interval_seconds: float = Field(10.0, gt=0, description="How often the API re-publishes lost messages and expires leases.")
-    republish_after_seconds: float = Field(30.0, gt=0, description="Re-publish a queued job nobody claimed after this long.")
-    max_retries: int = Field(2, ge=0, description="Extra attempts for a job whose worker died or whose processes were killed.")
+    storage_dir: Path | None = Field(
+        None, description="Artifact store root; default data_dir/storage."
+    )
+    work_dir: Path | None = Field(
+        None, description="Where a worker prepares job directories; default data_dir/jobs."
+    )
+    max_upload_bytes: int = Field(
+        1 << 30, ge=1, description="Largest accepted upload (413 past it)."
+    )
+    max_extracted_bytes: int = Field(
+        4 << 30, ge=1, description="Largest total size an uploaded archive may extract to."
+    )
+    lease_seconds: float = Field(
+        60.0, gt=0, description="A running job's lease; the worker renews it with every heartbeat."
+    )
+    heartbeat_seconds: float = Field(
+        5.0, gt=0, description="How often a worker renews its lease and reads the cancel flag."
+    )
+    cancel_grace_seconds: float = Field(
+        10.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling."
+    )
+    reconcile_interval_seconds: float = Field(
+        10.0, gt=0, description="How often the API re-publishes lost messages and expires leases."
+    )
+    republish_after_seconds: float = Field(
+        30.0, gt=0, description="Re-publish a queued job nobody claimed after this long."
+    )
+    max_retries: int = Field(
+        2,
+        ge=0,
+        description="Extra attempts for a job whose worker died or whose processes were killed.",
+    )
     worker_slots: int = Field(1, ge=1, description="Jobs one worker runs at once.")
-    worker_device: str = Field("auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU.")
+    worker_device: str = Field(
+        "auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU."
+    )
     log_level: str = Field("info")
 
     @property

@@ -22,7 +22,9 @@ def test_services_and_their_dependencies(compose: dict) -> None:
     assert "healthcheck" in services["postgres"] and "healthcheck" in services["redis"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name in ("api", "worker"):
-        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert (
+            services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        )
         assert any(str(volume).startswith("storage:") for volume in services[name]["volumes"])
     devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
@@ -35,7 +37,9 @@ def test_every_ace3_command_is_a_real_cli_command(compose: dict) -> None:
         command = service.get("command")
         if not command or command[0] != "ace3":
             continue
-        args = build_parser().parse_args(command[1:])  # exits (fails the test) on an unknown command
+        args = build_parser().parse_args(
+            command[1:]
+        )  # exits (fails the test) on an unknown command
         assert callable(args.func), name
         seen.add(args.command)
     assert seen == {"migrate", "server", "worker"}
@@ -44,7 +48,10 @@ def test_every_ace3_command_is_a_real_cli_command(compose: dict) -> None:
 def test_services_share_one_database_and_broker(compose: dict) -> None:
     services = compose["services"]
     urls = {
-        (services[name]["environment"]["ACE3_DATABASE_URL"], services[name]["environment"]["ACE3_BROKER_URL"])
+        (
+            services[name]["environment"]["ACE3_DATABASE_URL"],
+            services[name]["environment"]["ACE3_BROKER_URL"],
+        )
         for name in ("migrate", "api", "worker")
     }
     assert len(urls) == 1

@@ -12,7 +12,9 @@ _PROBE = "import torch; print(torch.cuda.device_count() if torch.cuda.is_availab
 @functools.cache
 def cuda_device_count() -> int:
     try:
-        result = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120
+        )
     except (OSError, subprocess.TimeoutExpired):
         return 0
     text = result.stdout.strip().splitlines()

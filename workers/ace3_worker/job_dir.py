@@ -43,7 +43,9 @@ def _link(target: Path, link: Path) -> Path:
 def _dataset_spec(store: LocalArtifactStore, dataset: StoredDataset, into: Path) -> dict[str, Any]:
     source = store.path_for(dataset.storage_key)
     if not source.exists():
-        raise FileNotFoundError(f"dataset {dataset.id} ({dataset.filename}) is missing from storage")
+        raise FileNotFoundError(
+            f"dataset {dataset.id} ({dataset.filename}) is missing from storage"
+        )
     name = "tree" if dataset.kind == "directory" else f"data{source.suffix}"
     return {"path": str(_link(source, into / name))}
 
@@ -71,7 +73,12 @@ def prepare_job_directory(
 
     resume_path = None
     if resume_from is not None:
-        resume_path = str(_link(store.path_for(resume_from.storage_key), directory.root / "resume" / resume_from.name))
+        resume_path = str(
+            _link(
+                store.path_for(resume_from.storage_key),
+                directory.root / "resume" / resume_from.name,
+            )
+        )
 
     spec = {
         "job_id": job.id,

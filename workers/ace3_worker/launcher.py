@@ -7,11 +7,22 @@ import sys
 from pathlib import Path
 
 # Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
-_PASSED_THROUGH = ("PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONPATH", "TZ")
+_PASSED_THROUGH = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+    "TZ",
+)
 _PASSED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "MKL_", "TORCH_", "GLOO_")
 
 
-def rank_environment(device: str, nproc_per_node: int, base: dict[str, str] | None = None) -> dict[str, str]:
+def rank_environment(
+    device: str, nproc_per_node: int, base: dict[str, str] | None = None
+) -> dict[str, str]:
     source = os.environ if base is None else base
     env = {
         key: value

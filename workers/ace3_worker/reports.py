@@ -39,7 +39,7 @@ def parse_log_line(stream: str, raw: str) -> LogLine:
     text = raw.rstrip("\r\n")
     match = _RANK_PREFIX.match(text)
     if match:
-        return LogLine(stream, int(match.group(1)), text[match.end():][:MAX_LINE_CHARS])
+        return LogLine(stream, int(match.group(1)), text[match.end() :][:MAX_LINE_CHARS])
     return LogLine(stream, None, text[:MAX_LINE_CHARS])
 
 
@@ -49,8 +49,14 @@ def store_log_lines(session: Session, job_id: str, attempt: int, lines: list[Log
     session.execute(
         JobLog.__table__.insert(),
         [
-            {"job_id": job_id, "attempt": attempt, "rank": item.rank, "stream": item.stream,
-             "line": item.line, "created_at": utcnow()}
+            {
+                "job_id": job_id,
+                "attempt": attempt,
+                "rank": item.rank,
+                "stream": item.stream,
+                "line": item.line,
+                "created_at": utcnow(),
+            }
             for item in lines
         ],
     )
@@ -87,20 +93,32 @@ class EventTail:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and value == value and value not in (float("inf"), float("-inf"))
+    return (
+        isinstance(value, int | float)
+        and value == value
+        and value not in (float("inf"), float("-inf"))
+    )
 
 
 def store_metrics(session: Session, job_id: str, event: dict[str, Any]) -> None:
     step = int(event["step"])
     epoch = event.get("epoch")
     rows = [
-        {"job_id": job_id, "step": step, "epoch": float(epoch) if epoch is not None else None,
-         "name": str(name)[:200], "value": float(value), "created_at": utcnow()}
+        {
+            "job_id": job_id,
+            "step": step,
+            "epoch": float(epoch) if epoch is not None else None,
+            "name": str(name)[:200],
+            "value": float(value),
+            "created_at": utcnow(),
+        }
         for name, value in (event.get("values") or {}).items()
         if _finite(value)
     ]
     if rows:
-        session.execute(insert_ignoring_duplicates(session.get_bind().dialect.name, JobMetric.__table__, rows))
+        session.execute(
+            insert_ignoring_duplicates(session.get_bind().dialect.name, JobMetric.__table__, rows)
+        )
 
 
 def store_checkpoint(
@@ -121,28 +139,43 @@ def store_checkpoint(
     key = f"checkpoints/{job_id}/{name}"
     store.put_file(key, source)
     row = {
-        "id": new_id(), "job_id": job_id, "attempt": attempt, "step": int(event["step"]),
-        "epoch": event.get("epoch"), "name": name, "sha256": expected,
-        "size_bytes": int(event.get("size_bytes") or source.stat().st_size), "storage_key": key,
+        "id": new_id(),
+        "job_id": job_id,
+        "attempt": attempt,
+        "step": int(event["step"]),
+        "epoch": event.get("epoch"),
+        "name": name,
+        "sha256": expected,
+        "size_bytes": int(event.get("size_bytes") or source.stat().st_size),
+        "storage_key": key,
         "metrics": {k: v for k, v in (event.get("metrics") or {}).items() if _finite(v)},
         "created_at": utcnow(),
     }
-    session.execute(insert_ignoring_duplicates(session.get_bind().dialect.name, JobCheckpoint.__table__, [row]))
+    session.execute(
+        insert_ignoring_duplicates(session.get_bind().dialect.name, JobCheckpoint.__table__, [row])
+    )
     return _prune_checkpoints(session, job_id, max_checkpoints) if max_checkpoints else []
 
 
 def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
     """Forget all but the newest ``keep`` verified checkpoints (never the newest one)."""
     rows = session.scalars(
-        select(JobCheckpoint).where(JobCheckpoint.job_id == job_id).order_by(JobCheckpoint.step.desc())
+        select(JobCheckpoint)
+        .where(JobCheckpoint.job_id == job_id)
+        .order_by(JobCheckpoint.step.desc())
     ).all()
-    stale = rows[max(keep, 1):]
+    stale = rows[max(keep, 1) :]
     if stale:
-        session.execute(delete(JobCheckpoint).where(JobCheckpoint.id.in_([row.id for row in stale])))
+        session.execute(
+            delete(JobCheckpoint).where(JobCheckpoint.id.in_([row.id for row in stale]))
+        )
     return [row.storage_key for row in stale]
 
 
 def latest_checkpoint(session: Session, job_id: str) -> JobCheckpoint | None:
     return session.scalars(
-        select(JobCheckpoint).where(JobCheckpoint.job_id == job_id).order_by(JobCheckpoint.step.desc()).limit(1)
+        select(JobCheckpoint)
+        .where(JobCheckpoint.job_id == job_id)
+        .order_by(JobCheckpoint.step.desc())
+        .limit(1)
     ).first()

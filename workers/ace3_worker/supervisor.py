@@ -87,7 +87,9 @@ class Supervisor:
     # -- claim and prepare -----------------------------------------------------------------------
     def claim(self, job_id: str) -> int | None:
         with self.sessions() as session:
-            row = session.execute(job_transitions.claim(job_id, self.worker_id, self.settings.lease_seconds)).first()
+            row = session.execute(
+                job_transitions.claim(job_id, self.worker_id, self.settings.lease_seconds)
+            ).first()
             session.commit()
         return None if row is None else int(row.attempt)
 
@@ -97,12 +99,25 @@ class Supervisor:
             assert job is not None
             model = session.get(StoredModel, job.model_id)
             dataset = session.get(StoredDataset, job.dataset_id)
-            validation = session.get(StoredDataset, job.validation_dataset_id) if job.validation_dataset_id else None
+            validation = (
+                session.get(StoredDataset, job.validation_dataset_id)
+                if job.validation_dataset_id
+                else None
+            )
             if model is None or dataset is None:
                 raise FileNotFoundError("the job's model or dataset record is gone")
-            resume_from: JobCheckpoint | None = reports.latest_checkpoint(session, job_id) if attempt > 1 else None
+            resume_from: JobCheckpoint | None = (
+                reports.latest_checkpoint(session, job_id) if attempt > 1 else None
+            )
             directory = prepare_job_directory(
-                self.settings.resolved_work_dir, self.store, job, attempt, model, dataset, validation, resume_from
+                self.settings.resolved_work_dir,
+                self.store,
+                job,
+                attempt,
+                model,
+                dataset,
+                validation,
+                resume_from,
             )
             if resume_from is not None:
                 logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)
@@ -112,7 +127,9 @@ class Supervisor:
     def run(self, job_id: str) -> None:
         attempt = self.claim(job_id)
         if attempt is None:
-            logger.info("job %s is not queued (a duplicate message, or cancelled): nothing to do", job_id)
+            logger.info(
+                "job %s is not queued (a duplicate message, or cancelled): nothing to do", job_id
+            )
             return
         try:
             job, directory = self.prepare(job_id, attempt)
@@ -122,14 +139,18 @@ class Supervisor:
                 raise RuntimeError("backend='nccl' needs a CUDA worker, and this worker has no GPU")
         except Exception as exc:
             logger.exception("job %s: could not prepare attempt %d", job_id, attempt)
-            self._record(job_id, attempt, JobState.FAILED, error=f"could not prepare the job: {exc}")
+            self._record(
+                job_id, attempt, JobState.FAILED, error=f"could not prepare the job: {exc}"
+            )
             return
         try:
             self._launch_and_watch(job, attempt, directory, device)
         finally:
             shutil.rmtree(directory.root, ignore_errors=True)
 
-    def _launch_and_watch(self, job: Job, attempt: int, directory: JobDirectory, device: str) -> None:
+    def _launch_and_watch(
+        self, job: Job, attempt: int, directory: JobDirectory, device: str
+    ) -> None:
         nproc = int(job.num_processes)
         command = torchrun_command(directory.job_file, nproc)
         process = subprocess.Popen(
@@ -177,12 +198,18 @@ class Supervisor:
     def _heartbeat(self, watch: AttemptWatch, process: subprocess.Popen[bytes]) -> None:
         with self.sessions() as session:
             row = session.execute(
-                job_transitions.renew_lease(watch.job_id, watch.attempt, self.settings.lease_seconds)
+                job_transitions.renew_lease(
+                    watch.job_id, watch.attempt, self.settings.lease_seconds
+                )
             ).first()
             session.commit()
         if row is None:
             if not watch.lease_lost:
-                logger.error("job %s attempt %d lost its lease: stopping its processes", watch.job_id, watch.attempt)
+                logger.error(
+                    "job %s attempt %d lost its lease: stopping its processes",
+                    watch.job_id,
+                    watch.attempt,
+                )
             watch.lease_lost = True
         elif row.cancel_requested:
             watch.cancel_requested = True
@@ -198,7 +225,11 @@ class Supervisor:
             watch.killed = True
 
     def _ingest(
-        self, job: Job, watch: AttemptWatch, lines: queue.Queue[reports.LogLine], events: reports.EventTail
+        self,
+        job: Job,
+        watch: AttemptWatch,
+        lines: queue.Queue[reports.LogLine],
+        events: reports.EventTail,
     ) -> None:
         batch: list[reports.LogLine] = []
         while True:
@@ -221,7 +252,12 @@ class Supervisor:
                     reports.store_metrics(session, job.id, event)
                 elif kind == "checkpoint":
                     stale_keys += reports.store_checkpoint(
-                        session, self.store, job.id, watch.attempt, event, job.config.get("max_checkpoints")
+                        session,
+                        self.store,
+                        job.id,
+                        watch.attempt,
+                        event,
+                        job.config.get("max_checkpoints"),
                     )
                 elif kind == "summary":
                     events.summary = event
@@ -230,25 +266,47 @@ class Supervisor:
             self.store.delete(key)
 
     # -- outcome ---------------------------------------------------------------------------------
-    def _record_outcome(self, job: Job, watch: AttemptWatch, returncode: int, events: reports.EventTail) -> None:
+    def _record_outcome(
+        self, job: Job, watch: AttemptWatch, returncode: int, events: reports.EventTail
+    ) -> None:
         if watch.lease_lost:
-            logger.warning("job %s attempt %d: lease lost; its outcome belongs to a newer attempt", job.id, watch.attempt)
+            logger.warning(
+                "job %s attempt %d: lease lost; its outcome belongs to a newer attempt",
+                job.id,
+                watch.attempt,
+            )
             return
         final_metrics = _final_metrics(events.summary)
         if watch.cancel_requested:
-            self._record(job.id, watch.attempt, JobState.CANCELLED, exit_code=returncode, final_metrics=final_metrics)
+            self._record(
+                job.id,
+                watch.attempt,
+                JobState.CANCELLED,
+                exit_code=returncode,
+                final_metrics=final_metrics,
+            )
         elif returncode == 0:
-            self._record(job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=final_metrics)
+            self._record(
+                job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=final_metrics
+            )
         elif returncode < 0:
             # torchrun itself was killed by a signal (not ours): the machine, not the code, failed.
             reason = f"the torchrun process was killed by signal {-returncode}"
             if not self._retry(job.id, watch.attempt, reason):
-                self._record(job.id, watch.attempt, JobState.FAILED, exit_code=returncode, error=reason)
+                self._record(
+                    job.id, watch.attempt, JobState.FAILED, exit_code=returncode, error=reason
+                )
         else:
             tail = "\n".join(watch.stderr_tail)
             error = f"training exited with code {returncode}\n{tail}"[-8000:]
-            self._record(job.id, watch.attempt, JobState.FAILED, exit_code=returncode, error=error,
-                         final_metrics=final_metrics)
+            self._record(
+                job.id,
+                watch.attempt,
+                JobState.FAILED,
+                exit_code=returncode,
+                error=error,
+                final_metrics=final_metrics,
+            )
 
     def _retry(self, job_id: str, attempt: int, reason: str) -> bool:
         with self.sessions() as session:
@@ -260,7 +318,9 @@ class Supervisor:
         try:
             publisher.publish(job_id)
         except Exception:
-            logger.exception("job %s: retry queued but not published; the reconciler will publish it", job_id)
+            logger.exception(
+                "job %s: retry queued but not published; the reconciler will publish it", job_id
+            )
         finally:
             publisher.close()
         return True
@@ -272,7 +332,12 @@ class Supervisor:
         if result.rowcount:
             logger.info("job %s attempt %d: %s", job_id, attempt, state.value)
         else:
-            logger.warning("job %s attempt %d: not recorded as %s (no longer ours)", job_id, attempt, state.value)
+            logger.warning(
+                "job %s attempt %d: not recorded as %s (no longer ours)",
+                job_id,
+                attempt,
+                state.value,
+            )
 
 
 def _final_metrics(summary: dict[str, Any] | None) -> dict[str, Any] | None:

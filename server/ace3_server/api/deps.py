@@ -16,7 +16,9 @@ from ace3_server.queue import JobPublisher
 from ace3_server.settings import Settings
 from ace3_server.storage import LocalArtifactStore
 
-_bearer = HTTPBearer(auto_error=False, description="An ACE3 API key: `ace3 keys create --name NAME`.")
+_bearer = HTTPBearer(
+    auto_error=False, description="An ACE3 API key: `ace3 keys create --name NAME`."
+)
 
 UNAUTHORIZED = HTTPException(
     status_code=401,

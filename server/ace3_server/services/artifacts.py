@@ -76,7 +76,9 @@ def prepare_model(
         except (SyntaxError, ValueError) as exc:
             raise field_error(["body", "file"], f"{display} is not valid Python: {exc}") from exc
         fields = {"kind": "file", "entry_module": None}
-        return PreparedArtifact(staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged))
+        return PreparedArtifact(
+            staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged)
+        )
     if not is_archive_name(display):
         raise field_error(
             ["body", "file"], f"{display}: expected a .py file or a .tar.gz/.tgz/.tar/.zip archive"
@@ -88,7 +90,10 @@ def prepare_model(
         )
     tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes)
     relative = Path(*entry_module.split("."))
-    if not ((tree / relative).with_suffix(".py").is_file() or (tree / relative / "__init__.py").is_file()):
+    if not (
+        (tree / relative).with_suffix(".py").is_file()
+        or (tree / relative / "__init__.py").is_file()
+    ):
         shutil.rmtree(tree, ignore_errors=True)
         raise field_error(
             ["body", "entry_module"], f"the archive has no module {entry_module!r} ({relative}.py)"
@@ -98,7 +103,12 @@ def prepare_model(
 
 
 def _common(display: str, factory: str, staged: StagedUpload) -> dict[str, Any]:
-    return {"filename": display, "factory": factory, "sha256": staged.sha256, "size_bytes": staged.size_bytes}
+    return {
+        "filename": display,
+        "factory": factory,
+        "sha256": staged.sha256,
+        "size_bytes": staged.size_bytes,
+    }
 
 
 def _has_data(tree: Path) -> bool:
@@ -134,7 +144,9 @@ def prepare_dataset(
     if kind != "directory":
         raise field_error(["body", "kind"], f"kind must be 'file' or 'directory', not {kind!r}")
     if not is_archive_name(display):
-        raise field_error(["body", "file"], f"{display}: a directory is uploaded as a .tar.gz, .tar or .zip")
+        raise field_error(
+            ["body", "file"], f"{display}: a directory is uploaded as a .tar.gz, .tar or .zip"
+        )
     tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes)
     if not _has_data(tree):
         shutil.rmtree(tree, ignore_errors=True)
@@ -142,7 +154,9 @@ def prepare_dataset(
         raise field_error(
             ["body", "file"], f"the directory holds no dataset.py and no data file ({expected})"
         )
-    return PreparedArtifact(tree, f"{base_key}/tree", common | {"kind": "directory", "format": "directory"})
+    return PreparedArtifact(
+        tree, f"{base_key}/tree", common | {"kind": "directory", "format": "directory"}
+    )
 
 
 async def store_artifact(
@@ -156,7 +170,9 @@ async def store_artifact(
 ) -> tuple[Any, bool]:
     """Insert the record (or revive a deleted one); return (row, created)."""
     sha = prepared.fields["sha256"]
-    existing = await session.scalar(select(model).where(model.owner_id == owner_id, model.sha256 == sha))
+    existing = await session.scalar(
+        select(model).where(model.owner_id == owner_id, model.sha256 == sha)
+    )
     if existing is not None and existing.deleted_at is None:
         _discard(prepared.source)
         return existing, False
@@ -168,14 +184,21 @@ async def store_artifact(
         existing.storage_key = prepared.storage_key
         await session.commit()
         return existing, True
-    row = model(owner_id=owner_id, name=name or prepared.fields["filename"], storage_key=prepared.storage_key, **prepared.fields)
+    row = model(
+        owner_id=owner_id,
+        name=name or prepared.fields["filename"],
+        storage_key=prepared.storage_key,
+        **prepared.fields,
+    )
     session.add(row)
     try:
         await session.commit()
     except IntegrityError:
         # A concurrent upload of the same bytes won the race: return its record.
         await session.rollback()
-        winner = await session.scalar(select(model).where(model.owner_id == owner_id, model.sha256 == sha))
+        winner = await session.scalar(
+            select(model).where(model.owner_id == owner_id, model.sha256 == sha)
+        )
         if winner is None:  # pragma: no cover - the conflicting row must exist
             raise
         return winner, False
@@ -202,9 +225,14 @@ async def delete_artifact(session: AsyncSession, store: LocalArtifactStore, row:
     if isinstance(row, StoredDataset):
         conditions = [(Job.dataset_id == row.id) | (Job.validation_dataset_id == row.id)]
     live_states = [JobState.QUEUED, *ACTIVE_STATES]
-    in_use = await session.scalar(select(Job.id).where(*conditions, Job.state.in_(live_states)).limit(1))
+    in_use = await session.scalar(
+        select(Job.id).where(*conditions, Job.state.in_(live_states)).limit(1)
+    )
     if in_use is not None:
-        raise HTTPException(status_code=409, detail=f"in use by job {in_use}, which has not finished; cancel it first")
+        raise HTTPException(
+            status_code=409,
+            detail=f"in use by job {in_use}, which has not finished; cancel it first",
+        )
     row.deleted_at = utcnow()
     await session.commit()
     await run_in_threadpool(store.delete, row.storage_key)

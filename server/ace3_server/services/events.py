@@ -55,7 +55,9 @@ def _state_signature(job: Job) -> tuple[Any, ...]:
     return (job.state, job.attempt, job.cancel_requested, job.exit_code, job.error)
 
 
-async def _new_rows(session: AsyncSession, job_id: str, cursor: Cursor) -> tuple[list[JobMetric], list[JobLog]]:
+async def _new_rows(
+    session: AsyncSession, job_id: str, cursor: Cursor
+) -> tuple[list[JobMetric], list[JobLog]]:
     metrics = (
         await session.scalars(
             select(JobMetric)
@@ -97,10 +99,20 @@ async def job_events(
                 chunks.append(format_event("state", _job_payload(job), cursor.event_id()))
             for metric in metrics:
                 cursor.metrics_after = metric.id
-                chunks.append(format_event("metric", MetricOut.model_validate(metric).model_dump(mode="json"), cursor.event_id()))
+                chunks.append(
+                    format_event(
+                        "metric",
+                        MetricOut.model_validate(metric).model_dump(mode="json"),
+                        cursor.event_id(),
+                    )
+                )
             for log in logs:
                 cursor.logs_after = log.id
-                chunks.append(format_event("log", LogOut.model_validate(log).model_dump(mode="json"), cursor.event_id()))
+                chunks.append(
+                    format_event(
+                        "log", LogOut.model_validate(log).model_dump(mode="json"), cursor.event_id()
+                    )
+                )
             drained = len(metrics) < BATCH_ROWS and len(logs) < BATCH_ROWS
             if finished and drained:
                 chunks.append(format_event("end", _job_payload(job), cursor.event_id()))

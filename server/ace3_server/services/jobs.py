@@ -36,7 +36,9 @@ def _problems(body: JobCreate) -> list[dict[str, Any]]:
     ]
 
 
-async def _reference_problems(session: AsyncSession, owner_id: str, body: JobCreate) -> list[dict[str, Any]]:
+async def _reference_problems(
+    session: AsyncSession, owner_id: str, body: JobCreate
+) -> list[dict[str, Any]]:
     problems = []
     references: list[tuple[str, Any, str | None]] = [
         ("model_id", StoredModel, body.model_id),
@@ -47,13 +49,19 @@ async def _reference_problems(session: AsyncSession, owner_id: str, body: JobCre
         if item_id is not None and await get_owned(session, model, owner_id, item_id) is None:
             what = "model" if model is StoredModel else "dataset"
             problems.append(
-                {"loc": ["body", field], "msg": f"no {what} with id {item_id!r}", "type": "not_found"}
+                {
+                    "loc": ["body", field],
+                    "msg": f"no {what} with id {item_id!r}",
+                    "type": "not_found",
+                }
             )
     return problems
 
 
 async def _find_by_key(session: AsyncSession, owner_id: str, key: str) -> Job | None:
-    return await session.scalar(select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key))
+    return await session.scalar(
+        select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key)
+    )
 
 
 def _replay(existing: Job, digest: str) -> Job:

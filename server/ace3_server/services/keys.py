@@ -35,7 +35,9 @@ def create_key(session: Session, name: str, owner_id: str | None = None) -> Crea
             raise OwnerNotFoundError(f"no owner with id {owner_id!r} (see 'ace3 keys list')")
         owner = found
     new = generate_key()
-    key = ApiKey(owner_id=owner.id, name=name, lookup_prefix=new.lookup_prefix, key_hash=new.key_hash)
+    key = ApiKey(
+        owner_id=owner.id, name=name, lookup_prefix=new.lookup_prefix, key_hash=new.key_hash
+    )
     session.add(key)
     session.commit()
     return CreatedKey(new.plaintext, key.id, owner.id, new.lookup_prefix)

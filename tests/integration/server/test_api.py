@@ -18,21 +18,27 @@ from tests.conftest import MAX_UPLOAD_BYTES, DigitsFiles, Stack
 @pytest.fixture(scope="module")
 def owner(stack: Stack) -> Iterator[httpx.Client]:
     key, _ = stack.create_key("api-owner")
-    with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+    with httpx.Client(
+        base_url=stack.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def other_owner(stack: Stack) -> Iterator[httpx.Client]:
     key, _ = stack.create_key("someone-else")
-    with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+    with httpx.Client(
+        base_url=stack.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def uploaded(owner: httpx.Client, digits_files: DigitsFiles) -> dict[str, str]:
     model = owner.post("/v1/models", files={"file": ("model.py", digits_files.model.read_bytes())})
-    dataset = owner.post("/v1/datasets", files={"file": ("train.npz", digits_files.train.read_bytes())})
+    dataset = owner.post(
+        "/v1/datasets", files={"file": ("train.npz", digits_files.train.read_bytes())}
+    )
     assert model.status_code in (200, 201) and dataset.status_code in (200, 201)
     return {"model_id": model.json()["id"], "dataset_id": dataset.json()["id"]}
 
@@ -57,7 +63,9 @@ def test_missing_unknown_and_revoked_keys_get_the_same_401(stack: Stack) -> None
     assert stack.cli("keys", "revoke", prefix).returncode == 0
     responses = [
         httpx.get(f"{stack.base_url}/v1/jobs"),
-        httpx.get(f"{stack.base_url}/v1/jobs", headers={"Authorization": "Bearer ace3_000000000000_nope"}),
+        httpx.get(
+            f"{stack.base_url}/v1/jobs", headers={"Authorization": "Bearer ace3_000000000000_nope"}
+        ),
         httpx.get(f"{stack.base_url}/v1/jobs", headers={"Authorization": "Bearer garbage"}),
         httpx.get(f"{stack.base_url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}),
     ]
@@ -80,13 +88,20 @@ def test_a_second_key_for_the_same_owner_sees_the_same_resources(
     key_b, same_owner = stack.create_key("b", owner=owner_id)
     assert same_owner == owner_id
     files = {"file": ("shared.py", b"def build_model():\n    pass\n")}
-    created = httpx.post(f"{stack.base_url}/v1/models", files=files, headers={"Authorization": f"Bearer {key_a}"})
-    seen = httpx.get(f"{stack.base_url}/v1/models/{created.json()['id']}", headers={"Authorization": f"Bearer {key_b}"})
+    created = httpx.post(
+        f"{stack.base_url}/v1/models", files=files, headers={"Authorization": f"Bearer {key_a}"}
+    )
+    seen = httpx.get(
+        f"{stack.base_url}/v1/models/{created.json()['id']}",
+        headers={"Authorization": f"Bearer {key_b}"},
+    )
     assert seen.status_code == 200
 
 
 # -- models and datasets ----------------------------------------------------------------------------
-def test_the_same_model_bytes_are_stored_once(owner: httpx.Client, digits_files: DigitsFiles) -> None:
+def test_the_same_model_bytes_are_stored_once(
+    owner: httpx.Client, digits_files: DigitsFiles
+) -> None:
     body = digits_files.model.read_bytes() + b"\n# variant for the dedup test\n"
     first = owner.post("/v1/models", files={"file": ("m.py", body)}, data={"name": "first"})
     again = owner.post("/v1/models", files={"file": ("other-name.py", body)})
@@ -102,7 +117,9 @@ def test_another_owners_resources_are_404(
     assert other_owner.get(f"/v1/models/{uploaded['model_id']}").status_code == 404
     assert other_owner.get(f"/v1/datasets/{uploaded['dataset_id']}").status_code == 404
     assert other_owner.delete(f"/v1/models/{uploaded['model_id']}").status_code == 404
-    assert uploaded["model_id"] not in [m["id"] for m in other_owner.get("/v1/models").json()["data"]]
+    assert uploaded["model_id"] not in [
+        m["id"] for m in other_owner.get("/v1/models").json()["data"]
+    ]
     job = owner.post("/v1/jobs", json={**uploaded, "config": {"epochs": 1}})
     assert job.status_code == 201
     job_id = job.json()["id"]
@@ -113,7 +130,10 @@ def test_another_owners_resources_are_404(
     # Using another owner's model in a job is the same as naming a model that does not exist.
     theirs = other_owner.post("/v1/jobs", json={**uploaded, "config": {}})
     assert theirs.status_code == 422
-    assert {tuple(e["loc"]) for e in theirs.json()["detail"]} == {("body", "model_id"), ("body", "dataset_id")}
+    assert {tuple(e["loc"]) for e in theirs.json()["detail"]} == {
+        ("body", "model_id"),
+        ("body", "dataset_id"),
+    }
     owner.post(f"/v1/jobs/{job_id}/cancel")
 
 
@@ -133,10 +153,17 @@ def test_a_model_archive_needs_its_entry_module(owner: httpx.Client) -> None:
         tar.addfile(info, io.BytesIO(data))
     archive = buffer.getvalue()
     missing = owner.post("/v1/models", files={"file": ("pkg.tar.gz", archive)})
-    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "entry_module"]
-    wrong = owner.post("/v1/models", files={"file": ("pkg.tar.gz", archive)}, data={"entry_module": "mypkg.nope"})
+    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == [
+        "body",
+        "entry_module",
+    ]
+    wrong = owner.post(
+        "/v1/models", files={"file": ("pkg.tar.gz", archive)}, data={"entry_module": "mypkg.nope"}
+    )
     assert wrong.status_code == 422 and "no module 'mypkg.nope'" in wrong.json()["detail"][0]["msg"]
-    ok = owner.post("/v1/models", files={"file": ("pkg.tar.gz", archive)}, data={"entry_module": "mypkg.model"})
+    ok = owner.post(
+        "/v1/models", files={"file": ("pkg.tar.gz", archive)}, data={"entry_module": "mypkg.model"}
+    )
     assert ok.status_code == 201 and ok.json()["kind"] == "archive"
 
 
@@ -146,19 +173,25 @@ def test_unsupported_dataset_formats_are_refused(owner: httpx.Client) -> None:
     assert ".csv" in response.json()["detail"][0]["msg"]
 
 
-def test_a_directory_archive_that_escapes_is_refused_and_nothing_is_stored(stack: Stack, owner: httpx.Client) -> None:
+def test_a_directory_archive_that_escapes_is_refused_and_nothing_is_stored(
+    stack: Stack, owner: httpx.Client
+) -> None:
     before = _storage_files(stack)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         info = tarfile.TarInfo("../../evil.csv")
         info.size = 3
         tar.addfile(info, io.BytesIO(b"a,b"))
-    response = owner.post("/v1/datasets", files={"file": ("d.tar.gz", buffer.getvalue())}, data={"kind": "directory"})
+    response = owner.post(
+        "/v1/datasets", files={"file": ("d.tar.gz", buffer.getvalue())}, data={"kind": "directory"}
+    )
     assert response.status_code == 422 and "not allowed" in response.json()["detail"][0]["msg"]
     assert _storage_files(stack) == before
 
 
-def test_an_upload_over_the_cap_is_413_and_nothing_is_stored(stack: Stack, owner: httpx.Client) -> None:
+def test_an_upload_over_the_cap_is_413_and_nothing_is_stored(
+    stack: Stack, owner: httpx.Client
+) -> None:
     before = _storage_files(stack)
     listed_before = owner.get("/v1/datasets").json()["data"]
     too_big = b"0" * (MAX_UPLOAD_BYTES + 1)
@@ -188,7 +221,11 @@ def test_an_upload_just_under_the_cap_is_accepted(owner: httpx.Client) -> None:
     ],
 )
 def test_an_invalid_config_is_422_naming_the_field_and_nothing_is_queued(
-    stack: Stack, owner: httpx.Client, uploaded: dict[str, str], config: dict[str, object], field: str
+    stack: Stack,
+    owner: httpx.Client,
+    uploaded: dict[str, str],
+    config: dict[str, object],
+    field: str,
 ) -> None:
     jobs_before = owner.get("/v1/jobs").json()["data"]
     response = owner.post("/v1/jobs", json={**uploaded, "config": config})
@@ -198,20 +235,32 @@ def test_an_invalid_config_is_422_naming_the_field_and_nothing_is_queued(
     assert _queued_messages(stack) == 0
 
 
-def test_a_setting_the_engine_lacks_is_refused_not_ignored(owner: httpx.Client, uploaded: dict[str, str]) -> None:
-    response = owner.post("/v1/jobs", json={**uploaded, "config": {"zero_stage": 2, "gradient_checkpointing": True}})
+def test_a_setting_the_engine_lacks_is_refused_not_ignored(
+    owner: httpx.Client, uploaded: dict[str, str]
+) -> None:
+    response = owner.post(
+        "/v1/jobs", json={**uploaded, "config": {"zero_stage": 2, "gradient_checkpointing": True}}
+    )
     assert response.status_code == 422
     errors = {e["loc"][-1]: e for e in response.json()["detail"]}
     assert set(errors) == {"zero_stage", "gradient_checkpointing"}
-    assert all(e["type"] == "unsupported" and "not implemented" in e["msg"] for e in errors.values())
+    assert all(
+        e["type"] == "unsupported" and "not implemented" in e["msg"] for e in errors.values()
+    )
 
 
-def test_batch_size_must_split_across_processes(owner: httpx.Client, uploaded: dict[str, str]) -> None:
-    response = owner.post("/v1/jobs", json={**uploaded, "config": {"num_gpus": 2, "batch_size": 33}})
+def test_batch_size_must_split_across_processes(
+    owner: httpx.Client, uploaded: dict[str, str]
+) -> None:
+    response = owner.post(
+        "/v1/jobs", json={**uploaded, "config": {"num_gpus": 2, "batch_size": 33}}
+    )
     assert response.status_code == 422 and "batch_size (33)" in response.text
 
 
-def test_idempotency_key_replays_and_conflicts(owner: httpx.Client, uploaded: dict[str, str]) -> None:
+def test_idempotency_key_replays_and_conflicts(
+    owner: httpx.Client, uploaded: dict[str, str]
+) -> None:
     body = {**uploaded, "config": {"epochs": 1}, "name": "idempotent"}
     headers = {"Idempotency-Key": "key-123"}
     first = owner.post("/v1/jobs", json=body, headers=headers)
@@ -228,7 +277,9 @@ def test_jobs_are_listed_newest_first_across_pages_and_by_state(
 ) -> None:
     created = []
     for index in range(5):
-        job = owner.post("/v1/jobs", json={**uploaded, "config": {"epochs": 1}, "name": f"page-{index}"}).json()
+        job = owner.post(
+            "/v1/jobs", json={**uploaded, "config": {"epochs": 1}, "name": f"page-{index}"}
+        ).json()
         owner.post(f"/v1/jobs/{job['id']}/cancel")
         created.append(job["id"])
     seen: list[str] = []
@@ -244,20 +295,34 @@ def test_jobs_are_listed_newest_first_across_pages_and_by_state(
     assert owner.get("/v1/jobs", params={"state": "exploded"}).status_code == 422
 
 
-def test_cancelling_a_queued_job_is_immediate(owner: httpx.Client, uploaded: dict[str, str]) -> None:
+def test_cancelling_a_queued_job_is_immediate(
+    owner: httpx.Client, uploaded: dict[str, str]
+) -> None:
     job = owner.post("/v1/jobs", json={**uploaded, "config": {"epochs": 1}}).json()
     cancelled = owner.post(f"/v1/jobs/{job['id']}/cancel")
     assert cancelled.status_code == 202
     assert cancelled.json()["state"] in ("cancelled", "cancelling")
 
 
-def test_a_model_in_use_by_a_live_job_cannot_be_deleted(owner: httpx.Client, digits_files: DigitsFiles) -> None:
-    model = owner.post("/v1/models", files={"file": ("m.py", digits_files.model.read_bytes() + b"\n# del\n")}).json()
-    dataset = owner.post("/v1/datasets", files={"file": ("t.npz", digits_files.validation.read_bytes())}).json()
-    job = owner.post("/v1/jobs", json={"model_id": model["id"], "dataset_id": dataset["id"],
-                                       "config": {"epochs": 200}}).json()
+def test_a_model_in_use_by_a_live_job_cannot_be_deleted(
+    owner: httpx.Client, digits_files: DigitsFiles
+) -> None:
+    model = owner.post(
+        "/v1/models", files={"file": ("m.py", digits_files.model.read_bytes() + b"\n# del\n")}
+    ).json()
+    dataset = owner.post(
+        "/v1/datasets", files={"file": ("t.npz", digits_files.validation.read_bytes())}
+    ).json()
+    job = owner.post(
+        "/v1/jobs",
+        json={"model_id": model["id"], "dataset_id": dataset["id"], "config": {"epochs": 200}},
+    ).json()
     response = owner.delete(f"/v1/models/{model['id']}")
-    if owner.get(f"/v1/jobs/{job['id']}").json()["state"] not in ("succeeded", "failed", "cancelled"):
+    if owner.get(f"/v1/jobs/{job['id']}").json()["state"] not in (
+        "succeeded",
+        "failed",
+        "cancelled",
+    ):
         assert response.status_code == 409 and job["id"] in response.json()["detail"]
     owner.post(f"/v1/jobs/{job['id']}/cancel")
 
@@ -265,8 +330,17 @@ def test_a_model_in_use_by_a_live_job_cannot_be_deleted(owner: httpx.Client, dig
 def test_openapi_is_served_with_stable_operation_ids_and_request_ids(stack: Stack) -> None:
     spec = httpx.get(f"{stack.base_url}/openapi.json").json()
     operation_ids = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
-    assert {"create_job", "get_job", "list_jobs", "cancel_job", "upload_model", "upload_dataset",
-            "stream_job_events", "download_job_checkpoint", "list_job_metrics"} <= operation_ids
+    assert {
+        "create_job",
+        "get_job",
+        "list_jobs",
+        "cancel_job",
+        "upload_model",
+        "upload_dataset",
+        "stream_job_events",
+        "download_job_checkpoint",
+        "list_job_metrics",
+    } <= operation_ids
     assert all(path.startswith(("/v1/", "/healthz")) for path in spec["paths"])
     assert httpx.get(f"{stack.base_url}/docs").status_code == 200
     echoed = httpx.get(f"{stack.base_url}/healthz", headers={"x-request-id": "abc123"})

@@ -37,14 +37,28 @@ def _job(session: Session, max_retries: int = 1) -> Job:
     owner = Owner(name="fsm")
     session.add(owner)
     session.flush()
-    common = {"owner_id": owner.id, "name": "x", "filename": "x", "sha256": secrets.token_hex(32),
-              "size_bytes": 1, "storage_key": "k"}
+    common = {
+        "owner_id": owner.id,
+        "name": "x",
+        "filename": "x",
+        "sha256": secrets.token_hex(32),
+        "size_bytes": 1,
+        "storage_key": "k",
+    }
     model = StoredModel(kind="file", entry_module=None, factory="build_model", **common)
     dataset = StoredDataset(kind="file", format="npz", **common)
     session.add_all([model, dataset])
     session.flush()
-    job = Job(owner_id=owner.id, model_id=model.id, dataset_id=dataset.id, config={}, model_kwargs={},
-              num_processes=1, request_hash="h", max_retries=max_retries)
+    job = Job(
+        owner_id=owner.id,
+        model_id=model.id,
+        dataset_id=dataset.id,
+        config={},
+        model_kwargs={},
+        num_processes=1,
+        request_hash="h",
+        max_retries=max_retries,
+    )
     session.add(job)
     session.commit()
     return job
@@ -92,7 +106,9 @@ class _RecordingPublisher:
         self.published.append(job_id)
 
 
-def test_reconciler_requeues_dead_attempts_then_fails_them(session: Session, database_url: str) -> None:
+def test_reconciler_requeues_dead_attempts_then_fails_them(
+    session: Session, database_url: str
+) -> None:
     job = _job(session, max_retries=1)
     publisher = _RecordingPublisher()
     settings = Settings(database_url=database_url, republish_after_seconds=3600)
@@ -103,7 +119,11 @@ def test_reconciler_requeues_dead_attempts_then_fails_them(session: Session, dat
         await engine.dispose()
 
     def expire_lease() -> None:
-        session.execute(update(Job).where(Job.id == job.id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        session.execute(
+            update(Job)
+            .where(Job.id == job.id)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
         session.commit()
 
     session.execute(job_transitions.claim(job.id, "worker-a", 30))
@@ -122,9 +142,13 @@ def test_reconciler_requeues_dead_attempts_then_fails_them(session: Session, dat
     assert job.state == "failed" and job.attempt == 2 and "no retries left" in (job.error or "")
 
 
-def test_reconciler_republishes_queued_jobs_nobody_claimed(session: Session, database_url: str) -> None:
+def test_reconciler_republishes_queued_jobs_nobody_claimed(
+    session: Session, database_url: str
+) -> None:
     job = _job(session)
-    session.execute(update(Job).where(Job.id == job.id).values(enqueued_at=utcnow() - timedelta(minutes=5)))
+    session.execute(
+        update(Job).where(Job.id == job.id).values(enqueued_at=utcnow() - timedelta(minutes=5))
+    )
     session.commit()
     publisher = _RecordingPublisher()
     settings = Settings(database_url=database_url, republish_after_seconds=60)

@@ -25,7 +25,9 @@ def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
 
 
 def test_regular_files_and_directories_are_extracted(tmp_path: Path) -> None:
-    archive = _tar(tmp_path / "ok.tar.gz", [_file("pkg/__init__.py", b""), _file("pkg/model.py", b"x = 1\n")])
+    archive = _tar(
+        tmp_path / "ok.tar.gz", [_file("pkg/__init__.py", b""), _file("pkg/model.py", b"x = 1\n")]
+    )
     dest = tmp_path / "out"
     total = safe_extract(archive, dest, filename="ok.tar.gz", max_total_bytes=1000)
     assert (dest / "pkg" / "model.py").read_bytes() == b"x = 1\n"
@@ -41,7 +43,9 @@ def test_path_escapes_are_refused(tmp_path: Path, name: str) -> None:
     assert not any((tmp_path / "out").rglob("*"))
 
 
-@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE])
+@pytest.mark.parametrize(
+    "kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE]
+)
 def test_links_and_devices_are_refused(tmp_path: Path, kind: bytes) -> None:
     info = tarfile.TarInfo("pkg/link")
     info.type = kind
@@ -49,7 +53,9 @@ def test_links_and_devices_are_refused(tmp_path: Path, kind: bytes) -> None:
     archive = _tar(tmp_path / "links.tar.gz", [_file("pkg/a.py", b"a"), (info, None)])
     with pytest.raises(UnsafeArchiveError, match="no links or devices"):
         safe_extract(archive, tmp_path / "out", filename="links.tar.gz", max_total_bytes=1000)
-    assert not (tmp_path / "out" / "pkg" / "a.py").exists(), "nothing is written before every member is checked"
+    assert not (tmp_path / "out" / "pkg" / "a.py").exists(), (
+        "nothing is written before every member is checked"
+    )
 
 
 def test_archive_bombs_are_refused_by_their_declared_size(tmp_path: Path) -> None:
@@ -68,7 +74,7 @@ def test_zip_escapes_and_symlinks_are_refused(tmp_path: Path) -> None:
     link = tmp_path / "link.zip"
     with zipfile.ZipFile(link, "w") as zipped:
         info = zipfile.ZipInfo("pkg/link")
-        info.external_attr = (0o120777 << 16)
+        info.external_attr = 0o120777 << 16
         zipped.writestr(info, "/etc/passwd")
     with pytest.raises(UnsafeArchiveError, match="no links"):
         safe_extract(link, tmp_path / "out2", filename="link.zip", max_total_bytes=1000)

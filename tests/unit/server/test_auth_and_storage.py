@@ -19,7 +19,9 @@ def test_a_new_key_is_stored_only_as_its_hash() -> None:
     assert generate_key().plaintext != key.plaintext
 
 
-@pytest.mark.parametrize("bad", ["", "Bearer", "ace3_short_x", "sk_0123456789ab_secret", "ace3_0123456789ab"])
+@pytest.mark.parametrize(
+    "bad", ["", "Bearer", "ace3_short_x", "sk_0123456789ab_secret", "ace3_0123456789ab"]
+)
 def test_malformed_keys_have_no_lookup_prefix(bad: str) -> None:
     assert parse_lookup_prefix(bad) is None
 
@@ -32,7 +34,9 @@ def test_store_puts_files_atomically_and_refuses_escaping_keys(tmp_path: Path) -
     assert store.path_for("checkpoints/job/step-1.pt").read_bytes() == source.read_bytes()
     assert b"".join(store.iter_bytes("checkpoints/job/step-1.pt")) == source.read_bytes()
     assert sha256_file(store.path_for("checkpoints/job/step-1.pt")) == sha256_file(source)
-    assert not list(store.path_for("checkpoints/job").glob(".tmp-*")), "no temporary file is left behind"
+    assert not list(store.path_for("checkpoints/job").glob(".tmp-*")), (
+        "no temporary file is left behind"
+    )
     for key in ("../x", "/abs", "a//b", "a/./b", ""):
         with pytest.raises(ValueError, match="invalid storage key"):
             store.path_for(key)

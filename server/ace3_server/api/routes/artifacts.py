@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.errors import not_found
@@ -19,11 +20,18 @@ models_router = APIRouter(prefix="/models", tags=["models"])
 datasets_router = APIRouter(prefix="/datasets", tags=["datasets"])
 
 Limit = Annotated[int, Query(ge=1, le=200)]
-Sha256 = Annotated[str | None, Query(pattern="^[0-9a-f]{64}$", description="Filter by content hash.")]
+Sha256 = Annotated[
+    str | None, Query(pattern="^[0-9a-f]{64}$", description="Filter by content hash.")
+]
 
 
-@models_router.post("", response_model=ModelOut, status_code=201, operation_id="upload_model",
-                    responses={200: {"model": ModelOut, "description": "The same bytes were already uploaded."}})
+@models_router.post(
+    "",
+    response_model=ModelOut,
+    status_code=201,
+    operation_id="upload_model",
+    responses={200: {"model": ModelOut, "description": "The same bytes were already uploaded."}},
+)
 async def upload_model(
     response: Response,
     session: SessionDep,
@@ -37,9 +45,14 @@ async def upload_model(
 ) -> StoredModel:
     staged = await stage_upload(file.file, store.staging_dir(), settings.max_upload_bytes)
     try:
-        prepared = artifacts.prepare_model(
-            staged, owner_id=owner_id, filename=file.filename, factory=factory,
-            entry_module=entry_module, staging_dir=store.staging_dir(),
+        prepared = await run_in_threadpool(
+            artifacts.prepare_model,
+            staged,
+            owner_id=owner_id,
+            filename=file.filename,
+            factory=factory,
+            entry_module=entry_module,
+            staging_dir=store.staging_dir(),
             max_extracted_bytes=settings.max_extracted_bytes,
         )
         row, created = await artifacts.store_artifact(
@@ -53,10 +66,15 @@ async def upload_model(
 
 @models_router.get("", response_model=Page[ModelOut], operation_id="list_models")
 async def list_models(
-    session: SessionDep, owner_id: OwnerDep, sha256: Sha256 = None,
-    limit: Limit = 50, cursor: str | None = None,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    sha256: Sha256 = None,
+    limit: Limit = 50,
+    cursor: str | None = None,
 ) -> dict[str, object]:
-    stmt = select(StoredModel).where(StoredModel.owner_id == owner_id, StoredModel.deleted_at.is_(None))
+    stmt = select(StoredModel).where(
+        StoredModel.owner_id == owner_id, StoredModel.deleted_at.is_(None)
+    )
     if sha256:
         stmt = stmt.where(StoredModel.sha256 == sha256)
     rows, next_cursor = await paginate(session, stmt, StoredModel, cursor=cursor, limit=limit)
@@ -72,7 +90,9 @@ async def get_model(model_id: str, session: SessionDep, owner_id: OwnerDep) -> S
 
 
 @models_router.delete("/{model_id}", status_code=204, operation_id="delete_model")
-async def delete_model(model_id: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep) -> Response:
+async def delete_model(
+    model_id: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+) -> Response:
     row = await artifacts.get_owned(session, StoredModel, owner_id, model_id)
     if row is None:
         raise not_found("model")
@@ -80,23 +100,35 @@ async def delete_model(model_id: str, session: SessionDep, owner_id: OwnerDep, s
     return Response(status_code=204)
 
 
-@datasets_router.post("", response_model=DatasetOut, status_code=201, operation_id="upload_dataset",
-                      responses={200: {"model": DatasetOut, "description": "The same bytes were already uploaded."}})
+@datasets_router.post(
+    "",
+    response_model=DatasetOut,
+    status_code=201,
+    operation_id="upload_dataset",
+    responses={200: {"model": DatasetOut, "description": "The same bytes were already uploaded."}},
+)
 async def upload_dataset(
     response: Response,
     session: SessionDep,
     owner_id: OwnerDep,
     settings: SettingsDep,
     store: StoreDep,
-    file: Annotated[UploadFile, File(description="A .pt/.npz/.csv/.jsonl file, or a directory as .tar.gz.")],
+    file: Annotated[
+        UploadFile, File(description="A .pt/.npz/.csv/.jsonl file, or a directory as .tar.gz.")
+    ],
     name: Annotated[str | None, Form(max_length=200)] = None,
     kind: Annotated[str, Form(description="file or directory")] = "file",
 ) -> StoredDataset:
     staged = await stage_upload(file.file, store.staging_dir(), settings.max_upload_bytes)
     try:
-        prepared = artifacts.prepare_dataset(
-            staged, owner_id=owner_id, filename=file.filename, kind=kind,
-            staging_dir=store.staging_dir(), max_extracted_bytes=settings.max_extracted_bytes,
+        prepared = await run_in_threadpool(
+            artifacts.prepare_dataset,
+            staged,
+            owner_id=owner_id,
+            filename=file.filename,
+            kind=kind,
+            staging_dir=store.staging_dir(),
+            max_extracted_bytes=settings.max_extracted_bytes,
         )
         row, created = await artifacts.store_artifact(
             session, store, StoredDataset, owner_id=owner_id, name=name, prepared=prepared
@@ -109,10 +141,15 @@ async def upload_dataset(
 
 @datasets_router.get("", response_model=Page[DatasetOut], operation_id="list_datasets")
 async def list_datasets(
-    session: SessionDep, owner_id: OwnerDep, sha256: Sha256 = None,
-    limit: Limit = 50, cursor: str | None = None,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    sha256: Sha256 = None,
+    limit: Limit = 50,
+    cursor: str | None = None,
 ) -> dict[str, object]:
-    stmt = select(StoredDataset).where(StoredDataset.owner_id == owner_id, StoredDataset.deleted_at.is_(None))
+    stmt = select(StoredDataset).where(
+        StoredDataset.owner_id == owner_id, StoredDataset.deleted_at.is_(None)
+    )
     if sha256:
         stmt = stmt.where(StoredDataset.sha256 == sha256)
     rows, next_cursor = await paginate(session, stmt, StoredDataset, cursor=cursor, limit=limit)
@@ -128,7 +165,9 @@ async def get_dataset(dataset_id: str, session: SessionDep, owner_id: OwnerDep) 
 
 
 @datasets_router.delete("/{dataset_id}", status_code=204, operation_id="delete_dataset")
-async def delete_dataset(dataset_id: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep) -> Response:
+async def delete_dataset(
+    dataset_id: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+) -> Response:
     row = await artifacts.get_owned(session, StoredDataset, owner_id, dataset_id)
     if row is None:
         raise not_found("dataset")

@@ -23,8 +23,18 @@ IdempotencyKey = Annotated[
 ]
 
 
-@router.post("", response_model=JobOut, status_code=201, operation_id="create_job",
-             responses={200: {"model": JobOut, "description": "Replay of an earlier request with this Idempotency-Key."}})
+@router.post(
+    "",
+    response_model=JobOut,
+    status_code=201,
+    operation_id="create_job",
+    responses={
+        200: {
+            "model": JobOut,
+            "description": "Replay of an earlier request with this Idempotency-Key.",
+        }
+    },
+)
 async def create_job(
     body: JobCreate,
     response: Response,
@@ -35,8 +45,12 @@ async def create_job(
     idempotency_key: IdempotencyKey = None,
 ) -> Job:
     job, created = await jobs.create_job(
-        session, publisher, owner_id=owner_id, body=body,
-        idempotency_key=idempotency_key, max_retries=settings.max_retries,
+        session,
+        publisher,
+        owner_id=owner_id,
+        body=body,
+        idempotency_key=idempotency_key,
+        max_retries=settings.max_retries,
     )
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return job
@@ -95,27 +109,43 @@ async def list_logs(
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> dict[str, object]:
     await jobs.get_owned_job(session, owner_id, job_id)
-    stmt = select(JobLog).where(JobLog.job_id == job_id, JobLog.id > after).order_by(JobLog.id).limit(limit)
+    stmt = (
+        select(JobLog)
+        .where(JobLog.job_id == job_id, JobLog.id > after)
+        .order_by(JobLog.id)
+        .limit(limit)
+    )
     rows = (await session.scalars(stmt)).all()
     return {"data": rows, "next_after": rows[-1].id if rows else after}
 
 
-@router.get("/{job_id}/checkpoints", response_model=CheckpointList, operation_id="list_job_checkpoints")
-async def list_checkpoints(job_id: str, session: SessionDep, owner_id: OwnerDep) -> dict[str, object]:
+@router.get(
+    "/{job_id}/checkpoints", response_model=CheckpointList, operation_id="list_job_checkpoints"
+)
+async def list_checkpoints(
+    job_id: str, session: SessionDep, owner_id: OwnerDep
+) -> dict[str, object]:
     await jobs.get_owned_job(session, owner_id, job_id)
     stmt = select(JobCheckpoint).where(JobCheckpoint.job_id == job_id).order_by(JobCheckpoint.step)
     return {"data": (await session.scalars(stmt)).all()}
 
 
-@router.get("/{job_id}/checkpoints/{checkpoint_id}/content", operation_id="download_job_checkpoint",
-            response_class=StreamingResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+@router.get(
+    "/{job_id}/checkpoints/{checkpoint_id}/content",
+    operation_id="download_job_checkpoint",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
 async def download_checkpoint(
     job_id: str, checkpoint_id: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
 ) -> StreamingResponse:
     await jobs.get_owned_job(session, owner_id, job_id)
     checkpoint = await session.get(JobCheckpoint, checkpoint_id)
-    if checkpoint is None or checkpoint.job_id != job_id or not store.exists(checkpoint.storage_key):
+    if (
+        checkpoint is None
+        or checkpoint.job_id != job_id
+        or not store.exists(checkpoint.storage_key)
+    ):
         raise not_found("checkpoint")
     return StreamingResponse(
         store.iter_bytes(checkpoint.storage_key),
@@ -128,8 +158,12 @@ async def download_checkpoint(
     )
 
 
-@router.get("/{job_id}/events", operation_id="stream_job_events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}}})
+@router.get(
+    "/{job_id}/events",
+    operation_id="stream_job_events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
 async def stream_events(
     job_id: str,
     request: Request,
@@ -143,7 +177,9 @@ async def stream_events(
     if last_event_id is not None and events.Cursor.parse(last_event_id, -1, -1).metrics_after < 0:
         raise field_error(["header", "last-event-id"], "expected '<metrics_after>:<logs_after>'")
     cursor = events.Cursor.parse(last_event_id, metrics_after, logs_after)
-    stream = events.job_events(request.app.state.session_factory, job_id, cursor, request.is_disconnected)
+    stream = events.job_events(
+        request.app.state.session_factory, job_id, cursor, request.is_disconnected
+    )
     return StreamingResponse(
         stream,
         media_type="text/event-stream",
