@@ -1,7 +1,7 @@
 """initial schema
 
 Revision ID: 0001
-Revises:
+Revises: (none)
 Create Date: 2026-11-21 04:38:55.672566
 """
 
@@ -68,6 +68,7 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(length=16), nullable=False),
         sa.Column("entry_module", sa.String(length=200), nullable=True),
         sa.Column("factory", sa.String(length=200), nullable=False),
+        sa.Column("variant", sa.String(length=401), nullable=False),
         sa.Column("sha256", sa.String(length=64), nullable=False),
         sa.Column("size_bytes", sa.BigInteger(), nullable=False),
         sa.Column("storage_key", sa.String(length=500), nullable=False),
@@ -75,7 +76,7 @@ def upgrade() -> None:
         sa.Column("deleted_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["owner_id"], ["owners.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("owner_id", "sha256", name="uq_models_owner_sha256"),
+        sa.UniqueConstraint("owner_id", "sha256", "variant", name="uq_models_owner_sha256_variant"),
     )
     op.create_index(op.f("ix_models_owner_id"), "models", ["owner_id"], unique=False)
     op.create_table(

@@ -92,7 +92,9 @@ class StoredModel(Base):
     """Uploaded model code: a .py file or an archive of a package. Stored once per owner."""
 
     __tablename__ = "models"
-    __table_args__ = (UniqueConstraint("owner_id", "sha256", name="uq_models_owner_sha256"),)
+    __table_args__ = (
+        UniqueConstraint("owner_id", "sha256", "variant", name="uq_models_owner_sha256_variant"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     owner_id: Mapped[str] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"), index=True)
@@ -101,6 +103,8 @@ class StoredModel(Base):
     kind: Mapped[str] = mapped_column(String(16))
     entry_module: Mapped[str | None] = mapped_column(String(200))
     factory: Mapped[str] = mapped_column(String(200))
+    # The same bytes used through another factory or entry module are another model.
+    variant: Mapped[str] = mapped_column(String(401))
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     storage_key: Mapped[str] = mapped_column(String(500))

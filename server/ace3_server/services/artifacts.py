@@ -7,6 +7,7 @@ existing record. Deleting keeps the row (old jobs still name it) but frees the s
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import shutil
 import tempfile
@@ -68,14 +69,18 @@ def prepare_model(
     display = _safe_display_name(filename, "model.py")
     if not _IDENTIFIER.match(factory):
         raise field_error(["body", "factory"], f"{factory!r} is not a Python identifier")
-    base_key = f"models/{owner_id}/{staged.sha256}"
+    if display.endswith(".py"):
+        entry_module = None  # a single file is its own entry module
+    variant = f"{factory}|{entry_module or ''}"
+    variant_digest = hashlib.sha256(variant.encode()).hexdigest()[:16]
+    base_key = f"models/{owner_id}/{staged.sha256}-{variant_digest}"
     if display.endswith(".py"):
         source = staged.path.read_bytes()
         try:
             ast.parse(source, filename=display)
         except (SyntaxError, ValueError) as exc:
             raise field_error(["body", "file"], f"{display} is not valid Python: {exc}") from exc
-        fields = {"kind": "file", "entry_module": None}
+        fields = {"kind": "file", "entry_module": None, "variant": variant}
         return PreparedArtifact(
             staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged)
         )
@@ -98,7 +103,7 @@ def prepare_model(
         raise field_error(
             ["body", "entry_module"], f"the archive has no module {entry_module!r} ({relative}.py)"
         )
-    fields = {"kind": "archive", "entry_module": entry_module}
+    fields = {"kind": "archive", "entry_module": entry_module, "variant": variant}
     return PreparedArtifact(tree, f"{base_key}/tree", fields | _common(display, factory, staged))
 
 
@@ -169,10 +174,10 @@ async def store_artifact(
     prepared: PreparedArtifact,
 ) -> tuple[Any, bool]:
     """Insert the record (or revive a deleted one); return (row, created)."""
-    sha = prepared.fields["sha256"]
-    existing = await session.scalar(
-        select(model).where(model.owner_id == owner_id, model.sha256 == sha)
-    )
+    identity = [model.owner_id == owner_id, model.sha256 == prepared.fields["sha256"]]
+    if model is StoredModel:
+        identity.append(StoredModel.variant == prepared.fields["variant"])
+    existing = await session.scalar(select(model).where(*identity))
     if existing is not None and existing.deleted_at is None:
         _discard(prepared.source)
         return existing, False
@@ -196,9 +201,7 @@ async def store_artifact(
     except IntegrityError:
         # A concurrent upload of the same bytes won the race: return its record.
         await session.rollback()
-        winner = await session.scalar(
-            select(model).where(model.owner_id == owner_id, model.sha256 == sha)
-        )
+        winner = await session.scalar(select(model).where(*identity))
         if winner is None:  # pragma: no cover - the conflicting row must exist
             raise
         return winner, False

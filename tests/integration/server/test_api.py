@@ -4,6 +4,7 @@ isolation, uploads (dedup, caps, validation), job creation (validation, idempote
 from __future__ import annotations
 
 import io
+import time
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +55,15 @@ def _queued_messages(stack: Stack) -> int:
 def _storage_files(stack: Stack) -> list[Path]:
     root = stack.root / "storage"
     return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def _wait_for_state(client: httpx.Client, job_id: str, state: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get(f"/v1/jobs/{job_id}").json()["state"] == state:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not reach {state} in {timeout} s")
 
 
 # -- auth -----------------------------------------------------------------------------------------
@@ -109,6 +119,17 @@ def test_the_same_model_bytes_are_stored_once(
     assert first.json()["id"] == again.json()["id"]
     listed = owner.get("/v1/models", params={"sha256": first.json()["sha256"]}).json()["data"]
     assert [m["id"] for m in listed] == [first.json()["id"]]
+
+
+def test_the_same_bytes_with_another_factory_are_another_model(owner: httpx.Client) -> None:
+    body = b"import torch\nclass Net(torch.nn.Linear):\n    pass\ndef build_model():\n    return Net(4, 2)\n"
+    by_function = owner.post("/v1/models", files={"file": ("two.py", body)})
+    by_class = owner.post("/v1/models", files={"file": ("two.py", body)}, data={"factory": "Net"})
+    assert (by_function.status_code, by_class.status_code) == (201, 201)
+    assert by_function.json()["id"] != by_class.json()["id"]
+    assert (by_function.json()["factory"], by_class.json()["factory"]) == ("build_model", "Net")
+    owner.delete(f"/v1/models/{by_class.json()['id']}")
+    assert owner.get(f"/v1/models/{by_function.json()['id']}").status_code == 200
 
 
 def test_another_owners_resources_are_404(
@@ -282,6 +303,8 @@ def test_jobs_are_listed_newest_first_across_pages_and_by_state(
         ).json()
         owner.post(f"/v1/jobs/{job['id']}/cancel")
         created.append(job["id"])
+    for job_id in created:  # a job the worker had already claimed passes through 'cancelling'
+        _wait_for_state(owner, job_id, "cancelled")
     seen: list[str] = []
     cursor = None
     while True:

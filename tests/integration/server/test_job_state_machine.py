@@ -45,7 +45,9 @@ def _job(session: Session, max_retries: int = 1) -> Job:
         "size_bytes": 1,
         "storage_key": "k",
     }
-    model = StoredModel(kind="file", entry_module=None, factory="build_model", **common)
+    model = StoredModel(
+        kind="file", entry_module=None, factory="build_model", variant="build_model|", **common
+    )
     dataset = StoredDataset(kind="file", format="npz", **common)
     session.add_all([model, dataset])
     session.flush()
@@ -168,3 +170,15 @@ def test_an_unmigrated_database_is_refused_with_the_command_that_fixes_it(tmp_pa
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     with pytest.raises(DatabaseNotMigratedError, match="run `ace3 migrate`"):
         ensure_migrated(url)
+
+
+def test_the_migrations_produce_exactly_the_models_schema(database_url: str) -> None:
+    from ace3_server.models import Base
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_sync_engine(database_url)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+    engine.dispose()

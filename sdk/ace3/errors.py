@@ -1,0 +1,285 @@
+"""Every error the ACE3 SDK raises, in one tree rooted at :class:`ACE3Error`.
+
+Catch ``ace3.ACE3Error`` to handle anything the SDK raises on purpose; catch a leaf to handle
+one situation::
+
+    ACE3Error
+    ├── APIConnectionError              the request got no HTTP response (DNS, refused, dropped)
+    │   └── APITimeoutError             ... because it timed out
+    ├── APIStatusError                  the server answered 4xx/5xx: status_code, message,
+    │   │                               request_id, body, response
+    │   ├── BadRequestError             400
+    │   ├── AuthenticationError         401  missing, unknown or revoked API key
+    │   ├── PermissionDeniedError       403
+    │   ├── NotFoundError               404  does not exist, or belongs to another owner
+    │   ├── ConflictError               409  Idempotency-Key reused with another body; deleting
+    │   │                                    a model or dataset a live job uses
+    │   ├── PayloadTooLargeError        413  upload over the server's size cap
+    │   ├── ValidationError             422  .errors: [{loc, msg, type}, ...]
+    │   ├── RateLimitError              429
+    │   └── InternalServerError         >= 500
+    ├── UnsupportedFeatureError         (also a ValueError) a setting the engine does not
+    │                                   implement yet; .problems lists each field and reason
+    ├── PackingError                    (also a ValueError) a directory cannot be packed
+    │                                   (a symlink, a device, a missing entry module)
+    ├── ChecksumMismatchError           a downloaded file's sha256 is not the one announced
+    ├── JobFailedError                  the training job failed: .job, .logs_tail
+    └── JobCancelledError               the training job was cancelled: .job
+
+429 and 5xx responses, timeouts and connection errors are retried (with backoff) before they
+are raised; see ``ace3._http``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "ACE3Error",
+    "APIConnectionError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ChecksumMismatchError",
+    "ConflictError",
+    "InternalServerError",
+    "JobCancelledError",
+    "JobFailedError",
+    "NotFoundError",
+    "PackingError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "UnsupportedFeatureError",
+    "ValidationError",
+    "status_error_class",
+]
+
+
+class ACE3Error(Exception):
+    """Base class of every error the SDK raises on purpose."""
+
+
+# -- transport ------------------------------------------------------------------------------
+
+
+class APIConnectionError(ACE3Error):
+    """The request never got an HTTP response: the server is unreachable or the connection
+    dropped. Raised after the SDK's own retries are spent."""
+
+    def __init__(self, message: str = "Connection error.", *, request: httpx.Request | None = None):
+        super().__init__(message)
+        self.message = message
+        self.request = request
+
+
+class APITimeoutError(APIConnectionError):
+    """The request timed out (after the SDK's own retries)."""
+
+    def __init__(
+        self, message: str = "Request timed out.", *, request: httpx.Request | None = None
+    ):
+        super().__init__(message, request=request)
+
+
+# -- HTTP status ----------------------------------------------------------------------------
+
+
+class APIStatusError(ACE3Error):
+    """The server answered with a 4xx or 5xx status.
+
+    ``message`` is the server's ``detail`` (or the body's text); ``request_id`` the
+    ``x-request-id`` of the response, to quote when reporting a problem; ``body`` the decoded
+    JSON body (or the text when it is not JSON).
+    """
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        request_id: str | None = None,
+        body: Any = None,
+        *,
+        response: httpx.Response | None = None,
+    ):
+        self.status_code = status_code
+        self.message = message
+        self.request_id = request_id
+        self.body = body
+        self.response = response
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = f"{self.status_code}: {self.message}"
+        if self.request_id:
+            text += f" (request id: {self.request_id})"
+        return text
+
+    def __reduce__(self):  # keep errors picklable despite the keyword-only response
+        return (type(self), (self.status_code, self.message, self.request_id, self.body))
+
+
+class BadRequestError(APIStatusError):
+    """400: the request is malformed."""
+
+
+class AuthenticationError(APIStatusError):
+    """401: the API key is missing, unknown or revoked. Check ACE3_API_KEY."""
+
+
+class PermissionDeniedError(APIStatusError):
+    """403: the key may not do this."""
+
+
+class NotFoundError(APIStatusError):
+    """404: the resource does not exist, or belongs to another owner."""
+
+
+class ConflictError(APIStatusError):
+    """409: an Idempotency-Key reused with another body, or deleting something in use."""
+
+
+class PayloadTooLargeError(APIStatusError):
+    """413: the upload is over the server's size cap; nothing was stored."""
+
+
+class RateLimitError(APIStatusError):
+    """429: too many requests (raised once the SDK's retries are spent)."""
+
+
+class InternalServerError(APIStatusError):
+    """5xx: the server failed (raised once the SDK's retries are spent)."""
+
+
+class ValidationError(APIStatusError):
+    """422: one or more fields are invalid, or ask for something not implemented yet.
+
+    ``errors`` is the server's list of ``{"loc": [...], "msg": "...", "type": "..."}``; the
+    message names every field and its reason.
+    """
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        request_id: str | None = None,
+        body: Any = None,
+        *,
+        response: httpx.Response | None = None,
+    ):
+        detail = body.get("detail") if isinstance(body, dict) else None
+        self.errors: list[dict[str, Any]] = (
+            [item for item in detail if isinstance(item, dict)] if isinstance(detail, list) else []
+        )
+        if self.errors:
+            message = "invalid request: " + "; ".join(
+                f"{_field_name(item.get('loc'))}: {item.get('msg', 'invalid')}"
+                for item in self.errors
+            )
+        super().__init__(status_code, message, request_id, body, response=response)
+
+
+def _field_name(loc: Any) -> str:
+    """``["body", "config", "batch_size"]`` -> ``config.batch_size``."""
+    if not isinstance(loc, list | tuple) or not loc:
+        return "request"
+    parts = [str(part) for part in loc]
+    if len(parts) > 1 and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+_STATUS_ERRORS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    422: ValidationError,
+    429: RateLimitError,
+}
+
+
+def status_error_class(status_code: int) -> type[APIStatusError]:
+    """The error class for an HTTP status (``APIStatusError`` for an unlisted one)."""
+    if status_code >= 500:
+        return InternalServerError
+    return _STATUS_ERRORS.get(status_code, APIStatusError)
+
+
+# -- client-side refusals -------------------------------------------------------------------
+
+
+class UnsupportedFeatureError(ValueError, ACE3Error):
+    """A setting or argument asks for something this version does not implement.
+
+    Raised before anything is uploaded or submitted. ``problems`` holds one entry per refused
+    setting, each with ``field`` and ``reason``.
+    """
+
+    def __init__(self, message: str, problems: list[Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.problems = list(problems or [])
+
+
+class PackingError(ValueError, ACE3Error):
+    """A directory cannot be packed for upload (a symlink or special file, a bad layout)."""
+
+
+class ChecksumMismatchError(ACE3Error):
+    """A downloaded file's sha256 differs from the one the server announced."""
+
+    def __init__(self, path: str, expected: str, actual: str):
+        super().__init__(
+            f"sha256 mismatch for {path}: expected {expected}, got {actual}; "
+            "the partial file was removed, download it again"
+        )
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+# -- job outcomes ---------------------------------------------------------------------------
+
+
+class JobFailedError(ACE3Error):
+    """The training job ended in ``failed``. ``job`` is the final job; ``logs_tail`` its last
+    log lines (``LogLine`` objects), also shown in the message."""
+
+    def __init__(self, job: Any, logs_tail: list[Any] | None = None):
+        self.job = job
+        self.logs_tail = list(logs_tail or [])
+        job_id = getattr(job, "id", "?")
+        error = getattr(job, "error", None) or "no error message recorded"
+        exit_code = getattr(job, "exit_code", None)
+        message = f"job {job_id} failed: {error}"
+        if exit_code is not None:
+            message += f" (exit code {exit_code})"
+        if self.logs_tail:
+            message += "\nlast log lines:\n" + "\n".join(
+                "  " + _format_log_line(line) for line in self.logs_tail
+            )
+        super().__init__(message)
+
+
+class JobCancelledError(ACE3Error):
+    """The training job ended in ``cancelled``. ``job`` is the final job."""
+
+    def __init__(self, job: Any):
+        self.job = job
+        super().__init__(f"job {getattr(job, 'id', '?')} was cancelled")
+
+
+def _format_log_line(line: Any) -> str:
+    text = getattr(line, "line", None)
+    if text is None:
+        return str(line)
+    rank = getattr(line, "rank", None)
+    if rank is None or str(text).startswith("[rank "):
+        return str(text)
+    return f"[rank {rank}] {text}"

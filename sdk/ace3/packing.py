@@ -1,0 +1,152 @@
+"""Pack a directory into a deterministic ``.tar.gz`` for upload, and hash files with sha256.
+
+The same directory contents always give the same archive bytes (entries sorted, mtimes,
+owners and the gzip timestamp zeroed, modes normalised), so its sha256 identifies the content
+and an unchanged model or dataset is not uploaded twice. Links and special files are refused:
+the server would refuse them anyway, and following them could pack files from outside the
+directory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from ace3.errors import PackingError
+
+CHUNK_SIZE = 1 << 20
+
+# Never packed: caches and version-control folders (they change without the code changing).
+EXCLUDED_NAMES = frozenset({"__pycache__", ".git", ".hg", ".svn", ".DS_Store"})
+EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+
+
+def sha256_fileobj(fileobj: BinaryIO, chunk_size: int = CHUNK_SIZE) -> str:
+    """sha256 hex digest of a binary file object read from its current position to the end."""
+    digest = hashlib.sha256()
+    while chunk := fileobj.read(chunk_size):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE) -> str:
+    """sha256 hex digest of a file, read in chunks (constant memory)."""
+    with open(path, "rb") as handle:
+        return sha256_fileobj(handle, chunk_size)
+
+
+def _is_excluded(name: str) -> bool:
+    return name in EXCLUDED_NAMES or name.endswith(EXCLUDED_SUFFIXES)
+
+
+def iter_directory(directory: Path) -> Iterator[tuple[Path, str, bool]]:
+    """``(path, archive-relative name, is_dir)`` for everything to pack, sorted, depth first.
+
+    Raises :class:`PackingError` at the first symlink or special file.
+    """
+
+    def walk(current: Path, relative: str) -> Iterator[tuple[Path, str, bool]]:
+        with os.scandir(current) as scan:
+            entries = sorted(scan, key=lambda entry: entry.name)
+        for entry in entries:
+            if _is_excluded(entry.name):
+                continue
+            path = Path(entry.path)
+            name = f"{relative}/{entry.name}" if relative else entry.name
+            if entry.is_symlink():
+                raise PackingError(
+                    f"cannot pack {path}: it is a symbolic link. Links are refused (they could "
+                    "point outside the directory); replace it with a copy of its target"
+                )
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                yield path, name, True
+                yield from walk(path, name)
+            elif stat.S_ISREG(mode):
+                yield path, name, False
+            else:
+                raise PackingError(
+                    f"cannot pack {path}: only regular files and directories can be packed"
+                )
+
+    yield from walk(directory, "")
+
+
+def _tar_info(name: str, *, is_dir: bool, size: int = 0, executable: bool = False):
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if is_dir:
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+    else:
+        info.type = tarfile.REGTYPE
+        info.size = size
+        info.mode = 0o755 if executable else 0o644
+    return info
+
+
+def pack_directory(
+    directory: str | os.PathLike[str],
+    destination: str | os.PathLike[str] | BinaryIO,
+    *,
+    prefix: str | None = None,
+) -> list[str]:
+    """Write ``directory`` as a deterministic gzip-compressed tar to ``destination`` (a path or
+    a binary file object) and return the member names, in archive order.
+
+    Members are named relative to ``directory``, under ``prefix/`` when a prefix is given
+    (use the directory's own name to keep a package importable as itself).
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise NotADirectoryError(f"not a directory: {root}")
+    prefix = (prefix or "").strip("/")
+    entries = list(iter_directory(root))  # refuse links before writing anything
+    members: list[str] = []
+
+    def write(raw: BinaryIO) -> None:
+        with (
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed,
+            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive,
+        ):
+            if prefix:
+                archive.addfile(_tar_info(prefix, is_dir=True))
+                members.append(prefix)
+            for path, name, is_dir in entries:
+                member = f"{prefix}/{name}" if prefix else name
+                if is_dir:
+                    archive.addfile(_tar_info(member, is_dir=True))
+                else:
+                    status = path.stat()
+                    info = _tar_info(
+                        member,
+                        is_dir=False,
+                        size=status.st_size,
+                        executable=bool(status.st_mode & stat.S_IXUSR),
+                    )
+                    with open(path, "rb") as handle:
+                        archive.addfile(info, handle)
+                members.append(member)
+
+    if isinstance(destination, str | os.PathLike):
+        with open(destination, "wb") as raw:
+            write(raw)
+    else:
+        write(destination)
+    return members
+
+
+def pack_directory_bytes(directory: str | os.PathLike[str], *, prefix: str | None = None) -> bytes:
+    """The archive :func:`pack_directory` writes, in memory (for small directories and tests)."""
+    buffer = io.BytesIO()
+    pack_directory(directory, buffer, prefix=prefix)
+    return buffer.getvalue()

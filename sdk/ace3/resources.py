@@ -1,0 +1,498 @@
+"""Typed API objects (Model, Dataset, Job, Metric, LogLine, Checkpoint) and the resources
+that create, read, list, cancel and delete them: ``client.models``, ``client.datasets``,
+``client.jobs``. Each method is one REST call of ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ace3.config import TrainingConfig
+from ace3.errors import ChecksumMismatchError
+from ace3.pagination import CursorPage
+from ace3.sse import ReconnectingEventStream
+
+if TYPE_CHECKING:
+    from ace3._http import HTTPClient
+
+__all__ = [
+    "Checkpoint",
+    "Dataset",
+    "Datasets",
+    "Job",
+    "JobEvent",
+    "JobState",
+    "Jobs",
+    "LogLine",
+    "LogPage",
+    "Metric",
+    "Model",
+    "Models",
+]
+
+
+# -- response models ------------------------------------------------------------------------
+
+
+class _APIObject(BaseModel):
+    """Lenient on purpose: a field a newer server adds must not break an older SDK."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class Model(_APIObject):
+    id: str
+    name: str | None = None
+    filename: str | None = None
+    kind: str = "file"  # "file" or "archive"
+    entry_module: str | None = None
+    factory: str = "build_model"
+    sha256: str
+    size_bytes: int | None = None
+    created_at: datetime | None = None
+
+
+class Dataset(_APIObject):
+    id: str
+    name: str | None = None
+    filename: str | None = None
+    kind: str = "file"  # "file" or "directory"
+    format: str | None = None
+    sha256: str
+    size_bytes: int | None = None
+    created_at: datetime | None = None
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class Job(_APIObject):
+    id: str
+    name: str | None = None
+    state: JobState | str = Field(union_mode="left_to_right")
+    attempt: int = 0
+    model_id: str | None = None
+    dataset_id: str | None = None
+    validation_dataset_id: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    model_kwargs: dict[str, Any] | None = None
+    num_processes: int | None = None
+    cancel_requested: bool = False
+    exit_code: int | None = None
+    error: str | None = None
+    final_metrics: dict[str, Any] | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Metric(_APIObject):
+    id: int | str | None = None
+    step: int
+    epoch: float | None = None
+    name: str
+    value: float
+    created_at: datetime | None = None
+
+
+class LogLine(_APIObject):
+    seq: int
+    attempt: int | None = None
+    rank: int | None = None
+    stream: str | None = None
+    line: str
+    created_at: datetime | None = None
+
+    def format(self) -> str:
+        """The line prefixed with its rank (``[rank 0] ...``) unless it already is."""
+        if self.rank is None or self.line.startswith("[rank "):
+            return self.line
+        return f"[rank {self.rank}] {self.line}"
+
+
+class Checkpoint(_APIObject):
+    id: str
+    name: str
+    step: int | None = None
+    epoch: float | None = None
+    attempt: int | None = None
+    sha256: str | None = None
+    size_bytes: int | None = None
+    metrics: dict[str, Any] | None = None
+    created_at: datetime | None = None
+
+
+@dataclass
+class LogPage:
+    """One page of ``GET /v1/jobs/{id}/logs``; pass ``next_after`` as ``after`` for more."""
+
+    data: list[LogLine]
+    next_after: int | None
+
+
+@dataclass
+class JobEvent:
+    """One event of ``GET /v1/jobs/{id}/events``.
+
+    ``type`` is ``state`` or ``end`` (``data`` a :class:`Job`), ``metric`` (a
+    :class:`Metric`) or ``log`` (a :class:`LogLine`); an event type this SDK does not know
+    keeps its raw decoded JSON. ``id`` is the resume cursor ``"<metrics_after>:<logs_after>"``.
+    """
+
+    type: str
+    data: Any
+    id: str | None = None
+
+
+_EVENT_MODELS: dict[str, type[BaseModel]] = {
+    "state": Job,
+    "end": Job,
+    "metric": Metric,
+    "log": LogLine,
+}
+
+
+# -- resources ------------------------------------------------------------------------------
+
+
+class _Resource:
+    def __init__(self, http: HTTPClient):
+        self._http = http
+
+
+def _page(payload: Mapping[str, Any], item_type: type[BaseModel], fetch) -> CursorPage:
+    items = [item_type.model_validate(item) for item in payload.get("data") or []]
+    return CursorPage(items, payload.get("next_cursor"), fetch)
+
+
+def _upload_file(path: str | os.PathLike[str] | BinaryIO, filename: str | None):
+    """(filename, file object, close it?) for a multipart upload."""
+    if isinstance(path, str | os.PathLike):
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the caller
+        return filename or Path(path).name, handle, True
+    name = filename or Path(getattr(path, "name", "upload.bin")).name
+    return name, path, False
+
+
+class Models(_Resource):
+    """``/v1/models``: uploaded model code (a ``.py`` file or a package archive)."""
+
+    def create(
+        self,
+        file: str | os.PathLike[str] | BinaryIO,
+        *,
+        filename: str | None = None,
+        name: str | None = None,
+        entry_module: str | None = None,
+        factory: str = "build_model",
+        idempotency_key: str | None = None,
+    ) -> Model:
+        """Upload model code. The server answers with the existing model when this owner
+        already uploaded the same bytes, so the upload is retried (under one idempotency key,
+        a new uuid4 unless given) when the connection fails or the server is busy."""
+        upload_name, handle, close = _upload_file(file, filename)
+        try:
+            response = self._http.request(
+                "POST",
+                "/v1/models",
+                files={"file": (upload_name, handle, "application/octet-stream")},
+                data={"name": name, "entry_module": entry_module, "factory": factory},
+                idempotency_key=idempotency_key or str(uuid.uuid4()),
+            )
+        finally:
+            if close:
+                handle.close()
+        return Model.model_validate(response.json())
+
+    def retrieve(self, model_id: str) -> Model:
+        return Model.model_validate(self._http.request("GET", f"/v1/models/{model_id}").json())
+
+    def list(
+        self, *, sha256: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> CursorPage[Model]:
+        def fetch(next_cursor: str | None) -> CursorPage[Model]:
+            params = {"sha256": sha256, "limit": limit, "cursor": next_cursor}
+            payload = self._http.request("GET", "/v1/models", params=params).json()
+            return _page(payload, Model, fetch)
+
+        return fetch(cursor)
+
+    def delete(self, model_id: str) -> None:
+        self._http.request("DELETE", f"/v1/models/{model_id}")
+
+
+class Datasets(_Resource):
+    """``/v1/datasets``: uploaded training and validation data."""
+
+    def create(
+        self,
+        file: str | os.PathLike[str] | BinaryIO,
+        *,
+        filename: str | None = None,
+        name: str | None = None,
+        kind: Literal["file", "directory"] = "file",
+        idempotency_key: str | None = None,
+    ) -> Dataset:
+        """Upload a data file, or with ``kind="directory"`` a ``.tar.gz`` of a directory.
+        The server answers with the existing dataset when these bytes were uploaded before;
+        retried like :meth:`Models.create`."""
+        upload_name, handle, close = _upload_file(file, filename)
+        try:
+            response = self._http.request(
+                "POST",
+                "/v1/datasets",
+                files={"file": (upload_name, handle, "application/octet-stream")},
+                data={"name": name, "kind": kind},
+                idempotency_key=idempotency_key or str(uuid.uuid4()),
+            )
+        finally:
+            if close:
+                handle.close()
+        return Dataset.model_validate(response.json())
+
+    def retrieve(self, dataset_id: str) -> Dataset:
+        response = self._http.request("GET", f"/v1/datasets/{dataset_id}")
+        return Dataset.model_validate(response.json())
+
+    def list(
+        self, *, sha256: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> CursorPage[Dataset]:
+        def fetch(next_cursor: str | None) -> CursorPage[Dataset]:
+            params = {"sha256": sha256, "limit": limit, "cursor": next_cursor}
+            payload = self._http.request("GET", "/v1/datasets", params=params).json()
+            return _page(payload, Dataset, fetch)
+
+        return fetch(cursor)
+
+    def delete(self, dataset_id: str) -> None:
+        self._http.request("DELETE", f"/v1/datasets/{dataset_id}")
+
+
+_EVENT_ID = re.compile(r"^(\d+):(\d+)$")
+_FILENAME = re.compile(r'filename="?([^";]+)"?')
+
+
+class Jobs(_Resource):
+    """``/v1/jobs``: training jobs, their metrics, logs, checkpoints and live events."""
+
+    def create(
+        self,
+        *,
+        model_id: str,
+        dataset_id: str,
+        config: TrainingConfig | Mapping[str, Any] | None = None,
+        validation_dataset_id: str | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Submit a job. With an ``idempotency_key`` the request is retried safely (the same
+        key on every attempt) and a repeat returns the job created the first time."""
+        if config is None:
+            config = TrainingConfig()
+        elif not isinstance(config, TrainingConfig):
+            config = TrainingConfig.model_validate(dict(config))
+        body: dict[str, Any] = {
+            "model_id": model_id,
+            "dataset_id": dataset_id,
+            "config": config.model_dump(mode="json"),
+        }
+        if validation_dataset_id is not None:
+            body["validation_dataset_id"] = validation_dataset_id
+        if model_kwargs:
+            body["model_kwargs"] = dict(model_kwargs)
+        if name is not None:
+            body["name"] = name
+        response = self._http.request(
+            "POST", "/v1/jobs", json_body=body, idempotency_key=idempotency_key
+        )
+        return Job.model_validate(response.json())
+
+    def retrieve(self, job_id: str) -> Job:
+        return Job.model_validate(self._http.request("GET", f"/v1/jobs/{job_id}").json())
+
+    def list(
+        self,
+        *,
+        state: JobState | str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> CursorPage[Job]:
+        def fetch(next_cursor: str | None) -> CursorPage[Job]:
+            params = {
+                "state": str(state) if state is not None else None,
+                "limit": limit,
+                "cursor": next_cursor,
+            }
+            payload = self._http.request("GET", "/v1/jobs", params=params).json()
+            return _page(payload, Job, fetch)
+
+        return fetch(cursor)
+
+    def cancel(self, job_id: str) -> Job:
+        """Ask the job to stop (idempotent: a finished job is returned as it is)."""
+        response = self._http.request("POST", f"/v1/jobs/{job_id}/cancel", idempotent=True)
+        return Job.model_validate(response.json())
+
+    def metrics(
+        self, job_id: str, *, since_step: int | None = None, name: str | None = None
+    ) -> builtins.list[Metric]:
+        """Every metric the job reported, ordered by step."""
+        params = {"since_step": since_step, "name": name}
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/metrics", params=params).json()
+        return [Metric.model_validate(item) for item in payload.get("data") or []]
+
+    def logs(self, job_id: str, *, after: int | None = None, limit: int | None = None) -> LogPage:
+        """Log lines after sequence number ``after``; follow ``next_after`` for more."""
+        params = {"after": after, "limit": limit}
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/logs", params=params).json()
+        lines = [LogLine.model_validate(item) for item in payload.get("data") or []]
+        return LogPage(data=lines, next_after=payload.get("next_after"))
+
+    def iter_logs(self, job_id: str, *, after: int | None = None) -> Iterator[LogLine]:
+        """Every log line so far, page after page."""
+        while True:
+            page = self.logs(job_id, after=after)
+            if not page.data:
+                return
+            yield from page.data
+            if page.next_after is None or page.next_after == after:
+                return
+            after = page.next_after
+
+    def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/checkpoints").json()
+        return [Checkpoint.model_validate(item) for item in payload.get("data") or []]
+
+    def download_checkpoint(
+        self,
+        job_id: str,
+        checkpoint: str | Checkpoint,
+        to: str | os.PathLike[str] = ".",
+        *,
+        verify: bool = True,
+    ) -> Path:
+        """Download a checkpoint file to ``to`` (a file path, or an existing directory to put
+        it in under its own name) and return its path.
+
+        With ``verify`` the sha256 is checked against the server's ``x-checksum-sha256`` (and
+        the checkpoint's own, when a :class:`Checkpoint` is given); on a mismatch nothing is
+        left behind and :class:`~ace3.errors.ChecksumMismatchError` is raised. The file
+        appears only once complete.
+        """
+        checkpoint_id = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        expected = checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None
+        target = Path(to)
+        path = f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/content"
+        with self._http.stream("GET", path) as response:
+            if target.is_dir():
+                name = checkpoint.name if isinstance(checkpoint, Checkpoint) else None
+                if not name:
+                    match = _FILENAME.search(response.headers.get("content-disposition", ""))
+                    name = Path(match.group(1)).name if match else f"{checkpoint_id}.pt"
+                target = target / name
+            announced = response.headers.get("x-checksum-sha256")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha256()
+            fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    for chunk in response.iter_bytes():
+                        digest.update(chunk)
+                        handle.write(chunk)
+                actual = digest.hexdigest()
+                if verify:
+                    for wanted in (announced, expected):
+                        if wanted and wanted.lower() != actual:
+                            raise ChecksumMismatchError(str(target), wanted.lower(), actual)
+                os.replace(partial, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                raise
+        return target
+
+    def events(
+        self,
+        job_id: str,
+        *,
+        metrics_after: int | None = None,
+        logs_after: int | None = None,
+        last_event_id: str | None = None,
+        max_reconnects: int = 5,
+        timeout: float | None = None,
+    ) -> Iterator[JobEvent]:
+        """Live events of a job until its ``end`` event, reconnecting (with
+        ``Last-Event-ID``) when the connection drops. ``timeout`` (seconds) bounds the whole
+        wait and raises ``TimeoutError``; the job itself keeps running."""
+        base_params: dict[str, Any] = {"metrics_after": metrics_after, "logs_after": logs_after}
+
+        @contextlib.contextmanager
+        def connect(resume_id: str | None):
+            params = dict(base_params)
+            headers = {"accept": "text/event-stream", "cache-control": "no-cache"}
+            if resume_id:
+                headers["last-event-id"] = resume_id
+                match = _EVENT_ID.match(resume_id)
+                if match:
+                    params["metrics_after"], params["logs_after"] = match.groups()
+            with self._http.stream(
+                "GET", f"/v1/jobs/{job_id}/events", params=params, headers=headers, max_retries=0
+            ) as response:
+                yield response
+
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        stream = ReconnectingEventStream(
+            connect,
+            terminal_events=("end",),
+            max_reconnects=max_reconnects,
+            last_event_id=last_event_id,
+            deadline=deadline,
+        )
+        for event in stream:
+            yield _job_event(event.event, event.data, event.id)
+
+
+def _job_event(event_type: str, data: str, event_id: str | None) -> JobEvent:
+    try:
+        payload = json.loads(data) if data else None
+    except json.JSONDecodeError:
+        return JobEvent(type=event_type, data=data, id=event_id)
+    model = _EVENT_MODELS.get(event_type)
+    if model is not None and isinstance(payload, dict):
+        return JobEvent(type=event_type, data=model.model_validate(payload), id=event_id)
+    return JobEvent(type=event_type, data=payload, id=event_id)

@@ -1,0 +1,136 @@
+"""End to end through the SDK: real API, Postgres, Redis, Celery worker and torchrun (gloo, 2 ranks).
+
+Trains scikit-learn's digits to >= 0.90 validation accuracy, cancels a running job and checks that
+no process is left, and checks that a model file that raises fails its job (traceback in the logs)
+while the worker keeps serving the next job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ace3
+from tests.conftest import DigitsFiles, Stack
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack) -> Iterator[ace3.Client]:
+    key, _ = stack.create_key("e2e")
+    with ace3.Client(api_key=key, base_url=stack.base_url) as client:
+        yield client
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (the job id is in every rank's job.json path)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_digits_trains_to_090_with_two_ranks(
+    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
+) -> None:
+    model = client.load_model(digits_files.model)
+    train_data = client.load_dataset(digits_files.train)
+    val_data = client.load_dataset(digits_files.validation)
+    config = ace3.TrainingConfig(
+        num_gpus=2, batch_size=64, learning_rate=3e-3, weight_decay=0.01, seed=0, save_interval=40, log_interval=5
+    )
+    result = ace3.DistributedTrainer(config).train(
+        model=model, train_dataset=train_data, validation_dataset=val_data, epochs=12, show_progress=False
+    )
+
+    assert result.best_val_accuracy is not None and result.best_val_accuracy >= 0.90
+    assert result.final_metrics["val_accuracy"] >= 0.90
+    job = client.jobs.retrieve(result.job_id)
+    assert job.state == "succeeded" and job.exit_code == 0 and job.num_processes == 2
+
+    names = {metric.name for metric in client.jobs.metrics(result.job_id)}
+    assert {"train_loss", "val_loss", "val_accuracy", "samples_per_sec", "learning_rate"} <= names
+    losses = [m.value for m in client.jobs.metrics(result.job_id, name="train_loss")]
+    assert losses[-1] < losses[0], "training lowered the loss"
+
+    ranks = {line.rank for line in client.jobs.logs(result.job_id, limit=5000).data if line.rank is not None}
+    assert ranks == {0, 1}, "both torchrun ranks reported in the job's logs"
+
+    checkpoints = client.jobs.checkpoints(result.job_id)
+    assert len(checkpoints) >= 2, "periodic checkpoints plus the final one"
+    final = checkpoints[-1]
+    target = tmp_path / final.name
+    client.jobs.download_checkpoint(result.job_id, final.id, target)
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == final.sha256
+
+    import torch
+
+    state = torch.load(target, weights_only=True)
+    assert "model" in state and state["step"] == final.step
+
+
+def test_cancelling_a_running_job_leaves_no_process(
+    client: ace3.Client, stack: Stack, digits_files: DigitsFiles
+) -> None:
+    model = client.load_model(digits_files.model)
+    train_data = client.load_dataset(digits_files.train)
+    handle = ace3.DistributedTrainer(ace3.TrainingConfig(num_gpus=2, batch_size=16, log_interval=1)).train(
+        model, train_data, epochs=10_000, wait=False
+    )
+    _wait_for(lambda: bool(client.jobs.metrics(handle.id)), 120, "the job's first metric")
+    assert _processes_mentioning(handle.id), "torchrun and its ranks are running"
+
+    handle.cancel()
+    _wait_for(lambda: handle.refresh().state == "cancelled", 60, "the job to be cancelled")
+    _wait_for(lambda: not _processes_mentioning(handle.id), 10, "every process of the job to exit")
+    assert stack.worker_alive()
+
+
+def test_a_model_that_raises_fails_its_job_and_the_worker_keeps_working(
+    client: ace3.Client, stack: Stack, digits_files: DigitsFiles, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken_model.py"
+    broken.write_text(
+        "def build_model(**kwargs):\n"
+        "    raise ValueError('boom from user code: bad hidden size')\n"
+    )
+    train_data = client.load_dataset(digits_files.train)
+    with pytest.raises(ace3.JobFailedError) as failure:
+        ace3.Trainer(ace3.TrainingConfig(num_gpus=2, batch_size=32)).train(
+            client.load_model(broken), train_data, epochs=1, show_progress=False
+        )
+    job = failure.value.job
+    assert job.state == "failed" and job.exit_code not in (None, 0)
+    assert "boom from user code" in (job.error or "")
+    lines = [line.line for line in client.jobs.logs(job.id, limit=5000).data]
+    assert any("Traceback" in line for line in lines)
+    assert any("ValueError: boom from user code" in line for line in lines)
+    assert not _processes_mentioning(job.id)
+
+    assert stack.worker_alive()
+    after = ace3.Trainer(ace3.TrainingConfig(batch_size=64)).train(
+        client.load_model(digits_files.model), train_data, epochs=1, show_progress=False
+    )
+    assert client.jobs.retrieve(after.job_id).state == "succeeded"

@@ -1,0 +1,262 @@
+"""The training engine under real torchrun (gloo, CPU) on scikit-learn's digits.
+
+Every run here is a real ``torchrun --standalone -m ace3.runtime --job job.json``; runs are
+shared between tests through module-scoped fixtures to keep the total time small.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+SDK = Path(__file__).resolve().parents[3] / "sdk"
+
+MODEL_FILE = """
+from torch import nn
+
+
+def build_model(hidden=64, dropout=0.1):
+    return nn.Sequential(
+        nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 10)
+    )
+"""
+
+BAD_MODEL_FILE = """
+def build_model(**kwargs):
+    raise RuntimeError("the user factory exploded")
+"""
+
+
+def run_job(
+    job: dict[str, Any], job_dir: Path, nproc: int | None = 2
+) -> subprocess.CompletedProcess:
+    """Write job.json and run it: under torchrun with ``nproc`` ranks, or plainly if None."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    job = {**job, "output_dir": str(job_dir / "output")}
+    job_path = job_dir / "job.json"
+    job_path.write_text(json.dumps(job))
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "ACE3_DEVICE": "cpu",
+        "PYTHONPATH": os.pathsep.join([str(SDK), os.environ.get("PYTHONPATH", "")]),
+    }
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    if nproc is None:
+        cmd = [sys.executable, "-m", "ace3.runtime", "--job", str(job_path)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc), "-m", "ace3.runtime", "--job", str(job_path)]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def events(job_dir: Path) -> list[dict[str, Any]]:
+    lines = (job_dir / "output" / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def train_losses(evs: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [
+        (e["step"], e["values"]["train_loss"])
+        for e in evs
+        if e["type"] == "metrics" and "learning_rate" in e["values"]
+    ]
+
+
+def final_weights(job_dir: Path) -> dict[str, torch.Tensor]:
+    ckpts = sorted((job_dir / "output" / "checkpoints").glob("step-*.pt"))
+    return torch.load(ckpts[-1], weights_only=True)["model"]
+
+
+def assert_ok(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from sklearn.datasets import load_digits
+
+    root = tmp_path_factory.mktemp("runtime")
+    digits = load_digits()
+    np.savez(
+        root / "digits.npz",
+        X=(digits.data / 16.0).astype(np.float32),
+        y=digits.target.astype(np.int64),
+    )
+    (root / "model.py").write_text(MODEL_FILE)
+    (root / "bad_model.py").write_text(BAD_MODEL_FILE)
+    return root
+
+
+@pytest.fixture(scope="module")
+def base_job(workdir: Path) -> dict[str, Any]:
+    return {
+        "job_id": "digits",
+        "attempt": 1,
+        "config": {
+            "num_gpus": 2, "epochs": 3, "batch_size": 64, "learning_rate": 0.01,
+            "validation_split": 0.2, "log_interval": 5, "save_interval": 20,
+            "max_checkpoints": 2, "seed": 123,
+        },
+        "model": {"path": str(workdir / "model.py"), "kind": "file",
+                  "factory": "build_model", "kwargs": {"hidden": 64, "dropout": 0.1}},
+        "dataset": {"path": str(workdir / "digits.npz")},
+        "validation_dataset": None,
+        "resume_from": None,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def main_run(workdir: Path, base_job: dict[str, Any]) -> tuple[Path, subprocess.CompletedProcess]:
+    job_dir = workdir / "main"
+    done = run_job(base_job, job_dir)
+    assert_ok(done)
+    return job_dir, done
+
+
+def test_trains_digits_to_accuracy(main_run: tuple[Path, subprocess.CompletedProcess]) -> None:
+    job_dir, _ = main_run
+    summary = events(job_dir)[-1]
+    assert summary["type"] == "summary"
+    assert summary["final_metrics"]["val_accuracy"] >= 0.90
+    assert summary["best_val_accuracy"] >= summary["final_metrics"]["val_accuracy"]
+    assert summary["steps"] == 3 * 23 and summary["epochs"] == 3
+
+
+def test_events_and_checkpoints(main_run: tuple[Path, subprocess.CompletedProcess]) -> None:
+    job_dir, _ = main_run
+    evs = events(job_dir)
+    metrics = [e for e in evs if e["type"] == "metrics"]
+    assert metrics[0]["step"] == 1 and "train_loss" in metrics[0]["values"]  # first step reported
+    steps = [step for step, _ in train_losses(evs)]
+    assert steps[:4] == [1, 5, 10, 15]
+    for e in metrics:
+        if "learning_rate" in e["values"]:
+            assert e["values"]["learning_rate"] == 0.01 and e["values"]["samples_per_sec"] > 0
+    epoch_ends = [e for e in metrics if "val_loss" in e["values"]]
+    assert [e["epoch"] for e in epoch_ends] == [1, 2, 3]
+    assert all("train_loss" in e["values"] and "val_accuracy" in e["values"] for e in epoch_ends)
+
+    ckpt_events = [e for e in evs if e["type"] == "checkpoint"]
+    assert [e["step"] for e in ckpt_events] == [20, 40, 60, 69]
+    on_disk = sorted(p.name for p in (job_dir / "output" / "checkpoints").iterdir())
+    assert on_disk == ["step-00000060.pt", "step-00000069.pt"]  # max_checkpoints=2
+    for e in ckpt_events[-2:]:
+        path = Path(e["path"])
+        assert path.name == e["name"] and path.stat().st_size == e["size_bytes"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == e["sha256"]
+        assert "train_loss" in e["metrics"]
+        state = torch.load(path, weights_only=True)
+        assert state["step"] == e["step"] and set(state["rng"]) == {
+            "python",
+            "numpy",
+            "torch",
+            "cuda",
+        }
+        assert len(state["rng_per_rank"]) == 2
+    assert evs[-1]["type"] == "summary" and evs[-2]["type"] == "checkpoint"
+
+
+def test_both_ranks_log(main_run: tuple[Path, subprocess.CompletedProcess]) -> None:
+    _, done = main_run
+    out = done.stdout
+    assert "[rank 0] ready: world_size=2 backend=gloo device=cpu" in out
+    assert "[rank 1] ready: world_size=2 backend=gloo device=cpu" in out
+    assert "[rank 0] step 1 " in out
+
+
+def test_same_seed_same_losses(
+    workdir: Path, base_job: dict[str, Any], main_run: tuple[Path, subprocess.CompletedProcess]
+) -> None:
+    job_dir = workdir / "repeat"
+    assert_ok(run_job(base_job, job_dir))
+    first, second = events(main_run[0]), events(job_dir)
+    assert train_losses(first) == train_losses(second)
+    val = [
+        [e["values"].get("val_loss") for e in evs if e["type"] == "metrics"]
+        for evs in (first, second)
+    ]
+    assert val[0] == val[1]
+    a, b = final_weights(main_run[0]), final_weights(job_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_is_bit_identical(
+    workdir: Path, base_job: dict[str, Any], main_run: tuple[Path, subprocess.CompletedProcess]
+) -> None:
+    # Stop mid-epoch 2 (step 30 of 69, not a save_interval multiple), then resume from there.
+    stopped = copy.deepcopy(base_job)
+    stopped["config"]["max_steps"] = 30
+    assert_ok(run_job(stopped, workdir / "stopped"))
+    last = [e for e in events(workdir / "stopped") if e["type"] == "checkpoint"][-1]
+    assert last["step"] == 30
+
+    resumed = {
+        **copy.deepcopy(base_job),
+        "resume_from": last["path"],
+        "resume_sha256": last["sha256"],
+    }
+    done = run_job(resumed, workdir / "resumed")
+    assert_ok(done)
+    assert "resumed from" in done.stdout
+    a, b = final_weights(main_run[0]), final_weights(workdir / "resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The resumed run's reported losses continue exactly where the uninterrupted one was.
+    uninterrupted = [x for x in train_losses(events(main_run[0])) if x[0] > 30]
+    assert train_losses(events(workdir / "resumed")) == uninterrupted
+    assert (
+        events(workdir / "resumed")[-1]["final_metrics"] == events(main_run[0])[-1]["final_metrics"]
+    )
+
+
+def test_resume_refuses_wrong_sha(workdir: Path, base_job: dict[str, Any], main_run) -> None:
+    ckpt = sorted((main_run[0] / "output" / "checkpoints").glob("*.pt"))[0]
+    job = {**base_job, "resume_from": str(ckpt), "resume_sha256": "0" * 64}
+    done = run_job(job, workdir / "bad_sha", nproc=None)
+    assert done.returncode != 0 and "sha256" in done.stderr
+
+
+def test_gradient_accumulation_matches_large_batch(workdir: Path, base_job: dict[str, Any]) -> None:
+    def job(batch_size: int, k: int) -> dict[str, Any]:
+        spec = copy.deepcopy(base_job)
+        spec["config"].update(
+            num_gpus=1, batch_size=batch_size, gradient_accumulation_steps=k, max_steps=8,
+            log_interval=1, dropout=0.0, save_interval=None, validation_split=0.0,
+        )  # fmt: skip
+        return spec
+
+    assert_ok(run_job(job(32, 1), workdir / "big_batch", nproc=1))
+    assert_ok(run_job(job(8, 4), workdir / "accumulated", nproc=None))  # also: no torchrun
+    big, acc = (
+        train_losses(events(workdir / "big_batch")),
+        train_losses(events(workdir / "accumulated")),
+    )
+    assert [s for s, _ in big] == [s for s, _ in acc] == list(range(1, 9))
+    for (_, x), (_, y) in zip(big, acc, strict=True):
+        assert x == pytest.approx(y, abs=5e-6)  # equal to 5 decimals
+    a, b = final_weights(workdir / "big_batch"), final_weights(workdir / "accumulated")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_failing_model_exits_nonzero_with_traceback(
+    workdir: Path, base_job: dict[str, Any]
+) -> None:
+    job = {**base_job, "model": {"path": str(workdir / "bad_model.py"), "factory": "build_model"}}
+    done = run_job(job, workdir / "failing")
+    assert done.returncode != 0
+    assert "[rank 0] Traceback (most recent call last):" in done.stderr
+    assert "[rank 1] RuntimeError: the user factory exploded" in done.stderr
+    assert "bad_model.py" in done.stderr

@@ -1,0 +1,87 @@
+"""Progress display: a live bar on a terminal, plain lines elsewhere, both showing metrics
+and logs."""
+
+from __future__ import annotations
+
+import io
+
+import ace3
+from ace3.progress import PlainDisplay, RichDisplay, StepEstimator, create_display
+from ace3.resources import JobEvent
+
+from tests.unit.sdk.sdk_fakes import job_json, log, metric
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def events() -> list[JobEvent]:
+    return [
+        JobEvent("state", ace3.Job.model_validate(job_json(state="running"))),
+        JobEvent("metric", ace3.Metric.model_validate(metric(5, "train_loss", 0.75, epoch=0.5))),
+        JobEvent(
+            "metric", ace3.Metric.model_validate(metric(5, "samples_per_sec", 1234.5, epoch=0.5))
+        ),
+        JobEvent("log", ace3.LogLine.model_validate(log(1, "loading [data]", rank=1))),
+        JobEvent("metric", ace3.Metric.model_validate(metric(10, "val_accuracy", 0.9, epoch=1))),
+        JobEvent(
+            "end",
+            ace3.Job.model_validate(
+                job_json(state="succeeded", final_metrics={"val_accuracy": 0.9})
+            ),
+        ),
+    ]
+
+
+def test_a_terminal_gets_the_live_bar_with_metrics_and_logs(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    out = FakeTerminal()
+    display = create_display(None, {"epochs": 2}, mode="auto", file=out)
+    assert isinstance(display, RichDisplay)
+    with display:
+        for event in events():
+            display.handle(event)
+    assert display.steps.total == 20
+    text = out.getvalue()
+    assert "[rank 1] loading [data]" in text  # printed verbatim, not as rich markup
+    assert "loss=0.75" in text and "val_acc=0.9" in text and "samples/s=1,234" in text
+    assert "job job_1 succeeded" in text
+
+
+def test_not_a_terminal_or_show_progress_false_gives_plain_lines():
+    assert isinstance(create_display(None, {}, mode="auto", file=io.StringIO()), PlainDisplay)
+    out = FakeTerminal()
+    display = create_display(None, {"epochs": 2}, mode="plain", file=out)
+    assert isinstance(display, PlainDisplay)
+    with display:
+        for event in events():
+            display.handle(event)
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "job job_1: running",
+        "step 5/20 epoch 0.5: train_loss=0.75 samples_per_sec=1,234",
+        "[rank 1] loading [data]",
+        "step 10/20 epoch 1: val_accuracy=0.9",
+        "job job_1 succeeded after 0s | val_accuracy=0.9",
+    ]
+    assert "\x1b" not in out.getvalue()
+
+
+def test_none_mode_shows_nothing(capsys):
+    with create_display(None, {}, mode="none") as display:
+        for event in events():
+            display.handle(event)
+    assert capsys.readouterr().out == ""
+
+
+def test_step_total_from_epoch_values_or_max_steps():
+    estimator = StepEstimator({"epochs": 3})
+    assert estimator.total is None  # indeterminate until known
+    estimator.observe(ace3.Metric(step=10, name="epoch", value=0.25))
+    assert estimator.total == 120
+    capped = StepEstimator({"epochs": 3, "max_steps": 50})
+    assert capped.total == 50
+    capped.observe(ace3.Metric(step=8, name="val_loss", value=1.0, epoch=0))
+    assert capped.total == 24

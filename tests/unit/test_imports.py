@@ -1,0 +1,58 @@
+"""Importing the SDK must not import torch (users install it without the [train] extra)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# httpx, pydantic and rich, and what they import in turn (pydantic and rich load lazily).
+SDK_DEPENDENCIES = {
+    "ace3",
+    "httpx",
+    "httpcore",
+    "h11",
+    "anyio",
+    "sniffio",
+    "idna",
+    "certifi",
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_extensions",
+    "typing_inspection",
+    "rich",
+    "markdown_it",
+    "mdurl",
+    "pygments",
+}
+
+
+@pytest.mark.parametrize(
+    "module", ["ace3", "ace3.cli", "ace3_server", "ace3_server.app", "ace3_worker", "ace3_worker.tasks"]
+)
+def test_import_leaves_torch_out_of_sys_modules(module: str):
+    code = (
+        f"import sys, {module}\n"
+        "assert 'torch' not in sys.modules, sorted(n for n in sys.modules if 'torch' in n)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_sdk_imports_only_stdlib_httpx_pydantic_and_rich():
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import httpx, pydantic\n"
+        "baseline = set(sys.modules)\n"
+        "import ace3, ace3.progress\n"
+        "new = {name.split('.')[0] for name in set(sys.modules) - baseline}\n"
+        f"allowed = {sorted(SDK_DEPENDENCIES)!r}\n"
+        "allowed = set(allowed) | set(sys.stdlib_module_names)\n"
+        "extra = sorted(name for name in new if name not in allowed and not name.startswith('_'))\n"
+        "assert not extra, extra\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
