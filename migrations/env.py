@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from alembic import context
+
 from ace3_server.db import make_sync_engine
 from ace3_server.models import Base
 from ace3_server.settings import Settings
-from alembic import context
 
 config = context.config
 target_metadata = Base.metadata

@@ -24,15 +24,21 @@ def main() -> int:
         train_data = client.load_dataset(train_path)
         val_data = client.load_dataset(val_path)
 
-    config = ace3.TrainingConfig(num_gpus=2, batch_size=64, learning_rate=3e-3, weight_decay=0.01, seed=0)
+    config = ace3.TrainingConfig(
+        num_gpus=2, batch_size=64, learning_rate=3e-3, weight_decay=0.01, seed=0
+    )
     trainer = ace3.DistributedTrainer(config)
     started = time.monotonic()
-    result = trainer.train(model=model, train_dataset=train_data, validation_dataset=val_data, epochs=15)
+    result = trainer.train(
+        model=model, train_dataset=train_data, validation_dataset=val_data, epochs=15
+    )
     elapsed = time.monotonic() - started
 
     accuracy = result.best_val_accuracy
-    print(f"job {result.job_id}: final validation accuracy {result.final_metrics.get('val_accuracy'):.4f}, "
-          f"best {accuracy:.4f}, trained in {elapsed:.1f} s")
+    print(
+        f"job {result.job_id}: final validation accuracy {result.final_metrics.get('val_accuracy'):.4f}, "
+        f"best {accuracy:.4f}, trained in {elapsed:.1f} s"
+    )
     if result.checkpoints:
         print(f"checkpoints: {', '.join(c.name for c in result.checkpoints)}")
     if accuracy is None or accuracy < 0.90:

@@ -91,6 +91,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     _need("server", "uvicorn")
     import uvicorn
+
     from ace3_server.app import create_app
     from ace3_server.migrations_check import DatabaseNotMigratedError, ensure_migrated
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from ace3.config import TrainingConfig
 from pydantic import BaseModel, ConfigDict, Field
+
+from ace3.config import TrainingConfig
 
 Item = TypeVar("Item")
 

@@ -59,10 +59,20 @@ def test_digits_trains_to_090_with_two_ranks(
     train_data = client.load_dataset(digits_files.train)
     val_data = client.load_dataset(digits_files.validation)
     config = ace3.TrainingConfig(
-        num_gpus=2, batch_size=64, learning_rate=3e-3, weight_decay=0.01, seed=0, save_interval=40, log_interval=5
+        num_gpus=2,
+        batch_size=64,
+        learning_rate=3e-3,
+        weight_decay=0.01,
+        seed=0,
+        save_interval=40,
+        log_interval=5,
     )
     result = ace3.DistributedTrainer(config).train(
-        model=model, train_dataset=train_data, validation_dataset=val_data, epochs=12, show_progress=False
+        model=model,
+        train_dataset=train_data,
+        validation_dataset=val_data,
+        epochs=12,
+        show_progress=False,
     )
 
     assert result.best_val_accuracy is not None and result.best_val_accuracy >= 0.90
@@ -75,7 +85,11 @@ def test_digits_trains_to_090_with_two_ranks(
     losses = [m.value for m in client.jobs.metrics(result.job_id, name="train_loss")]
     assert losses[-1] < losses[0], "training lowered the loss"
 
-    ranks = {line.rank for line in client.jobs.logs(result.job_id, limit=5000).data if line.rank is not None}
+    ranks = {
+        line.rank
+        for line in client.jobs.logs(result.job_id, limit=5000).data
+        if line.rank is not None
+    }
     assert ranks == {0, 1}, "both torchrun ranks reported in the job's logs"
 
     checkpoints = client.jobs.checkpoints(result.job_id)
@@ -96,9 +110,9 @@ def test_cancelling_a_running_job_leaves_no_process(
 ) -> None:
     model = client.load_model(digits_files.model)
     train_data = client.load_dataset(digits_files.train)
-    handle = ace3.DistributedTrainer(ace3.TrainingConfig(num_gpus=2, batch_size=16, log_interval=1)).train(
-        model, train_data, epochs=10_000, wait=False
-    )
+    handle = ace3.DistributedTrainer(
+        ace3.TrainingConfig(num_gpus=2, batch_size=16, log_interval=1)
+    ).train(model, train_data, epochs=10_000, wait=False)
     _wait_for(lambda: bool(client.jobs.metrics(handle.id)), 120, "the job's first metric")
     assert _processes_mentioning(handle.id), "torchrun and its ranks are running"
 
@@ -113,8 +127,7 @@ def test_a_model_that_raises_fails_its_job_and_the_worker_keeps_working(
 ) -> None:
     broken = tmp_path / "broken_model.py"
     broken.write_text(
-        "def build_model(**kwargs):\n"
-        "    raise ValueError('boom from user code: bad hidden size')\n"
+        "def build_model(**kwargs):\n    raise ValueError('boom from user code: bad hidden size')\n"
     )
     train_data = client.load_dataset(digits_files.train)
     with pytest.raises(ace3.JobFailedError) as failure:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from ace3.cli import build_parser
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"

@@ -30,7 +30,8 @@ SDK_DEPENDENCIES = {
 
 
 @pytest.mark.parametrize(
-    "module", ["ace3", "ace3.cli", "ace3_server", "ace3_server.app", "ace3_worker", "ace3_worker.tasks"]
+    "module",
+    ["ace3", "ace3.cli", "ace3_server", "ace3_server.app", "ace3_worker", "ace3_worker.tasks"],
 )
 def test_import_leaves_torch_out_of_sys_modules(module: str):
     code = (

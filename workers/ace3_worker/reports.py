@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
 from ace3_server.db import insert_ignoring_duplicates
 from ace3_server.models import JobCheckpoint, JobLog, JobMetric, new_id, utcnow
 from ace3_server.storage import LocalArtifactStore, sha256_file
-from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
 
 logger = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from ace3_server import job_transitions
 from ace3_server.db import make_sync_engine, sync_session_factory
 from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
 from ace3_server.queue import JobPublisher
 from ace3_server.settings import Settings, get_settings
 from ace3_server.storage import LocalArtifactStore
-from sqlalchemy.orm import Session, sessionmaker
-
 from ace3_worker import reports
 from ace3_worker.device import worker_device
 from ace3_worker.job_dir import JobDirectory, prepare_job_directory
@@ -59,7 +59,11 @@ class AttemptWatch:
 
     job_id: str
     attempt: int
-    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES))
+    # The ranks' own stderr (user tracebacks) apart from torchrun's, which only summarises them.
+    rank_stderr_tail: deque[tuple[int, str]] = field(
+        default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES)
+    )
+    launcher_stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES))
     cancel_requested: bool = False
     lease_lost: bool = False
     terminate_sent_at: float | None = None
@@ -238,8 +242,12 @@ class Supervisor:
             except queue.Empty:
                 break
         for item in batch:
-            if item.stream == "stderr":
-                watch.stderr_tail.append(item.line)
+            if item.stream != "stderr":
+                continue
+            if item.rank is None:
+                watch.launcher_stderr_tail.append(item.line)
+            else:
+                watch.rank_stderr_tail.append((item.rank, item.line))
         new_events = events.read_new()
         if not batch and not new_events:
             return
@@ -297,8 +305,7 @@ class Supervisor:
                     job.id, watch.attempt, JobState.FAILED, exit_code=returncode, error=reason
                 )
         else:
-            tail = "\n".join(watch.stderr_tail)
-            error = f"training exited with code {returncode}\n{tail}"[-8000:]
+            error = failure_message(returncode, watch)
             self._record(
                 job.id,
                 watch.attempt,
@@ -338,6 +345,19 @@ class Supervisor:
                 attempt,
                 state.value,
             )
+
+
+def failure_message(returncode: int, watch: AttemptWatch) -> str:
+    """One line naming the exception a rank raised, then that rank's stderr (or torchrun's)."""
+    if watch.rank_stderr_tail:
+        first_rank = watch.rank_stderr_tail[-1][0]
+        lines = [line for rank, line in watch.rank_stderr_tail if rank == first_rank]
+        exception = next((line for line in reversed(lines) if line and not line[0].isspace()), "")
+        headline = f"training exited with code {returncode}: rank {first_rank}: {exception}"
+    else:
+        lines = list(watch.launcher_stderr_tail)
+        headline = f"training exited with code {returncode}"
+    return (headline + "\n" + "\n".join(lines))[:8000]
 
 
 def _final_metrics(summary: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -7,13 +7,13 @@ import json
 import logging
 from typing import Any
 
-from ace3.config import unsupported_settings
 from fastapi import HTTPException
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
+from ace3.config import unsupported_settings
 from ace3_server import job_transitions
 from ace3_server.errors import not_found
 from ace3_server.models import Job, JobState, StoredDataset, StoredModel

@@ -146,9 +146,10 @@ def test_events_and_checkpoints(main_run: tuple[Path, subprocess.CompletedProces
     for e in metrics:
         if "learning_rate" in e["values"]:
             assert e["values"]["learning_rate"] == 0.01 and e["values"]["samples_per_sec"] > 0
+            assert e["values"]["epoch"] == e["epoch"]
     epoch_ends = [e for e in metrics if "val_loss" in e["values"]]
     assert [e["epoch"] for e in epoch_ends] == [1, 2, 3]
-    assert all("train_loss" in e["values"] and "val_accuracy" in e["values"] for e in epoch_ends)
+    assert all({"epoch_train_loss", "val_accuracy"} <= e["values"].keys() for e in epoch_ends)
 
     ckpt_events = [e for e in evs if e["type"] == "checkpoint"]
     assert [e["step"] for e in ckpt_events] == [20, 40, 60, 69]
@@ -214,9 +215,16 @@ def test_resume_is_bit_identical(
     assert "resumed from" in done.stdout
     a, b = final_weights(main_run[0]), final_weights(workdir / "resumed")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
     # The resumed run's reported losses continue exactly where the uninterrupted one was.
-    uninterrupted = [x for x in train_losses(events(main_run[0])) if x[0] > 30]
-    assert train_losses(events(workdir / "resumed")) == uninterrupted
+    def later_metrics(evs: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+        return [
+            (e["step"], {k: v for k, v in e["values"].items() if k != "samples_per_sec"})
+            for e in evs
+            if e["type"] == "metrics" and e["step"] > 30
+        ]
+
+    assert later_metrics(events(workdir / "resumed")) == later_metrics(events(main_run[0]))
     assert (
         events(workdir / "resumed")[-1]["final_metrics"] == events(main_run[0])[-1]["final_metrics"]
     )
@@ -260,3 +268,24 @@ def test_failing_model_exits_nonzero_with_traceback(
     assert "[rank 0] Traceback (most recent call last):" in done.stderr
     assert "[rank 1] RuntimeError: the user factory exploded" in done.stderr
     assert "bad_model.py" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import ace3_no_such_module\n", "ModuleNotFoundError: No module named 'ace3_no_such_module'"),
+        (MODEL_FILE + "\ndef compute_loss(model, batch):\n    raise KeyError('bad batch')\n",
+         "KeyError: 'bad batch'"),
+    ],
+    ids=["import-error", "bad-batch"],
+)  # fmt: skip
+def test_user_errors_fail_the_run(
+    workdir: Path, base_job: dict[str, Any], source: str, expected: str
+) -> None:
+    model = workdir / f"model_{hashlib.sha256(source.encode()).hexdigest()[:8]}.py"
+    model.write_text(source)
+    job = {**base_job, "model": {"path": str(model)}}
+    done = run_job(job, workdir / model.stem, nproc=None)
+    assert done.returncode == 1
+    assert "[rank 0] Traceback (most recent call last):" in done.stderr
+    assert f"[rank 0] {expected}" in done.stderr

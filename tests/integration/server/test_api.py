@@ -4,8 +4,8 @@ isolation, uploads (dedup, caps, validation), job creation (validation, idempote
 from __future__ import annotations
 
 import io
-import time
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -10,6 +10,9 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
 from ace3_server import job_transitions
 from ace3_server.db import (
     async_session_factory,
@@ -21,8 +24,6 @@ from ace3_server.migrations_check import DatabaseNotMigratedError, ensure_migrat
 from ace3_server.models import Job, JobState, Owner, StoredDataset, StoredModel, utcnow
 from ace3_server.reconciler import reconcile_once
 from ace3_server.settings import Settings
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
 
 
 @pytest.fixture()
@@ -173,9 +174,10 @@ def test_an_unmigrated_database_is_refused_with_the_command_that_fixes_it(tmp_pa
 
 
 def test_the_migrations_produce_exactly_the_models_schema(database_url: str) -> None:
-    from ace3_server.models import Base
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
+
+    from ace3_server.models import Base
 
     engine = make_sync_engine(database_url)
     with engine.connect() as connection:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
+
 import ace3
 import ace3._http
 import ace3.sse
-import pytest
-
 from tests.unit.sdk.sdk_fakes import MockAPI
 
 

@@ -7,8 +7,9 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import ace3
 import httpx
+
+import ace3
 
 BASE_URL = "http://ace3.test"
 API_KEY = "sk-test"

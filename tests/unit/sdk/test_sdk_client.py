@@ -7,11 +7,11 @@ import hashlib
 import json
 from pathlib import Path
 
-import ace3
 import httpx
 import pytest
-from ace3.packing import pack_directory_bytes, sha256_file
 
+import ace3
+from ace3.packing import pack_directory_bytes, sha256_file
 from tests.unit.sdk.sdk_fakes import MockAPI, dataset_json, model_json
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import email.utils
 import time
 
-import ace3
 import httpx
 import pytest
-from ace3._http import MAX_RETRY_AFTER, USER_AGENT, parse_retry_after, retry_delay
 
+import ace3
+from ace3._http import MAX_RETRY_AFTER, USER_AGENT, parse_retry_after, retry_delay
 from tests.unit.sdk.sdk_fakes import MockAPI, job_json
 
 

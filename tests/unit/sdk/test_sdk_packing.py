@@ -8,8 +8,9 @@ import os
 import tarfile
 from pathlib import Path
 
-import ace3
 import pytest
+
+import ace3
 from ace3.packing import pack_directory, pack_directory_bytes, sha256_file
 
 

@@ -8,7 +8,6 @@ import io
 import ace3
 from ace3.progress import PlainDisplay, RichDisplay, StepEstimator, create_display
 from ace3.resources import JobEvent
-
 from tests.unit.sdk.sdk_fakes import job_json, log, metric
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 
-import ace3
 import httpx
 import pytest
-from ace3.sse import ReconnectingEventStream, ServerSentEvent, SSEDecoder, iter_sse
 
+import ace3
+from ace3.sse import ReconnectingEventStream, ServerSentEvent, SSEDecoder, iter_sse
 from tests.unit.sdk.sdk_fakes import (
     DroppingStream,
     MockAPI,

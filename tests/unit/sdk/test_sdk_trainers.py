@@ -7,11 +7,11 @@ import json
 import warnings
 from pathlib import Path
 
-import ace3
 import httpx
 import pytest
-from ace3.client import DatasetRef, ModelRef
 
+import ace3
+from ace3.client import DatasetRef, ModelRef
 from tests.unit.sdk.sdk_fakes import (
     MockAPI,
     dataset_json,

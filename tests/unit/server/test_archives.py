@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from ace3_server.archives import UnsafeArchiveError, safe_extract
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from ace3_server.auth import generate_key, hash_key, key_matches, parse_lookup_prefix
 from ace3_server.storage import LocalArtifactStore, sha256_file
 

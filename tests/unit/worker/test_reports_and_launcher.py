@@ -50,3 +50,28 @@ def test_torchrun_command_runs_one_process_per_gpu(tmp_path: Path) -> None:
     assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
     assert "--nproc-per-node=4" in command
     assert command[-3:] == ["ace3.runtime", "--job", str(tmp_path / "job.json")]
+
+
+def test_a_failure_names_the_ranks_exception_not_torchruns_summary() -> None:
+    from ace3_worker.supervisor import AttemptWatch, failure_message
+
+    watch = AttemptWatch("job", 1)
+    for rank in (0, 1):
+        watch.rank_stderr_tail.extend(
+            [
+                (rank, "Traceback (most recent call last):"),
+                (rank, '  File "model.py", line 2'),
+                (rank, "ValueError: boom"),
+            ]
+        )
+    watch.launcher_stderr_tail.extend(["torch.distributed.elastic...ChildFailedError:", "=" * 60])
+    message = failure_message(1, watch)
+    assert message.splitlines()[0] == "training exited with code 1: rank 1: ValueError: boom"
+    assert "Traceback" in message and "ChildFailedError" not in message
+
+    launcher_only = AttemptWatch("job", 1)
+    launcher_only.launcher_stderr_tail.append("torchrun: error: bad arguments")
+    assert (
+        failure_message(2, launcher_only)
+        == "training exited with code 2\ntorchrun: error: bad arguments"
+    )

@@ -1,0 +1,132 @@
+"""Time from ``trainer.train()`` to the first metric on the client, and to the finished job.
+
+Uses the service at ACE3_BASE_URL with ACE3_API_KEY when both are set; otherwise starts
+``ace3 up`` (embedded SQLite + filesystem broker) in a temporary directory. Trains the digits
+example with 2 processes, several times, and prints each phase per run and the median:
+
+    .venv/bin/python benchmarks/time_to_first_metric.py [--runs 3] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+import ace3
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples" / "digits"))
+
+from data import write_digits  # noqa: E402
+
+
+@contextlib.contextmanager
+def service() -> Iterator[tuple[str, str]]:
+    if os.environ.get("ACE3_BASE_URL") and os.environ.get("ACE3_API_KEY"):
+        yield os.environ["ACE3_BASE_URL"], os.environ["ACE3_API_KEY"]
+        return
+    with tempfile.TemporaryDirectory() as data_dir:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {**os.environ, "ACE3_DATA_DIR": data_dir}
+        cli = [sys.executable, "-m", "ace3.cli"]
+        log = open(Path(data_dir) / "stack.log", "wb")  # noqa: SIM115 - closed below
+        stack = subprocess.Popen(
+            [*cli, "up", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                        break
+                time.sleep(0.3)
+            key = subprocess.run(
+                [*cli, "keys", "create", "--name", "bench", "--quiet"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            yield base_url, key
+        finally:
+            stack.terminate()
+            stack.wait(timeout=60)
+            log.close()
+
+
+def one_run(
+    client: ace3.Client,
+    model: ace3.ModelRef,
+    train: ace3.DatasetRef,
+    val: ace3.DatasetRef,
+    epochs: int,
+) -> dict[str, float]:
+    config = ace3.TrainingConfig(num_gpus=2, batch_size=64, learning_rate=3e-3, log_interval=1)
+    started = time.monotonic()
+    handle = ace3.DistributedTrainer(config).train(
+        model, train_dataset=train, validation_dataset=val, epochs=epochs, wait=False
+    )
+    submitted = time.monotonic()
+    first_metric = None
+    for event in handle.stream_events():
+        if event.type == "metric" and first_metric is None:
+            first_metric = time.monotonic()
+        if event.type == "end":
+            break
+    ended = time.monotonic()
+    job = handle.refresh()
+    if job.state != "succeeded":
+        raise SystemExit(f"job {job.id} ended {job.state}: {job.error}")
+    return {
+        "submit_s": submitted - started,
+        "first_metric_s": (first_metric or ended) - started,
+        "total_s": ended - started,
+        "val_accuracy": float((job.final_metrics or {}).get("val_accuracy", float("nan"))),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    with (
+        service() as (base_url, key),
+        ace3.Client(api_key=key, base_url=base_url) as client,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        train_path, val_path = write_digits(Path(tmp))
+        model = client.load_model(REPO / "examples" / "digits" / "model.py")
+        train, val = client.load_dataset(train_path), client.load_dataset(val_path)
+        rows = [one_run(client, model, train, val, args.epochs) for _ in range(args.runs)]
+    print(f"digits MLP, 2 gloo processes, {args.epochs} epochs, service at {base_url}")
+    print(
+        f"{'run':>4} {'submit (s)':>11} {'first metric (s)':>17} {'job total (s)':>14} {'val acc':>8}"
+    )
+    for index, row in enumerate(rows, 1):
+        print(
+            f"{index:>4} {row['submit_s']:>11.2f} {row['first_metric_s']:>17.2f} {row['total_s']:>14.2f} {row['val_accuracy']:>8.4f}"
+        )
+    median = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    print(
+        f"{'med':>4} {median['submit_s']:>11.2f} {median['first_metric_s']:>17.2f} {median['total_s']:>14.2f} {median['val_accuracy']:>8.4f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

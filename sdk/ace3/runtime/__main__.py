@@ -1,0 +1,76 @@
+"""Entry point: ``python -m ace3.runtime --job JOB_DIR/job.json`` (normally under torchrun).
+
+Reads the job, joins the process group, builds, trains, and always tears the group down. On
+failure the traceback goes to stderr and the exit status is 1.
+
+The process ends with ``os._exit`` after an orderly shutdown (group destroyed, atexit handlers
+run, streams flushed): Gloo's worker threads outlive ``destroy_process_group`` and can release
+their last tensors while the interpreter finalizes, which aborts the process (SIGABRT) now and
+then; skipping finalization removes that race.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import sys
+import traceback
+
+from ace3.runtime.log_prefix import install_log_prefix
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ace3.runtime", description=__doc__)
+    parser.add_argument("--job", required=True, help="path to job.json")
+    return parser.parse_args(argv)
+
+
+def _train(job_path: str) -> None:
+    # Imported here so that a broken torch install is reported like any other failure.
+    from ace3.runtime.build import build
+    from ace3.runtime.distributed import init_distributed
+    from ace3.runtime.job_spec import load_job_spec
+    from ace3.runtime.trainer import Trainer
+
+    job = load_job_spec(job_path)
+    ctx = init_distributed(job.config)
+    print(
+        f"ready: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}", flush=True
+    )
+    Trainer(job, ctx, build(job, ctx)).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one job attempt in this process; return its exit status."""
+    args = _parse(argv)
+    install_log_prefix(int(os.environ.get("RANK", "0") or 0))
+    try:
+        _train(args.job)
+        return 0
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        if "ace3.runtime.distributed" in sys.modules:
+            sys.modules["ace3.runtime.distributed"].destroy_distributed()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _exit(code: int) -> None:
+    """Run atexit handlers and flush, then leave without interpreter finalization."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit(main())

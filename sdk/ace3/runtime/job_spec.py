@@ -1,0 +1,68 @@
+"""The job file (``job.json``) the worker writes and every rank reads: a pydantic model.
+
+The training settings reuse :class:`ace3.config.TrainingConfig`, the shared wire contract.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ace3.config import TrainingConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """Where the user's model code lives and how to build the model from it."""
+
+    path: str = Field(description="kind=file: the .py file; kind=archive: a directory on sys.path.")
+    kind: Literal["file", "archive"] = "file"
+    entry_module: str | None = Field(None, description="kind=archive: dotted module to import.")
+    factory: str = Field("build_model", min_length=1, description="Function or class to call.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the factory.")
+
+    @model_validator(mode="after")
+    def _check_archive(self) -> ModelSpec:
+        if self.kind == "archive" and not self.entry_module:
+            raise ValueError("model.kind='archive' needs model.entry_module (the module to import)")
+        return self
+
+
+class DatasetSpec(_Strict):
+    """A dataset file (.pt, .npz, .csv, .jsonl) or a directory."""
+
+    path: str
+
+
+class JobSpec(_Strict):
+    """Everything one attempt of a job needs; see docs/runtime.md."""
+
+    job_id: str
+    attempt: int = Field(1, ge=1)
+    config: TrainingConfig
+    model: ModelSpec
+    dataset: DatasetSpec
+    validation_dataset: DatasetSpec | None = None
+    output_dir: str
+    resume_from: str | None = None
+    resume_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of resume_from."
+    )
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Read and validate ``job.json``; errors name the file."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"job file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"job file {path} is not valid JSON: {exc}") from exc
+    return JobSpec.model_validate(raw)

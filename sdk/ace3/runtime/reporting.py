@@ -1,0 +1,48 @@
+"""The rank-0 event log ``output_dir/events.jsonl``: one JSON object a line, appended, flushed.
+
+Non-finite floats (a diverged loss) are written as ``null`` so every line stays valid JSON.
+On other ranks the writer is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+class EventWriter:
+    """Append-only JSONL writer; enabled on rank 0 only."""
+
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path = path
+        self._handle: TextIO | None = None
+        if enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = path.open("a", encoding="utf-8")
+
+    def write(self, event: dict[str, Any]) -> None:
+        if self._handle is None:
+            return
+        line = json.dumps(_finite(event), allow_nan=False, separators=(",", ":"))
+        self._handle.write(line + "\n")
+        self._handle.flush()
+
+    def metrics(self, step: int, epoch: int, values: dict[str, Any]) -> None:
+        self.write({"type": "metrics", "step": step, "epoch": epoch, "values": values})
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None

@@ -1,0 +1,80 @@
+"""Write one checkpoint for the whole job: gather RNG states, save on rank 0, report, barrier.
+
+Every rank must call :func:`save_job_checkpoint` at the same step (it runs collectives).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from ace3.runtime.build import Components
+from ace3.runtime.checkpointing import (
+    SavedCheckpoint,
+    checkpoint_name,
+    prune_checkpoints,
+    save_atomic,
+)
+from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.reporting import EventWriter
+from ace3.runtime.rng import capture_rng
+
+
+def checkpoint_payload(
+    parts: Components, rng_per_rank: list[Any], world_size: int
+) -> dict[str, Any]:
+    """Plain tensors and containers only (loadable with ``weights_only=True``)."""
+    return {
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else {},
+        **parts.state.to_checkpoint(),
+        "rng": rng_per_rank[0],
+        "rng_per_rank": rng_per_rank,
+        "world_size": world_size,
+        "format": 1,
+    }
+
+
+def save_job_checkpoint(
+    parts: Components,
+    ctx: DistContext,
+    directory: Path,
+    events: EventWriter,
+    max_checkpoints: int | None,
+) -> SavedCheckpoint | None:
+    """Save ``step-XXXXXXXX.pt`` atomically and append its checkpoint event (rank 0)."""
+    barrier(ctx)
+    mine = capture_rng()
+    gathered: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(mine, gathered, dst=0)
+    saved = None
+    if ctx.is_main:
+        assert gathered is not None
+        state = parts.state
+        saved = save_atomic(
+            checkpoint_payload(parts, gathered, ctx.world_size),
+            directory / checkpoint_name(state.step),
+        )
+        if max_checkpoints is not None:
+            prune_checkpoints(directory, max_checkpoints, protect=saved.path)
+        events.write(
+            {
+                "type": "checkpoint",
+                "step": state.step,
+                "epoch": state.display_epoch(),
+                "name": saved.path.name,
+                "path": str(saved.path),
+                "sha256": saved.sha256,
+                "size_bytes": saved.size_bytes,
+                "metrics": dict(state.last_metrics),
+            }
+        )
+        print(
+            f"checkpoint {saved.path.name} saved "
+            f"({saved.size_bytes} bytes, sha256 {saved.sha256[:12]})"
+        )
+    barrier(ctx)
+    return saved

@@ -1,0 +1,59 @@
+"""The training position and running results that a checkpoint carries besides the weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    """Where training stands.
+
+    ``epoch`` is the 0-based index of the epoch in progress and ``batch_in_epoch`` the number of
+    per-rank micro-batches of it already consumed; both are always at an optimizer-step boundary
+    when saved. Events report 1-based epochs (:meth:`display_epoch`).
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_val_accuracy: float | None = None
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    # Global (loss sum, steps) of the unreported log interval and of the current epoch.
+    carry: dict[str, list[float]] = field(default_factory=dict)
+
+    def display_epoch(self) -> int:
+        """The 1-based epoch the last step belongs to (the last finished one at a boundary)."""
+        if self.batch_in_epoch > 0 or self.epoch == 0:
+            return self.epoch + 1
+        return self.epoch
+
+    def record(self, values: dict[str, float]) -> None:
+        self.last_metrics.update(values)
+        accuracy = values.get("val_accuracy")
+        if accuracy is not None and (
+            self.best_val_accuracy is None or accuracy > self.best_val_accuracy
+        ):
+            self.best_val_accuracy = accuracy
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "best_val_accuracy": self.best_val_accuracy,
+            "last_metrics": dict(self.last_metrics),
+            "carry": {key: list(value) for key, value in self.carry.items()},
+        }
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any]) -> TrainState:
+        return cls(
+            step=int(state["step"]),
+            epoch=int(state.get("epoch", 0)),
+            batch_in_epoch=int(state.get("batch_in_epoch", 0)),
+            best_val_accuracy=state.get("best_val_accuracy"),
+            last_metrics={str(k): float(v) for k, v in dict(state.get("last_metrics", {})).items()},
+            carry={str(k): [float(x) for x in v] for k, v in dict(state.get("carry", {})).items()},
+        )

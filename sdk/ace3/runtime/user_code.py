@@ -1,0 +1,134 @@
+"""Import the user's model code and resolve what the engine calls in it.
+
+``kind='file'``: the ``.py`` file is imported as module ``ace3_user_model`` (its directory is put
+on ``sys.path`` so it can import its siblings). ``kind='archive'``: the directory goes on
+``sys.path`` and ``entry_module`` is imported. The module provides:
+
+- the factory named by the job: a function ``build_model(**kwargs) -> nn.Module`` or a class;
+- optionally ``compute_loss(model, batch) -> Tensor`` (replaces the default loss). In training
+  ``model`` is the DDP wrapper: call it (``model(x)``) so gradients synchronise, and reach the
+  user's own attributes through ``model.module``; in validation it is the plain module;
+- optionally ``compute_metrics(model, batch) -> dict[str, float]``, called on every validation
+  batch; each value is averaged over the validation set, weighted by batch size, and reported
+  as ``val_<name>``.
+
+Errors raised by user code propagate unchanged, with their traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+from ace3.runtime.job_spec import ModelSpec
+
+USER_MODULE_NAME = "ace3_user_model"
+
+LossFn = Callable[[nn.Module, Any], Any]
+MetricsFn = Callable[[nn.Module, Any], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class UserCode:
+    """The resolved pieces of a user's model module."""
+
+    module: ModuleType
+    factory: Callable[..., Any]
+    factory_name: str
+    compute_loss: LossFn | None
+    compute_metrics: MetricsFn | None
+
+
+def _prepend_sys_path(directory: Path) -> None:
+    entry = str(directory)
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+
+def import_model_module(spec: ModelSpec) -> ModuleType:
+    """Import the module named by the spec (see the module docstring)."""
+    path = Path(spec.path).resolve()
+    if spec.kind == "archive":
+        if not path.is_dir():
+            raise FileNotFoundError(f"model archive directory not found: {path}")
+        _prepend_sys_path(path)
+        assert spec.entry_module is not None  # checked by ModelSpec
+        return importlib.import_module(spec.entry_module)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    if path.suffix != ".py":
+        raise ValueError(f"model file {path} must be a Python source file (.py)")
+    _prepend_sys_path(path.parent)
+    module_spec = importlib.util.spec_from_file_location(USER_MODULE_NAME, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import model file {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[USER_MODULE_NAME] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(USER_MODULE_NAME, None)
+        raise
+    return module
+
+
+def _resolve_attr(module: ModuleType, dotted: str) -> Any:
+    target: Any = module
+    for part in dotted.split("."):
+        if not hasattr(target, part):
+            public = sorted(
+                name
+                for name, value in vars(module).items()
+                if callable(value) and not name.startswith("_")
+            )
+            raise AttributeError(
+                f"model module {module.__name__!r} has no factory {dotted!r}; "
+                f"callables it defines: {', '.join(public) or 'none'}"
+            )
+        target = getattr(target, part)
+    return target
+
+
+def _optional_callable(module: ModuleType, name: str) -> Any:
+    value = getattr(module, name, None)
+    if value is not None and not callable(value):
+        raise TypeError(
+            f"{name} in the model module must be a function, got {type(value).__name__}"
+        )
+    return value
+
+
+def load_user_code(spec: ModelSpec) -> UserCode:
+    """Import the module and resolve its factory and optional hooks."""
+    module = import_model_module(spec)
+    factory = _resolve_attr(module, spec.factory)
+    if not callable(factory):
+        raise TypeError(f"model factory {spec.factory!r} is not callable: {type(factory).__name__}")
+    return UserCode(
+        module=module,
+        factory=factory,
+        factory_name=spec.factory,
+        compute_loss=_optional_callable(module, "compute_loss"),
+        compute_metrics=_optional_callable(module, "compute_metrics"),
+    )
+
+
+def build_model(user: UserCode, kwargs: Mapping[str, Any]) -> nn.Module:
+    """Call the factory (function or class) with the job's kwargs; it must give an nn.Module."""
+    model = user.factory(**dict(kwargs))
+    if not isinstance(model, nn.Module):
+        kind = "class" if inspect.isclass(user.factory) else "function"
+        raise TypeError(
+            f"model factory {user.factory_name!r} ({kind}) returned {type(model).__name__}, "
+            "expected a torch.nn.Module"
+        )
+    return model
