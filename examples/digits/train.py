@@ -35,13 +35,17 @@ def main() -> int:
     elapsed = time.monotonic() - started
 
     accuracy = result.best_val_accuracy
+    if accuracy is None:
+        print(f"job {result.job_id} reported no validation accuracy", file=sys.stderr)
+        return 1
     print(
-        f"job {result.job_id}: final validation accuracy {result.final_metrics.get('val_accuracy'):.4f}, "
-        f"best {accuracy:.4f}, trained in {elapsed:.1f} s"
+        f"job {result.job_id}: final validation accuracy "
+        f"{result.final_metrics.get('val_accuracy', float('nan')):.4f}, best {accuracy:.4f}, "
+        f"trained in {elapsed:.1f} s"
     )
     if result.checkpoints:
         print(f"checkpoints: {', '.join(c.name for c in result.checkpoints)}")
-    if accuracy is None or accuracy < 0.90:
+    if accuracy < 0.90:
         print("validation accuracy is below 0.90", file=sys.stderr)
         return 1
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
 Parallelism = Literal["data", "model", "pipeline"]
@@ -150,14 +150,30 @@ class TrainingConfig(_Schema):
     def world_size(self) -> int:
         return self.num_gpus * self.num_nodes
 
-    @model_validator(mode="after")
-    def _check_batch_split(self) -> TrainingConfig:
-        if self.batch_size % self.world_size:
-            raise ValueError(
-                f"batch_size ({self.batch_size}) must be divisible by the number of processes "
-                f"num_gpus * num_nodes = {self.world_size}: it is the global batch, split evenly"
-            )
-        return self
+    # Field validators (not a model validator) so that a refused assignment keeps the old value
+    # and the error names the field; each sees the other fields already set.
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_splits_across_processes(cls, batch_size: int, info: ValidationInfo) -> int:
+        _check_batch_split(batch_size, info.data.get("num_gpus", 1), info.data.get("num_nodes", 1))
+        return batch_size
+
+    @field_validator("num_gpus", "num_nodes")
+    @classmethod
+    def _processes_split_the_batch(cls, value: int, info: ValidationInfo) -> int:
+        if "batch_size" in info.data:  # an assignment; at construction batch_size checks itself
+            other = info.data["num_nodes" if info.field_name == "num_gpus" else "num_gpus"]
+            _check_batch_split(info.data["batch_size"], value, other)
+        return value
+
+
+def _check_batch_split(batch_size: int, num_gpus: int, num_nodes: int) -> None:
+    world_size = num_gpus * num_nodes
+    if batch_size % world_size:
+        raise ValueError(
+            f"batch_size ({batch_size}) must be divisible by the number of processes "
+            f"num_gpus * num_nodes = {world_size}: it is the global batch, split evenly"
+        )
 
 
 class DistributedConfig(_Schema):

@@ -147,3 +147,42 @@ def test_a_model_that_raises_fails_its_job_and_the_worker_keeps_working(
         client.load_model(digits_files.model), train_data, epochs=1, show_progress=False
     )
     assert client.jobs.retrieve(after.job_id).state == "succeeded"
+
+
+def test_the_quick_start_snippet_runs_as_written(
+    stack: Stack, digits_files: DigitsFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The document's Quick Start, placeholders filled: 4 processes, mixed precision (bf16 on CPU)."""
+    key, _ = stack.create_key("quick-start")
+    monkeypatch.setenv("ACE3_BASE_URL", stack.base_url)
+    snippet = f'''
+import ace3
+
+# Initialize client
+client = ace3.Client(api_key="{key}")
+
+# Load your model and dataset
+model = client.load_model("{digits_files.model}")
+dataset = client.load_dataset("{digits_files.train}")
+
+# Configure distributed training
+config = ace3.TrainingConfig(
+    num_gpus=4,
+    batch_size=32,
+    learning_rate=1e-4,
+    mixed_precision=True
+)
+
+# Start accelerated training
+trainer = ace3.DistributedTrainer(config)
+trainer.train(model, dataset)
+'''
+    namespace: dict[str, object] = {}
+    exec(compile(snippet, "quick_start.py", "exec"), namespace)
+    trainer = namespace["trainer"]
+    job = trainer.last_job.refresh()  # type: ignore[attr-defined]
+    assert job.state == "succeeded" and job.num_processes == 4
+    assert job.config["mixed_precision"] is True
+    client = namespace["client"]
+    ranks = {line.rank for line in client.jobs.logs(job.id, limit=5000).data}  # type: ignore[attr-defined]
+    assert {0, 1, 2, 3} <= ranks

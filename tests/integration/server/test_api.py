@@ -276,7 +276,9 @@ def test_batch_size_must_split_across_processes(
     response = owner.post(
         "/v1/jobs", json={**uploaded, "config": {"num_gpus": 2, "batch_size": 33}}
     )
-    assert response.status_code == 422 and "batch_size (33)" in response.text
+    assert response.status_code == 422
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "config", "batch_size"] and "batch_size (33)" in error["msg"]
 
 
 def test_idempotency_key_replays_and_conflicts(
