@@ -38,6 +38,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "data_folder_out": str(folder / "out"),
             "processed_folder": str(folder / "processed"),
             "store_processed": False,
+            # The file broker polls its folder; Redis pushes. 0.1 s keeps pickup latency small.
+            "polling_interval": 0.1,
         }
     return config
 
