@@ -120,6 +120,27 @@ class Stack:
     def worker_alive(self) -> bool:
         return self.processes["worker"].poll() is None
 
+    def start(self, name: str, command: list[str]) -> None:
+        log = (self.root / f"{name}.log").open("ab")
+        # Its own session, so a test can kill the whole process tree (never pytest's group).
+        self.processes[name] = subprocess.Popen(
+            command,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            start_new_session=True,
+        )
+
+    def start_worker(self) -> None:
+        self.start("worker", [sys.executable, "-m", "ace3.cli", "worker"])
+
+    def kill_worker(self) -> None:
+        """SIGKILL the Celery worker and its pool processes, as a crash or the OOM killer would."""
+        worker = self.processes["worker"]
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
 
 def _wait_healthy(
     base_url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0
@@ -176,15 +197,8 @@ def stack(
         "ACE3_LOG_LEVEL": "info",
     }
     stack = Stack(base_url=f"http://127.0.0.1:{port}", env=env, root=root)
-    commands = {
-        "api": [sys.executable, "-m", "ace3.cli", "server", "--port", str(port)],
-        "worker": [sys.executable, "-m", "ace3.cli", "worker"],
-    }
-    for name, command in commands.items():
-        log = (root / f"{name}.log").open("wb")
-        stack.processes[name] = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root
-        )
+    stack.start("api", [sys.executable, "-m", "ace3.cli", "server", "--port", str(port)])
+    stack.start_worker()
     try:
         _wait_healthy(stack.base_url, stack.processes["api"], root / "api.log")
         yield stack

@@ -8,48 +8,15 @@ while the worker keeps serving the next job.
 from __future__ import annotations
 
 import hashlib
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import ace3
 from tests.conftest import DigitsFiles, Stack
+from tests.e2e.conftest import processes_mentioning, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> Iterator[ace3.Client]:
-    key, _ = stack.create_key("e2e")
-    with ace3.Client(api_key=key, base_url=stack.base_url) as client:
-        yield client
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line contains ``text`` (the job id is in every rank's job.json path)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_digits_trains_to_090_with_two_ranks(
@@ -113,12 +80,12 @@ def test_cancelling_a_running_job_leaves_no_process(
     handle = ace3.DistributedTrainer(
         ace3.TrainingConfig(num_gpus=2, batch_size=16, log_interval=1)
     ).train(model, train_data, epochs=10_000, wait=False)
-    _wait_for(lambda: bool(client.jobs.metrics(handle.id)), 120, "the job's first metric")
-    assert _processes_mentioning(handle.id), "torchrun and its ranks are running"
+    wait_for(lambda: bool(client.jobs.metrics(handle.id)), 120, "the job's first metric")
+    assert processes_mentioning(handle.id), "torchrun and its ranks are running"
 
     handle.cancel()
-    _wait_for(lambda: handle.refresh().state == "cancelled", 60, "the job to be cancelled")
-    _wait_for(lambda: not _processes_mentioning(handle.id), 10, "every process of the job to exit")
+    wait_for(lambda: handle.refresh().state == "cancelled", 60, "the job to be cancelled")
+    wait_for(lambda: not processes_mentioning(handle.id), 10, "every process of the job to exit")
     assert stack.worker_alive()
 
 
@@ -140,7 +107,7 @@ def test_a_model_that_raises_fails_its_job_and_the_worker_keeps_working(
     lines = [line.line for line in client.jobs.logs(job.id, limit=5000).data]
     assert any("Traceback" in line for line in lines)
     assert any("ValueError: boom from user code" in line for line in lines)
-    assert not _processes_mentioning(job.id)
+    assert not processes_mentioning(job.id)
 
     assert stack.worker_alive()
     after = ace3.Trainer(ace3.TrainingConfig(batch_size=64)).train(

@@ -38,7 +38,12 @@ def rank_environment(
 
 def torchrun_command(job_file: Path, nproc_per_node: int) -> list[str]:
     """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
+    wrapper = []
+    if sys.platform.startswith("linux"):
+        # torchrun is SIGKILLed by the kernel if this supervisor dies (see ace3.runtime.parent_death).
+        wrapper = [sys.executable, "-m", "ace3.runtime.parent_death", str(os.getpid())]
     return [
+        *wrapper,
         sys.executable,
         "-m",
         "torch.distributed.run",

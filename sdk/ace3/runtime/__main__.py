@@ -18,6 +18,7 @@ import sys
 import traceback
 
 from ace3.runtime.log_prefix import install_log_prefix
+from ace3.runtime.parent_death import exit_with_parent
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,6 +45,8 @@ def _train(job_path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one job attempt in this process; return its exit status."""
     args = _parse(argv)
+    if "LOCAL_RANK" in os.environ:  # under torchrun: a rank must not outlive its agent
+        exit_with_parent()
     install_log_prefix(int(os.environ.get("RANK", "0") or 0))
     try:
         _train(args.job)

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-Row = TypeVar("Row")
+from ace3_server.errors import field_error
 
 
 async def paginate(
-    session: AsyncSession, stmt: Select[Any], model: Any, *, cursor: str | None, limit: int
+    session: AsyncSession,
+    stmt: Select[Any],
+    model: Any,
+    *,
+    owner_id: str,
+    cursor: str | None,
+    limit: int,
 ) -> tuple[list[Any], str | None]:
     if cursor:
+        anchor_row = await session.get(model, cursor)
+        if anchor_row is None or anchor_row.owner_id != owner_id:
+            raise field_error(
+                ["query", "cursor"], "unknown cursor: pass the next_cursor of the previous page"
+            )
         anchor = select(model.created_at).where(model.id == cursor).scalar_subquery()
         stmt = stmt.where(
             or_(model.created_at < anchor, and_(model.created_at == anchor, model.id < cursor))

@@ -318,6 +318,8 @@ def test_jobs_are_listed_newest_first_across_pages_and_by_state(
             break
     assert [job_id for job_id in seen if job_id in created] == list(reversed(created))
     assert owner.get("/v1/jobs", params={"state": "exploded"}).status_code == 422
+    unknown = owner.get("/v1/jobs", params={"cursor": "no-such-job"})
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["query", "cursor"]
 
 
 def test_cancelling_a_queued_job_is_immediate(

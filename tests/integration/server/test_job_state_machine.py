@@ -5,7 +5,10 @@ database is refused."""
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -184,3 +187,20 @@ def test_the_migrations_produce_exactly_the_models_schema(database_url: str) -> 
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
     engine.dispose()
+
+
+def test_the_server_command_refuses_an_unmigrated_database(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {
+        **os.environ,
+        "ACE3_DATA_DIR": str(tmp_path),
+        "ACE3_DATABASE_URL": f"sqlite:///{tmp_path / 'new.db'}",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "ace3.cli", "server", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "run `ace3 migrate`" in result.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 from ace3_worker.launcher import rank_environment, torchrun_command
@@ -47,7 +49,8 @@ def test_ranks_get_no_service_credentials() -> None:
 
 def test_torchrun_command_runs_one_process_per_gpu(tmp_path: Path) -> None:
     command = torchrun_command(tmp_path / "job.json", 4)
-    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert command[:4] == [sys.executable, "-m", "ace3.runtime.parent_death", str(os.getpid())]
+    assert command[5:8] == ["-m", "torch.distributed.run", "--standalone"]
     assert "--nproc-per-node=4" in command
     assert command[-3:] == ["ace3.runtime", "--job", str(tmp_path / "job.json")]
 

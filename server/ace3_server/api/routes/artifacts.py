@@ -77,7 +77,9 @@ async def list_models(
     )
     if sha256:
         stmt = stmt.where(StoredModel.sha256 == sha256)
-    rows, next_cursor = await paginate(session, stmt, StoredModel, cursor=cursor, limit=limit)
+    rows, next_cursor = await paginate(
+        session, stmt, StoredModel, owner_id=owner_id, cursor=cursor, limit=limit
+    )
     return {"data": rows, "next_cursor": next_cursor}
 
 
@@ -152,7 +154,9 @@ async def list_datasets(
     )
     if sha256:
         stmt = stmt.where(StoredDataset.sha256 == sha256)
-    rows, next_cursor = await paginate(session, stmt, StoredDataset, cursor=cursor, limit=limit)
+    rows, next_cursor = await paginate(
+        session, stmt, StoredDataset, owner_id=owner_id, cursor=cursor, limit=limit
+    )
     return {"data": rows, "next_cursor": next_cursor}
 
 

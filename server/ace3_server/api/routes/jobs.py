@@ -67,7 +67,9 @@ async def list_jobs(
     stmt = select(Job).where(Job.owner_id == owner_id)
     if state is not None:
         stmt = stmt.where(Job.state == state)
-    rows, next_cursor = await paginate(session, stmt, Job, cursor=cursor, limit=limit)
+    rows, next_cursor = await paginate(
+        session, stmt, Job, owner_id=owner_id, cursor=cursor, limit=limit
+    )
     return {"data": rows, "next_cursor": next_cursor}
 
 
