@@ -121,11 +121,13 @@ class TrainingConfig(_Schema):
     offload_parameters: bool = Field(False, description="Offload parameters to CPU memory.")
 
     # -- data, evaluation, checkpoints -------------------------------------------------------
-    validation_split: float = Field(
-        0.0,
+    validation_split: float | None = Field(
+        None,
         ge=0.0,
         lt=1.0,
-        description="Hold out this fraction of the training data for validation when no validation dataset is given.",
+        description="Hold out this fraction of the training data for validation when no validation "
+        "dataset is given. Default (None): 0.1, unless a dataset.py provides a 'validation' split; "
+        "0 turns validation off.",
     )
     num_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per rank.")
     seed: int = Field(

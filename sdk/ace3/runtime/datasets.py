@@ -5,9 +5,11 @@ either a ``dataset.py`` that defines ``build_dataset(split)`` (split is ``'train
 ``'validation'``; it returns a map-style ``torch.utils.data.Dataset``, a tuple
 ``(inputs, targets)``, or ``None`` for no such split) or exactly one data file.
 
-Validation data comes from ``validation_dataset``, else from holding out
+Validation data comes from ``validation_dataset``; else from holding out an explicit
 ``validation_split`` of the training data (a permutation seeded by ``config.seed``: the same on
-every rank and every run), else from ``build_dataset('validation')`` of a ``dataset.py``.
+every rank and every run); else from ``build_dataset('validation')`` of a ``dataset.py``; else,
+when ``validation_split`` is left at its default (None), from holding out 10%. An explicit
+``validation_split=0`` means no validation.
 """
 
 from __future__ import annotations
@@ -120,6 +122,9 @@ def split_holdout(
     return Subset(dataset, order[n_val:]), Subset(dataset, order[:n_val])
 
 
+DEFAULT_VALIDATION_SPLIT = 0.1
+
+
 def load_datasets(
     train_spec: DatasetSpec, validation_spec: DatasetSpec | None, config: TrainingConfig
 ) -> Datasets:
@@ -132,10 +137,15 @@ def load_datasets(
         if validation is None:
             raise ValueError(f"{validation_spec.path}: build_dataset('validation') returned None")
         return Datasets(train, validation)
-    if config.validation_split > 0:
+    if config.validation_split:  # an explicit fraction
         train, validation = split_holdout(train, config.validation_split, config.seed)
         return Datasets(train, validation)
     train_path = Path(train_spec.path)
     if train_path.is_dir() and (train_path / "dataset.py").is_file():
-        return Datasets(train, load_dataset(train_spec, "validation"))
+        validation = load_dataset(train_spec, "validation")
+        if validation is not None:
+            return Datasets(train, validation)
+    if config.validation_split is None:  # the default: hold out a little rather than not validate
+        train, validation = split_holdout(train, DEFAULT_VALIDATION_SPLIT, config.seed)
+        return Datasets(train, validation)
     return Datasets(train, None)

@@ -152,8 +152,12 @@ def test_dataset_py_tuple_and_none(tmp_path: Path) -> None:
         "def build_dataset(split):\n"
         "    return (np.ones((5, 2)), np.arange(5)) if split == 'train' else None\n"
     )
-    data = load_datasets(_spec(tmp_path), None, TrainingConfig())
+    data = load_datasets(_spec(tmp_path), None, TrainingConfig(validation_split=0))
     assert len(data.train) == 5 and data.validation is None
+    # Left at its default, validation_split holds out 10% (at least one sample) instead.
+    default = load_datasets(_spec(tmp_path), None, TrainingConfig())
+    assert default.validation is not None
+    assert (len(default.train), len(default.validation)) == (4, 1)
 
 
 def test_unknown_suffix_and_missing(tmp_path: Path) -> None:
