@@ -5,11 +5,18 @@ from __future__ import annotations
 from alembic import context
 
 from ace3_server.db import make_sync_engine
-from ace3_server.models import Base
+from ace3_server.models import Base, UTCDateTime
 from ace3_server.settings import Settings
 
 config = context.config
 target_metadata = Base.metadata
+
+
+def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+    """Migrations stay free of application imports: UTCDateTime is a timezone-aware DateTime."""
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
 
 
 def _database_url() -> str:
@@ -22,6 +29,7 @@ def run_migrations_offline() -> None:
         target_metadata=target_metadata,
         literal_binds=True,
         compare_type=True,
+        render_item=_render_item,
         render_as_batch=True,
     )
     with context.begin_transaction():
@@ -36,6 +44,7 @@ def run_migrations_online() -> None:
                 connection=connection,
                 target_metadata=target_metadata,
                 compare_type=True,
+                render_item=_render_item,
                 render_as_batch=connection.dialect.name == "sqlite",
             )
             with context.begin_transaction():

@@ -87,6 +87,7 @@ class Stack:
     """The running service: where it listens, its environment, and how to get API keys."""
 
     base_url: str
+    port: int
     env: dict[str, str]
     root: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -131,6 +132,16 @@ class Stack:
             cwd=self.root,
             start_new_session=True,
         )
+
+    def start_api(self) -> None:
+        self.start("api", [sys.executable, "-m", "ace3.cli", "server", "--port", str(self.port)])
+        _wait_healthy(self.base_url, self.processes["api"], self.root / "api.log")
+
+    def kill_api(self) -> None:
+        """SIGKILL the API mid-flight: no shutdown hooks run."""
+        api = self.processes["api"]
+        os.killpg(api.pid, signal.SIGKILL)
+        api.wait()
 
     def start_worker(self) -> None:
         self.start("worker", [sys.executable, "-m", "ace3.cli", "worker"])
@@ -195,12 +206,13 @@ def stack(
         "ACE3_WORKER_SLOTS": "2",
         "ACE3_WORKER_DEVICE": "cpu",
         "ACE3_LOG_LEVEL": "info",
+        "ACE3_SEARCH_TICK_SECONDS": "0.5",
+        "ACE3_SEARCH_LEASE_SECONDS": "4",
     }
-    stack = Stack(base_url=f"http://127.0.0.1:{port}", env=env, root=root)
-    stack.start("api", [sys.executable, "-m", "ace3.cli", "server", "--port", str(port)])
+    stack = Stack(base_url=f"http://127.0.0.1:{port}", port=port, env=env, root=root)
     stack.start_worker()
     try:
-        _wait_healthy(stack.base_url, stack.processes["api"], root / "api.log")
+        stack.start_api()
         yield stack
     finally:
         for process in stack.processes.values():

@@ -11,11 +11,15 @@
     result = trainer.train(model, dataset)
     print(result.best_val_accuracy)
 
+    hp_config = ace3.HPConfig(search_space={"learning_rate": ace3.hp.loguniform(1e-5, 1e-2)})
+    best_params = ace3.hyperparameter_search(model, dataset, hp_config)
+
 Importing ``ace3`` needs only httpx, pydantic and rich (never torch).
 """
 
 from __future__ import annotations
 
+from ace3 import hp, utils
 from ace3._http import SDK_VERSION
 from ace3.client import (
     Client,
@@ -42,12 +46,17 @@ from ace3.errors import (
     PayloadTooLargeError,
     PermissionDeniedError,
     RateLimitError,
+    SearchCancelledError,
+    SearchFailedError,
     UnsupportedFeatureError,
     ValidationError,
 )
+from ace3.hp import HPConfig
 from ace3.pagination import CursorPage
 from ace3.resources import Checkpoint, Dataset, Job, JobEvent, JobState, LogLine, Metric, Model
 from ace3.results import JobHandle, TrainingResult
+from ace3.search_results import BestParams, SearchHandle, SearchResult
+from ace3.searches import Search, SearchEvent, SearchState, SearchTrial, TrialState
 from ace3.trainers import (
     DataParallelTrainer,
     DistributedTrainer,
@@ -55,6 +64,7 @@ from ace3.trainers import (
     PipelineParallelTrainer,
     Trainer,
 )
+from ace3.tuning import hyperparameter_search
 
 __version__ = SDK_VERSION
 
@@ -65,6 +75,7 @@ __all__ = [
     "APITimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "BestParams",
     "Checkpoint",
     "ChecksumMismatchError",
     "Client",
@@ -76,6 +87,7 @@ __all__ = [
     "DatasetRef",
     "DistributedConfig",
     "DistributedTrainer",
+    "HPConfig",
     "InternalServerError",
     "Job",
     "JobCancelledError",
@@ -94,15 +106,27 @@ __all__ = [
     "PermissionDeniedError",
     "PipelineParallelTrainer",
     "RateLimitError",
+    "Search",
+    "SearchCancelledError",
+    "SearchEvent",
+    "SearchFailedError",
+    "SearchHandle",
+    "SearchResult",
+    "SearchState",
+    "SearchTrial",
     "Trainer",
     "TrainingConfig",
     "TrainingResult",
+    "TrialState",
     "UnsupportedFeatureError",
     "ValidationError",
     "__version__",
     "get_default_client",
+    "hp",
+    "hyperparameter_search",
     "set_default_client",
     "unsupported_settings",
+    "utils",
 ]
 
 # Names of the ACE3 documentation that this version does not provide yet. Asking for one
@@ -111,7 +135,6 @@ PLANNED_NAMES = frozenset(
     {
         "AMPConfig",
         "CheckpointConfig",
-        "HPConfig",
         "autocast",
         "GradientScaler",
         "DynamicLossScaler",
@@ -119,9 +142,6 @@ PLANNED_NAMES = frozenset(
         "callbacks",
         "schedulers",
         "optimizers",
-        "hp",
-        "hyperparameter_search",
-        "utils",
         "TrainingLogger",
         "TensorBoardLogger",
         "WandBLogger",

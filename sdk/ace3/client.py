@@ -1,6 +1,7 @@
-"""The ACE3 client: connection settings, the ``models``/``datasets``/``jobs`` resources, and
-``load_model``/``load_dataset``, which upload code and data only when the server does not
-already have the same bytes. Also the module-level default client the trainers use.
+"""The ACE3 client: connection settings, the ``models``/``datasets``/``jobs``/``searches``
+resources, and ``load_model``/``load_dataset``, which upload code and data only when the
+server does not already have the same bytes. Also the module-level default client the
+trainers use.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from ace3.errors import ACE3Error, PackingError
 from ace3.packing import pack_directory, sha256_file
 from ace3.resources import Dataset, Datasets, Jobs, Model, Models
 from ace3.results import JobHandle
+from ace3.search_results import SearchHandle
+from ace3.searches import Searches
 
 ENV_API_KEY = "ACE3_API_KEY"
 ENV_BASE_URL = "ACE3_BASE_URL"
@@ -111,6 +114,7 @@ class Client:
         self.models = Models(self._http)
         self.datasets = Datasets(self._http)
         self.jobs = Jobs(self._http)
+        self.searches = Searches(self._http)
         set_default_client(self)
 
     def __repr__(self) -> str:
@@ -136,6 +140,10 @@ class Client:
     def job(self, job_id: str) -> JobHandle:
         """A handle on an existing job (to wait on, cancel, read metrics and checkpoints)."""
         return JobHandle(self.jobs.retrieve(job_id), self)
+
+    def search(self, search_id: str) -> SearchHandle:
+        """A handle on an existing hyperparameter search (to wait on, cancel, read trials)."""
+        return SearchHandle(self.searches.retrieve(search_id), self)
 
     # -- uploads --------------------------------------------------------------------------
 

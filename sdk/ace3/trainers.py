@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import os
 import uuid
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ace3.config import DistributedConfig, TrainingConfig, unsupported_settings
+from ace3._submit import (
+    dataset_id,
+    model_id,
+    refuse_unsupported,
+    resolve_client,
+    without_rendezvous,
+)
+from ace3.config import DistributedConfig, TrainingConfig
 from ace3.errors import UnsupportedFeatureError
-from ace3.resources import Dataset, Model
 from ace3.results import JobHandle, TrainingResult
 
 if TYPE_CHECKING:
-    from ace3.client import Client, DatasetRef, ModelRef
+    from ace3.client import Client
 
 __all__ = [
     "DataParallelTrainer",
@@ -38,8 +43,6 @@ _NOT_IMPLEMENTED_ARGUMENTS = {
     "callbacks": "callbacks are not implemented yet",
     "checkpoint_config": "use TrainingConfig(save_interval=..., max_checkpoints=...)",
 }
-
-_RENDEZVOUS_FIELDS = ("node_rank", "master_addr", "master_port")
 
 ModelInput = Any  # ModelRef | Model | str | os.PathLike
 DatasetInput = Any  # DatasetRef | Dataset | str | os.PathLike
@@ -131,23 +134,8 @@ class Trainer:
         self._check_parallelism(config)
         if epochs is not None:
             config = TrainingConfig(**{**config.model_dump(), "epochs": epochs})
-        problems = unsupported_settings(config)
-        if problems:
-            raise UnsupportedFeatureError(
-                "this config asks for settings the training engine does not implement yet:\n"
-                + "\n".join(f"  - {problem.reason}" for problem in problems),
-                problems,
-            )
-        rendezvous = [name for name in _RENDEZVOUS_FIELDS if getattr(config, name) is not None]
-        if rendezvous:
-            warnings.warn(
-                f"{', '.join(rendezvous)} only apply to local launches: the ACE3 service "
-                "assigns ranks and the rendezvous address itself, so they are not sent",
-                UserWarning,
-                stacklevel=3,
-            )
-            config = config.model_copy(update=dict.fromkeys(rendezvous))
-        return config
+        refuse_unsupported(config)
+        return without_rendezvous(config)
 
     # -- training -------------------------------------------------------------------------
 
@@ -192,17 +180,17 @@ class Trainer:
         if training_data is None:
             raise ValueError("a dataset is required: pass dataset= (or train_dataset=)")
 
-        client = self._resolve_client(model, training_data, validation_dataset)
-        model_id = _model_id(model, client)
-        dataset_id = _dataset_id(training_data, client, "dataset")
+        client = resolve_client(self.client, model, training_data, validation_dataset)
+        model_ref = model_id(model, client)  # uploads (when paths) in this order
+        dataset_ref = dataset_id(training_data, client, "dataset")
         validation_id = (
-            _dataset_id(validation_dataset, client, "validation_dataset")
+            dataset_id(validation_dataset, client, "validation_dataset")
             if validation_dataset is not None
             else None
         )
         job = client.jobs.create(
-            model_id=model_id,
-            dataset_id=dataset_id,
+            model_id=model_ref,
+            dataset_id=dataset_ref,
             validation_dataset_id=validation_id,
             config=config,
             model_kwargs=model_kwargs,
@@ -222,47 +210,6 @@ class Trainer:
             f"load_checkpoint({os.fspath(path)!r}) is not implemented yet: resuming from a "
             "checkpoint arrives with the engine's resume support"
         )
-
-    def _resolve_client(self, *inputs: Any) -> Client:
-        if self.client is not None:
-            return self.client
-        for value in inputs:
-            bound = getattr(value, "client", None)
-            if bound is not None and hasattr(bound, "jobs"):
-                return bound
-        from ace3.client import get_default_client
-
-        return get_default_client()
-
-
-def _model_id(model: ModelRef | Model | str | os.PathLike[str], client: Client) -> str:
-    from ace3.client import ModelRef
-
-    if isinstance(model, ModelRef):
-        return model.id
-    if isinstance(model, Model):
-        return model.id
-    if isinstance(model, str | os.PathLike):
-        return client.load_model(model).id
-    raise TypeError(
-        f"model must be what client.load_model() returns, or a path to a .py file; got "
-        f"{type(model).__name__}. ACE3 trains remotely: it uploads model code, not objects"
-    )
-
-
-def _dataset_id(
-    dataset: DatasetRef | Dataset | str | os.PathLike[str], client: Client, what: str
-) -> str:
-    from ace3.client import DatasetRef
-
-    if isinstance(dataset, DatasetRef | Dataset):
-        return dataset.id
-    if isinstance(dataset, str | os.PathLike):
-        return client.load_dataset(dataset).id
-    raise TypeError(
-        f"{what} must be what client.load_dataset() returns, or a path; got "
-        f"{type(dataset).__name__}. ACE3 trains remotely: it uploads data files, not objects"
-    )
 
 
 class DistributedTrainer(Trainer):

@@ -12,16 +12,18 @@ from sqlalchemy import text
 from ace3_server import __version__
 from ace3_server.api.routes.artifacts import datasets_router, models_router
 from ace3_server.api.routes.jobs import router as jobs_router
+from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.db import async_session_factory, make_async_engine
 from ace3_server.middleware import RequestIdMiddleware, UploadSizeLimitMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.queue import JobPublisher
 from ace3_server.reconciler import run_reconciler
+from ace3_server.searches.driver import run_search_driver
 from ace3_server.settings import Settings, get_settings
 from ace3_server.storage import LocalArtifactStore
 
 
-def create_app(settings: Settings | None = None, *, run_reconciler_task: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, *, run_background_loops: bool = True) -> FastAPI:
     settings = settings or get_settings()
 
     @contextlib.asynccontextmanager
@@ -32,18 +34,19 @@ def create_app(settings: Settings | None = None, *, run_reconciler_task: bool = 
         app.state.session_factory = async_session_factory(engine)
         app.state.store = LocalArtifactStore(settings.resolved_storage_dir)
         app.state.publisher = JobPublisher(settings)
-        reconciler = None
-        if run_reconciler_task:
-            reconciler = asyncio.create_task(
-                run_reconciler(app.state.session_factory, app.state.publisher, settings)
-            )
+        loops = []
+        if run_background_loops:
+            loops = [
+                asyncio.create_task(loop(app.state.session_factory, app.state.publisher, settings))
+                for loop in (run_reconciler, run_search_driver)
+            ]
         try:
             yield
         finally:
-            if reconciler is not None:
-                reconciler.cancel()
+            for task in loops:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await reconciler
+                    await task
             app.state.publisher.close()
             await engine.dispose()
 
@@ -57,6 +60,7 @@ def create_app(settings: Settings | None = None, *, run_reconciler_task: bool = 
     v1.include_router(models_router)
     v1.include_router(datasets_router)
     v1.include_router(jobs_router)
+    v1.include_router(searches_router)
     app.include_router(v1)
 
     @app.get("/healthz", tags=["health"], operation_id="health")

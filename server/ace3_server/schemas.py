@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
+from ace3.hp import HPConfig
 
 Item = TypeVar("Item")
 
@@ -118,3 +119,61 @@ class CheckpointOut(_Out):
 
 class CheckpointList(BaseModel):
     data: list[CheckpointOut]
+
+
+class SearchCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_id: str = Field(..., min_length=1, max_length=64)
+    dataset_id: str = Field(..., min_length=1, max_length=64)
+    validation_dataset_id: str | None = Field(None, min_length=1, max_length=64)
+    config: HPConfig
+    model_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Fixed keyword arguments of the model factory."
+    )
+    name: str | None = Field(None, max_length=200)
+
+
+class SearchTrialOut(_Out):
+    id: str
+    number: int
+    state: str
+    params: dict[str, Any]
+    job_id: str | None
+    value: float | None
+    intermediate_values: dict[str, float]
+    epochs_run: int
+    checkpoint_id: str | None
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class SearchTrialList(BaseModel):
+    data: list[SearchTrialOut]
+
+
+class SearchOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    id: str
+    name: str | None
+    state: str
+    model_id: str
+    dataset_id: str
+    validation_dataset_id: str | None
+    config: dict[str, Any]
+    model_kwargs: dict[str, Any]
+    cancel_requested: bool
+    error: str | None
+    trial_budget: int
+    trials_created: int
+    trials_running: int
+    trials_succeeded: int
+    trials_pruned: int
+    trials_failed: int
+    epochs_run: int
+    best_trial: SearchTrialOut | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None

@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     worker_device: str = Field(
         "auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU."
     )
+    search_tick_seconds: float = Field(
+        1.0, gt=0, description="How often the API advances active hyperparameter searches."
+    )
+    search_lease_seconds: float = Field(
+        30.0, gt=0, description="A search driver's lease; another API process takes over after it."
+    )
     log_level: str = Field("info")
 
     @property

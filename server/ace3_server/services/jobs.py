@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from fastapi import HTTPException
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -24,7 +25,7 @@ from ace3_server.services.artifacts import get_owned
 logger = logging.getLogger(__name__)
 
 
-def request_hash(body: JobCreate) -> str:
+def request_hash(body: BaseModel) -> str:
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -36,9 +37,10 @@ def _problems(body: JobCreate) -> list[dict[str, Any]]:
     ]
 
 
-async def _reference_problems(
-    session: AsyncSession, owner_id: str, body: JobCreate
+async def reference_problems(
+    session: AsyncSession, owner_id: str, body: JobCreate | Any
 ) -> list[dict[str, Any]]:
+    """The model and datasets a job or search names must exist and belong to the caller."""
     problems = []
     references: list[tuple[str, Any, str | None]] = [
         ("model_id", StoredModel, body.model_id),
@@ -58,13 +60,16 @@ async def _reference_problems(
     return problems
 
 
-async def _find_by_key(session: AsyncSession, owner_id: str, key: str) -> Job | None:
+async def find_by_idempotency_key(
+    session: AsyncSession, model: Any, owner_id: str, key: str
+) -> Any:
     return await session.scalar(
-        select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key)
+        select(model).where(model.owner_id == owner_id, model.idempotency_key == key)
     )
 
 
-def _replay(existing: Job, digest: str) -> Job:
+def replay(existing: Any, digest: str) -> Any:
+    """The earlier result of this Idempotency-Key, if the request is the same; else 409."""
     if existing.request_hash != digest:
         raise HTTPException(
             status_code=409,
@@ -85,10 +90,10 @@ async def create_job(
     """Validate, insert (queued) and publish; return (job, created)."""
     digest = request_hash(body)
     if idempotency_key:
-        existing = await _find_by_key(session, owner_id, idempotency_key)
+        existing = await find_by_idempotency_key(session, Job, owner_id, idempotency_key)
         if existing is not None:
-            return _replay(existing, digest), False
-    problems = _problems(body) + await _reference_problems(session, owner_id, body)
+            return replay(existing, digest), False
+    problems = _problems(body) + await reference_problems(session, owner_id, body)
     if problems:
         raise HTTPException(status_code=422, detail=problems)
     job = Job(
@@ -110,10 +115,10 @@ async def create_job(
         await session.commit()
     except IntegrityError:
         await session.rollback()
-        existing = await _find_by_key(session, owner_id, idempotency_key or "")
+        existing = await find_by_idempotency_key(session, Job, owner_id, idempotency_key or "")
         if existing is None:  # pragma: no cover - only the idempotency key can conflict
             raise
-        return _replay(existing, digest), False
+        return replay(existing, digest), False
     await publish_safely(publisher, job.id)
     return job, True
 

@@ -373,3 +373,96 @@ def test_openapi_is_served_with_stable_operation_ids_and_request_ids(stack: Stac
     echoed = httpx.get(f"{stack.base_url}/healthz", headers={"x-request-id": "abc123"})
     assert echoed.headers["x-request-id"] == "abc123"
     assert httpx.get(f"{stack.base_url}/healthz").headers["x-request-id"]
+
+
+# -- searches ---------------------------------------------------------------------------------------
+def _search_body(uploaded: dict[str, str], **config: object) -> dict[str, object]:
+    space = {"learning_rate": {"type": "loguniform", "low": 1e-4, "high": 1e-2}}
+    return {**uploaded, "config": {"search_space": space, "max_trials": 2, **config}}
+
+
+@pytest.mark.parametrize(
+    ("config", "loc_tail", "message"),
+    [
+        (
+            {"search_space": {"learning_rate": {"type": "loguniform", "low": 0, "high": 1}}},
+            ["search_space", "learning_rate", "loguniform"],
+            "positive bounds",
+        ),
+        (
+            {"search_space": {"batch_size": {"type": "choice", "options": []}}},
+            ["search_space", "batch_size", "choice", "options"],
+            "at least one option",
+        ),
+        (
+            {"search_space": {"weight_decay": {"type": "uniform", "low": 0.2, "high": 0.1}}},
+            ["search_space", "weight_decay", "uniform"],
+            "must be smaller",
+        ),
+        (
+            {"search_space": {"hidden": {"type": "randint", "low": 1, "high": 4}}},
+            ["search_space"],
+            "prefix keyword arguments",
+        ),
+        ({"algorithm": "grid"}, [], "grid search needs"),
+        (
+            {"search_space": {"epochs": {"type": "uniform", "low": 1, "high": 5}}},
+            ["search_space", "epochs"],
+            "takes integers",
+        ),
+        (
+            {"search_space": {"amp_level": {"type": "choice", "options": ["O1", "O3"]}}},
+            ["search_space", "amp_level"],
+            "only O0",
+        ),
+        ({"base_config": {"zero_stage": 3}}, ["base_config", "zero_stage"], "not implemented"),
+    ],
+)
+def test_a_bad_search_is_422_naming_the_field(
+    owner: httpx.Client, uploaded: dict[str, str], config: dict, loc_tail: list[str], message: str
+) -> None:
+    before = owner.get("/v1/searches").json()["data"]
+    response = owner.post("/v1/searches", json=_search_body(uploaded, **config))
+    assert response.status_code == 422, response.text
+    errors = response.json()["detail"]
+    assert any(
+        e["loc"][: 2 + len(loc_tail)] == ["body", "config", *loc_tail] and message in e["msg"]
+        for e in errors
+    ), errors
+    assert owner.get("/v1/searches").json()["data"] == before
+
+
+def test_searches_are_idempotent_owned_and_cancellable(
+    owner: httpx.Client, other_owner: httpx.Client, uploaded: dict[str, str]
+) -> None:
+    body = _search_body(uploaded, base_config={"epochs": 1})
+    first = owner.post("/v1/searches", json=body, headers={"Idempotency-Key": "search-1"})
+    replay = owner.post("/v1/searches", json=body, headers={"Idempotency-Key": "search-1"})
+    assert (first.status_code, replay.status_code) == (201, 200)
+    assert first.json()["id"] == replay.json()["id"]
+    changed = owner.post(
+        "/v1/searches",
+        json=_search_body(uploaded, max_trials=3),
+        headers={"Idempotency-Key": "search-1"},
+    )
+    assert changed.status_code == 409
+    search_id = first.json()["id"]
+    for path in ("", "/trials", "/events"):
+        assert other_owner.get(f"/v1/searches/{search_id}{path}").status_code == 404
+    assert other_owner.post(f"/v1/searches/{search_id}/cancel").status_code == 404
+    cancelled = owner.post(f"/v1/searches/{search_id}/cancel")
+    assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
+    _wait_for_search(owner, search_id, "cancelled")
+    assert (
+        owner.get("/v1/searches", params={"state": "cancelled"}).json()["data"][0]["id"]
+        == search_id
+    )
+
+
+def _wait_for_search(client: httpx.Client, search_id: str, state: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get(f"/v1/searches/{search_id}").json()["state"] == state:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"search {search_id} did not reach {state} in {timeout} s")

@@ -156,3 +156,53 @@ def metric(step: int, name: str, value: float, epoch: float | None = None, id: i
 
 def log(seq: int, line: str, rank: int = 0, stream: str = "stdout"):
     return {"seq": seq, "attempt": 1, "rank": rank, "stream": stream, "line": line}
+
+
+def trial_json(number: int, state: str = "running", **fields: Any) -> dict[str, Any]:
+    trial = {
+        "id": f"trial_{number}",
+        "number": number,
+        "state": state,
+        "params": {},
+        "job_id": f"job_t{number}",
+        "value": None,
+        "intermediate_values": {},
+        "epochs_run": 0,
+        "checkpoint_id": None,
+        "error": None,
+        "created_at": "2025-01-01T00:00:00Z",
+        "finished_at": None,
+    }
+    trial.update(fields)
+    return trial
+
+
+def search_json(state: str = "queued", **fields: Any) -> dict[str, Any]:
+    config = ace3.HPConfig(
+        search_space={"learning_rate": ace3.hp.loguniform(1e-5, 1e-2)}, max_trials=3
+    )
+    search = {
+        "id": "srch_1",
+        "name": None,
+        "state": state,
+        "model_id": "mdl_1",
+        "dataset_id": "ds_1",
+        "validation_dataset_id": None,
+        "config": config.model_dump(mode="json"),
+        "model_kwargs": {},
+        "cancel_requested": False,
+        "error": None,
+        "trial_budget": 3,
+        "trials_created": 0,
+        "trials_running": 0,
+        "trials_succeeded": 0,
+        "trials_pruned": 0,
+        "trials_failed": 0,
+        "epochs_run": 0,
+        "best_trial": None,
+        "created_at": "2025-01-01T00:00:00Z",
+        "updated_at": "2025-01-01T00:00:00Z",
+        "finished_at": None,
+    }
+    search.update(fields)
+    return search
