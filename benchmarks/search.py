@@ -32,7 +32,7 @@ from data import write_digits  # noqa: E402
 
 from benchmarks.stack import service  # noqa: E402
 
-UPSAMPLE = 40
+UPSAMPLE = 80
 
 
 def write_data(directory: Path, seed: int = 0) -> tuple[Path, Path]:

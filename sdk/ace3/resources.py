@@ -8,11 +8,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
-import json
 import os
 import re
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ace3.config import TrainingConfig
 from ace3.errors import ChecksumMismatchError
 from ace3.pagination import CursorPage
-from ace3.sse import ReconnectingEventStream
+from ace3.sse import decode_event, follow_events
 
 if TYPE_CHECKING:
     from ace3._http import HTTPClient
@@ -459,40 +457,22 @@ class Jobs(_Resource):
         """Live events of a job until its ``end`` event, reconnecting (with
         ``Last-Event-ID``) when the connection drops. ``timeout`` (seconds) bounds the whole
         wait and raises ``TimeoutError``; the job itself keeps running."""
-        base_params: dict[str, Any] = {"metrics_after": metrics_after, "logs_after": logs_after}
 
-        @contextlib.contextmanager
-        def connect(resume_id: str | None):
-            params = dict(base_params)
-            headers = {"accept": "text/event-stream", "cache-control": "no-cache"}
-            if resume_id:
-                headers["last-event-id"] = resume_id
-                match = _EVENT_ID.match(resume_id)
-                if match:
-                    params["metrics_after"], params["logs_after"] = match.groups()
-            with self._http.stream(
-                "GET", f"/v1/jobs/{job_id}/events", params=params, headers=headers, max_retries=0
-            ) as response:
-                yield response
+        def resume_params(resume_id: str) -> dict[str, Any]:
+            match = _EVENT_ID.match(resume_id)
+            return (
+                dict(zip(("metrics_after", "logs_after"), match.groups(), strict=True))
+                if match
+                else {}
+            )
 
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        stream = ReconnectingEventStream(
-            connect,
-            terminal_events=("end",),
+        for event in follow_events(
+            self._http,
+            f"/v1/jobs/{job_id}/events",
+            params={"metrics_after": metrics_after, "logs_after": logs_after},
+            resume_params=resume_params,
             max_reconnects=max_reconnects,
             last_event_id=last_event_id,
-            deadline=deadline,
-        )
-        for event in stream:
-            yield _job_event(event.event, event.data, event.id)
-
-
-def _job_event(event_type: str, data: str, event_id: str | None) -> JobEvent:
-    try:
-        payload = json.loads(data) if data else None
-    except json.JSONDecodeError:
-        return JobEvent(type=event_type, data=data, id=event_id)
-    model = _EVENT_MODELS.get(event_type)
-    if model is not None and isinstance(payload, dict):
-        return JobEvent(type=event_type, data=model.model_validate(payload), id=event_id)
-    return JobEvent(type=event_type, data=payload, id=event_id)
+            timeout=timeout,
+        ):
+            yield decode_event(event, _EVENT_MODELS, JobEvent)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +19,7 @@ from pydantic import BaseModel, Field
 from ace3.hp import HPConfig
 from ace3.pagination import CursorPage
 from ace3.resources import _APIObject, _page, _Resource
-from ace3.sse import ReconnectingEventStream
+from ace3.sse import decode_event, follow_events
 
 __all__ = [
     "Search",
@@ -245,34 +243,11 @@ class Searches(_Resource):
         trial can arrive more than once: key trials by ``number``. ``timeout`` (seconds)
         bounds the whole wait and raises ``TimeoutError``; the search keeps running."""
 
-        @contextlib.contextmanager
-        def connect(resume_id: str | None):
-            headers = {"accept": "text/event-stream", "cache-control": "no-cache"}
-            if resume_id:
-                headers["last-event-id"] = resume_id
-            with self._http.stream(
-                "GET", f"/v1/searches/{search_id}/events", headers=headers, max_retries=0
-            ) as response:
-                yield response
-
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        stream = ReconnectingEventStream(
-            connect,
-            terminal_events=("end",),
+        for event in follow_events(
+            self._http,
+            f"/v1/searches/{search_id}/events",
             max_reconnects=max_reconnects,
             last_event_id=last_event_id,
-            deadline=deadline,
-        )
-        for event in stream:
-            yield _search_event(event.event, event.data, event.id)
-
-
-def _search_event(event_type: str, data: str, event_id: str | None) -> SearchEvent:
-    try:
-        payload = json.loads(data) if data else None
-    except json.JSONDecodeError:
-        return SearchEvent(type=event_type, data=data, id=event_id)
-    model = _EVENT_MODELS.get(event_type)
-    if model is not None and isinstance(payload, dict):
-        return SearchEvent(type=event_type, data=model.model_validate(payload), id=event_id)
-    return SearchEvent(type=event_type, data=payload, id=event_id)
+            timeout=timeout,
+        ):
+            yield decode_event(event, _EVENT_MODELS, SearchEvent)

@@ -7,15 +7,17 @@ Follows the WHATWG event-stream format: ``event``, ``data`` (several lines joine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import BaseModel
 
 from ace3._http import MAX_RETRY_AFTER, parse_retry_after, should_retry_status
 from ace3.errors import APIConnectionError, APIStatusError
@@ -190,3 +192,52 @@ class ReconnectingEventStream:
     def _check_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise TimeoutError("timed out waiting on the event stream")
+
+
+def follow_events(
+    http: Any,
+    path: str,
+    *,
+    params: dict[str, Any] | None = None,
+    resume_params: Callable[[str], dict[str, Any]] | None = None,
+    max_reconnects: int = 5,
+    last_event_id: str | None = None,
+    timeout: float | None = None,
+) -> Iterator[ServerSentEvent]:
+    """Follow ``GET path`` as server-sent events until its ``end`` event, reconnecting with
+    ``Last-Event-ID`` (and the query ``resume_params`` derives from it) when the connection
+    drops. ``timeout`` (seconds) bounds the whole wait and raises ``TimeoutError``."""
+
+    @contextlib.contextmanager
+    def connect(resume_id: str | None) -> Iterator[httpx.Response]:
+        query = dict(params or {})
+        headers = {"accept": "text/event-stream", "cache-control": "no-cache"}
+        if resume_id:
+            headers["last-event-id"] = resume_id
+            if resume_params is not None:
+                query.update(resume_params(resume_id))
+        with http.stream("GET", path, params=query, headers=headers, max_retries=0) as response:
+            yield response
+
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    yield from ReconnectingEventStream(
+        connect,
+        terminal_events=("end",),
+        max_reconnects=max_reconnects,
+        last_event_id=last_event_id,
+        deadline=deadline,
+    )
+
+
+def decode_event(
+    event: ServerSentEvent, models: Mapping[str, type[BaseModel]], event_class: Callable[..., Any]
+) -> Any:
+    """An event with its JSON data parsed, into ``models[event.event]`` when there is one."""
+    try:
+        payload = json.loads(event.data) if event.data else None
+    except json.JSONDecodeError:
+        return event_class(type=event.event, data=event.data, id=event.id)
+    model = models.get(event.event)
+    if model is not None and isinstance(payload, dict):
+        return event_class(type=event.event, data=model.model_validate(payload), id=event.id)
+    return event_class(type=event.event, data=payload, id=event.id)

@@ -160,7 +160,7 @@ class Supervisor:
         process = subprocess.Popen(
             command,
             cwd=directory.root,
-            env=rank_environment(device, nproc),
+            env=rank_environment(device, nproc, self.settings.worker_slots),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

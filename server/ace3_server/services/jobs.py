@@ -110,17 +110,30 @@ async def create_job(
         state=JobState.QUEUED,
         max_retries=max_retries,
     )
-    session.add(job)
+    job, created = await insert_once(session, job, idempotency_key=idempotency_key, digest=digest)
+    if created:
+        await publish_safely(publisher, job.id)
+    return job, created
+
+
+async def insert_once(
+    session: AsyncSession, row: Any, *, idempotency_key: str | None, digest: str
+) -> tuple[Any, bool]:
+    """Commit a new job or search; if a concurrent request with the same Idempotency-Key won the
+    race, return that one instead (or 409 when its body differs). Returns (row, created)."""
+    session.add(row)
     try:
         await session.commit()
     except IntegrityError:
         await session.rollback()
-        existing = await find_by_idempotency_key(session, Job, owner_id, idempotency_key or "")
+        model = type(row)
+        existing = await find_by_idempotency_key(
+            session, model, row.owner_id, idempotency_key or ""
+        )
         if existing is None:  # pragma: no cover - only the idempotency key can conflict
             raise
         return replay(existing, digest), False
-    await publish_safely(publisher, job.id)
-    return job, True
+    return row, True
 
 
 async def publish_safely(publisher: JobPublisher, job_id: str) -> None:

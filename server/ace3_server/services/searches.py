@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import HTTPException
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from ace3.hp import HPConfig
@@ -17,6 +16,7 @@ from ace3_server.models import Search, SearchState, SearchTrial, TrialState, utc
 from ace3_server.schemas import SearchCreate, SearchOut, SearchTrialOut
 from ace3_server.services.jobs import (
     find_by_idempotency_key,
+    insert_once,
     reference_problems,
     replay,
     request_hash,
@@ -81,16 +81,7 @@ async def create_search(
         request_hash=digest,
         state=SearchState.QUEUED,
     )
-    session.add(search)
-    try:
-        await session.commit()
-    except IntegrityError:
-        await session.rollback()
-        existing = await find_by_idempotency_key(session, Search, owner_id, idempotency_key or "")
-        if existing is None:  # pragma: no cover - only the idempotency key can conflict
-            raise
-        return replay(existing, digest), False
-    return search, True
+    return await insert_once(session, search, idempotency_key=idempotency_key, digest=digest)
 
 
 async def get_owned_search(session: AsyncSession, owner_id: str, search_id: str) -> Search:

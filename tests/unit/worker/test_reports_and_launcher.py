@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from ace3_worker.launcher import rank_environment, torchrun_command
 from ace3_worker.reports import EventTail, parse_log_line
 
@@ -40,11 +42,24 @@ def test_ranks_get_no_service_credentials() -> None:
         "AWS_SECRET_ACCESS_KEY": "secret",
         "NCCL_DEBUG": "INFO",
     }
-    env = rank_environment("cpu", 2, base)
+    env = rank_environment("cpu", 2, base=base)
     assert "ACE3_DATABASE_URL" not in env and "ACE3_BROKER_URL" not in env
     assert "AWS_SECRET_ACCESS_KEY" not in env
     assert env["NCCL_DEBUG"] == "INFO" and env["PATH"] == "/usr/bin"
     assert env["ACE3_DEVICE"] == "cpu" and int(env["OMP_NUM_THREADS"]) >= 1
+
+
+def test_cpu_threads_are_shared_by_every_rank_of_every_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert rank_environment("cpu", 2, worker_slots=1, base={})["OMP_NUM_THREADS"] == "8"
+    assert rank_environment("cpu", 2, worker_slots=4, base={})["OMP_NUM_THREADS"] == "2"
+    assert rank_environment("cpu", 8, worker_slots=4, base={})["OMP_NUM_THREADS"] == "1"
+    assert (
+        rank_environment("cpu", 2, worker_slots=4, base={"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"]
+        == "3"
+    )
 
 
 def test_torchrun_command_runs_one_process_per_gpu(tmp_path: Path) -> None:
