@@ -166,6 +166,19 @@ def choice(options: list[Scalar] | tuple[Scalar, ...]) -> Choice:
     return Choice(options=list(options))
 
 
+def grid_count(dimension: Dimension) -> int:
+    """How many values a discrete dimension has, computed (never listed); continuous: error."""
+    if isinstance(dimension, Choice):
+        return len(dimension.options)
+    if isinstance(dimension, RandInt):
+        return (dimension.high - dimension.low) // dimension.step + 1
+    if isinstance(dimension, QLogUniform | QUniform):
+        return round((dimension.high - dimension.low) / dimension.q) + 1
+    raise ValueError(
+        f"a {dimension.type} dimension is continuous: grid search needs choice, randint, quniform or qloguniform"
+    )
+
+
 def grid_values(dimension: Dimension) -> list[Scalar]:
     """Every value of a discrete dimension (grid search); continuous ones have none."""
     if isinstance(dimension, Choice):
@@ -257,14 +270,14 @@ class HPConfig(BaseModel):
         if self.algorithm == "grid":
             for key, dimension in self.search_space.items():
                 try:
-                    grid_values(dimension)
+                    grid_count(dimension)
                 except ValueError as exc:
                     raise ValueError(f"{key}: {exc}") from exc
         return self
 
     @property
     def grid_size(self) -> int:
-        return math.prod(len(grid_values(d)) for d in self.search_space.values())
+        return math.prod(grid_count(d) for d in self.search_space.values())
 
     @property
     def trial_budget(self) -> int:

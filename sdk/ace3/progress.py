@@ -61,9 +61,8 @@ class StepEstimator:
     """The total number of optimizer steps, once it can be known.
 
     ``epochs * steps_per_epoch``, capped by ``max_steps``; steps per epoch come from a
-    fractional ``epoch`` value (step / epoch) or from the step of the first validation metric
-    (reported at the end of the first epoch). Unknown (None) until then, unless ``max_steps``
-    bounds it.
+    fractional ``epoch`` value (step / epoch) or from ``epoch_train_loss`` (reported at the end
+    of every epoch). Unknown (None) until then, unless ``max_steps`` bounds it.
     """
 
     def __init__(self, config: dict[str, Any] | None):
@@ -78,8 +77,9 @@ class StepEstimator:
         epoch = metric.value if metric.name == "epoch" else metric.epoch
         if epoch is not None and epoch > 0 and not float(epoch).is_integer():
             self.steps_per_epoch = metric.step / epoch
-        elif metric.name.startswith("val_"):
-            self.steps_per_epoch = float(metric.step)
+        elif metric.name == "epoch_train_loss" and metric.epoch:
+            # Reported exactly once per finished epoch, with or without validation.
+            self.steps_per_epoch = metric.step / metric.epoch
 
     @property
     def total(self) -> int | None:

@@ -14,7 +14,16 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
 from ace3.config import ConfigProblem, TrainingConfig, unsupported_settings
-from ace3.hp import MODEL_KWARG_PREFIX, Dimension, HPConfig, LogUniform, Uniform, grid_values
+from ace3.hp import (
+    MODEL_KWARG_PREFIX,
+    Choice,
+    Dimension,
+    HPConfig,
+    LogUniform,
+    RandInt,
+    Uniform,
+    grid_count,
+)
 
 
 def search_space_problems(config: HPConfig) -> tuple[list[ConfigProblem], list[str]]:
@@ -27,13 +36,14 @@ def search_space_problems(config: HPConfig) -> tuple[list[ConfigProblem], list[s
             continue  # the model factory's arguments: only the model knows them
         values = _probe_values(dimension)
         problems += _unsupported_values(config.base_config, key, values)
-        invalid += _invalid_values(key, dimension, values)
+        invalid += _invalid_values(config.base_config, key, dimension, values)
     return problems, invalid
 
 
 def _probe_values(dimension: Dimension) -> list[Any]:
-    """Every value of a discrete dimension; both bounds and a non-integral inner point of a
-    range (so that a range over an integer field is caught)."""
+    """Every option of a choice; the bounds and one inner point of a range (a non-integral one
+    for float ranges, so that a range over an integer field is caught). Never the whole range:
+    randint(0, 2**32 - 1) is a fine space for a seed."""
     if isinstance(dimension, Uniform | LogUniform):
         low, high = dimension.low, dimension.high
         log = isinstance(dimension, LogUniform)
@@ -45,7 +55,11 @@ def _probe_values(dimension: Dimension) -> list[Any]:
             if not float(inner).is_integer():
                 break
         return [low, high, inner]
-    return grid_values(dimension)
+    if isinstance(dimension, Choice):
+        return list(dimension.options)
+    count = grid_count(dimension)
+    step = dimension.step if isinstance(dimension, RandInt) else dimension.q
+    return [dimension.low, dimension.low + (count // 2) * step, dimension.high]
 
 
 def _unsupported_values(base: TrainingConfig, key: str, values: list[Any]) -> list[ConfigProblem]:
@@ -60,7 +74,9 @@ def _unsupported_values(base: TrainingConfig, key: str, values: list[Any]) -> li
     return list(problems.values())
 
 
-def _invalid_values(key: str, dimension: Dimension, values: list[Any]) -> list[str]:
+def _invalid_values(
+    base: TrainingConfig, key: str, dimension: Dimension, values: list[Any]
+) -> list[str]:
     adapter = _field_adapter(key)
     for value in values:
         try:
@@ -73,6 +89,11 @@ def _invalid_values(key: str, dimension: Dimension, values: list[Any]) -> list[s
                     "ace3.hp.randint, qloguniform or choice"
                 ]
             return [f"{key}: {value!r} ({dimension.type}) is not a valid {key}: {reason}"]
+        try:  # and with the rest of the config (e.g. a batch the processes cannot split)
+            TrainingConfig.model_validate({**base.model_dump(), key: value})
+        except PydanticValidationError as exc:
+            reason = exc.errors()[0].get("msg", "invalid")
+            return [f"{key}: {value!r} ({dimension.type}) does not fit base_config: {reason}"]
     return []
 
 

@@ -134,11 +134,15 @@ def store_checkpoint(
     source = Path(event["path"])
     name = Path(str(event["name"])).name
     expected = str(event["sha256"])
-    if not source.is_file() or sha256_file(source) != expected:
+    # The hash in the key: a file rewritten under the same name can never replace stored bytes.
+    key = f"checkpoints/{job_id}/{expected[:16]}-{name}"
+    if source.is_file() and sha256_file(source) == expected:
+        store.put_file(key, source)
+        source.unlink()  # the store has it now: the job directory stays small
+    elif not (store.exists(key) and sha256_file(store.path_for(key)) == expected):
+        # (An event retried after a database error finds the file already moved to the store.)
         logger.error("job %s: checkpoint %s failed verification; not recorded", job_id, name)
         return []
-    key = f"checkpoints/{job_id}/{name}"
-    store.put_file(key, source)
     row = {
         "id": new_id(),
         "job_id": job_id,
@@ -152,9 +156,20 @@ def store_checkpoint(
         "metrics": {k: v for k, v in (event.get("metrics") or {}).items() if _finite(v)},
         "created_at": utcnow(),
     }
-    session.execute(
+    inserted = session.execute(
         insert_ignoring_duplicates(session.get_bind().dialect.name, JobCheckpoint.__table__, [row])
-    )
+    ).rowcount
+    if not inserted:  # (job, step, name) is recorded already, with its own bytes: keep those
+        recorded = session.scalar(
+            select(JobCheckpoint.storage_key).where(
+                JobCheckpoint.job_id == job_id,
+                JobCheckpoint.step == row["step"],
+                JobCheckpoint.name == name,
+            )
+        )
+        if recorded != key:
+            store.delete(key)
+        return []
     return _prune_checkpoints(session, job_id, max_checkpoints) if max_checkpoints else []
 
 

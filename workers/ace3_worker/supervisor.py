@@ -21,9 +21,11 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_server import job_transitions
@@ -68,6 +70,10 @@ class AttemptWatch:
     lease_lost: bool = False
     terminate_sent_at: float | None = None
     killed: bool = False
+    # Drained but not yet stored (the database was unreachable): retried on the next pass.
+    pending_lines: list[reports.LogLine] = field(default_factory=list)
+    pending_events: list[dict[str, Any]] = field(default_factory=list)
+    lease_renewed_at: float = field(default_factory=time.monotonic)
 
 
 def _pump(stream: IO[bytes], name: str, lines: queue.Queue[reports.LogLine]) -> None:
@@ -149,6 +155,11 @@ class Supervisor:
             return
         try:
             self._launch_and_watch(job, attempt, directory, device)
+        except Exception as exc:
+            logger.exception("job %s: the supervisor failed during attempt %d", job_id, attempt)
+            self._record(
+                job_id, attempt, JobState.FAILED, error=f"the worker could not run the job: {exc}"
+            )
         finally:
             shutil.rmtree(directory.root, ignore_errors=True)
 
@@ -183,10 +194,14 @@ class Supervisor:
             while True:
                 exited = process.poll() is not None
                 if time.monotonic() >= next_heartbeat:
-                    self._heartbeat(watch, process)
+                    self._tolerating_database_errors(
+                        watch, process, lambda: self._heartbeat(watch, process)
+                    )
                     next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
                 self._escalate(watch, process)
-                self._ingest(job, watch, lines, events)
+                self._tolerating_database_errors(
+                    watch, process, lambda: self._ingest(job, watch, lines, events)
+                )
                 if exited:
                     break
                 time.sleep(POLL_SECONDS)
@@ -199,6 +214,32 @@ class Supervisor:
         self._ingest(job, watch, lines, events)
         self._record_outcome(job, watch, process.returncode, events)
 
+    def _tolerating_database_errors(
+        self, watch: AttemptWatch, process: subprocess.Popen[bytes], action: Callable[[], None]
+    ) -> None:
+        """Ride out a database outage: training goes on and the action is retried next pass.
+        Once the lease cannot have been renewed in time, another worker may own the job: stop."""
+        try:
+            action()
+        except DBAPIError as exc:
+            logger.warning(
+                "job %s: database unreachable (%s); retrying", watch.job_id, type(exc).__name__
+            )
+            if (
+                watch.lease_lost
+                or time.monotonic() - watch.lease_renewed_at <= self.settings.lease_seconds
+            ):
+                return
+            logger.error(
+                "job %s: lease not renewed for %.0f s: stopping",
+                watch.job_id,
+                self.settings.lease_seconds,
+            )
+            watch.lease_lost = True
+            if watch.terminate_sent_at is None:
+                _signal_group(process, signal.SIGTERM)
+                watch.terminate_sent_at = time.monotonic()
+
     def _heartbeat(self, watch: AttemptWatch, process: subprocess.Popen[bytes]) -> None:
         with self.sessions() as session:
             row = session.execute(
@@ -207,6 +248,8 @@ class Supervisor:
                 )
             ).first()
             session.commit()
+        if row is not None:
+            watch.lease_renewed_at = time.monotonic()
         if row is None:
             if not watch.lease_lost:
                 logger.error(
@@ -248,7 +291,9 @@ class Supervisor:
                 watch.launcher_stderr_tail.append(item.line)
             else:
                 watch.rank_stderr_tail.append((item.rank, item.line))
-        new_events = events.read_new()
+        watch.pending_lines += batch
+        watch.pending_events += events.read_new()
+        batch, new_events = watch.pending_lines, watch.pending_events
         if not batch and not new_events:
             return
         stale_keys: list[str] = []
@@ -270,6 +315,7 @@ class Supervisor:
                 elif kind == "summary":
                     events.summary = event
             session.commit()
+        watch.pending_lines, watch.pending_events = [], []
         for key in stale_keys:
             self.store.delete(key)
 

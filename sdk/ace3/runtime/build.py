@@ -97,11 +97,14 @@ def _restore(
     optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt.get("scaler") and scaler.is_enabled():
         scaler.load_state_dict(ckpt["scaler"])
-    per_rank = ckpt.get("rng_per_rank") or []
-    if len(per_rank) == ctx.world_size:
-        restore_rng(per_rank[ctx.rank])
-    elif ctx.rank == 0 and ckpt.get("rng"):
-        restore_rng(ckpt["rng"])
+    saved_world = int(ckpt.get("world_size") or 0)
+    if saved_world != ctx.world_size:
+        # batch_in_epoch counts each rank's batches: another process count would skip the wrong ones.
+        raise ValueError(
+            f"this checkpoint was written by {saved_world} processes and this run has "
+            f"{ctx.world_size}: resume it with num_gpus * num_nodes = {saved_world}"
+        )
+    restore_rng(ckpt["rng_per_rank"][ctx.rank])
     return TrainState.from_checkpoint(ckpt)
 
 

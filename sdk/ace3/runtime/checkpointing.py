@@ -88,31 +88,3 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise ValueError(f"{path} is not an ACE3 checkpoint (no 'model' and 'step' entries)")
     return state
-
-
-def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step-*.pt`` in ``directory``, oldest step first."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for entry in directory.iterdir():
-        match = CHECKPOINT_RE.match(entry.name)
-        if match and entry.is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def prune_checkpoints(directory: Path, keep: int, protect: Path) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints; ``protect`` (the newest) is never deleted."""
-    if keep < 1:
-        raise ValueError("keep must be at least 1")
-    existing = list_checkpoints(directory)
-    protect = protect.resolve()
-    survivors = {path.resolve() for _, path in existing[-keep:]} | {protect}
-    removed = []
-    for _, path in existing:
-        if path.resolve() not in survivors:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            removed.append(path)
-    return removed

@@ -60,8 +60,9 @@ class MetricWindow:
         loss_sum, steps, samples = vector.tolist()
         return loss_sum, steps, samples
 
-    def reduce(self, world_size: int) -> tuple[float, float]:
-        """(mean step loss over the span and the ranks, global samples/s since reset)."""
+    def reduce(self, world_size: int) -> tuple[float, float | None]:
+        """(mean step loss over the span and the ranks, global samples/s since reset; None when
+        no step ran since reset: a window carried over by a resume has no speed)."""
         loss_sum, steps, samples = self.global_sums(world_size)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        return loss_sum / max(steps, 1.0), samples / elapsed
+        return loss_sum / max(steps, 1.0), (samples / elapsed if self.steps else None)

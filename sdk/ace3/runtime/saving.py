@@ -14,7 +14,6 @@ from ace3.runtime.build import Components
 from ace3.runtime.checkpointing import (
     SavedCheckpoint,
     checkpoint_name,
-    prune_checkpoints,
     save_atomic,
 )
 from ace3.runtime.distributed import DistContext, barrier
@@ -31,7 +30,6 @@ def checkpoint_payload(
         "optimizer": parts.optimizer.state_dict(),
         "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else {},
         **parts.state.to_checkpoint(),
-        "rng": rng_per_rank[0],
         "rng_per_rank": rng_per_rank,
         "world_size": world_size,
         "format": 1,
@@ -43,7 +41,6 @@ def save_job_checkpoint(
     ctx: DistContext,
     directory: Path,
     events: EventWriter,
-    max_checkpoints: int | None,
 ) -> SavedCheckpoint | None:
     """Save ``step-XXXXXXXX.pt`` atomically and append its checkpoint event (rank 0)."""
     barrier(ctx)
@@ -58,8 +55,6 @@ def save_job_checkpoint(
             checkpoint_payload(parts, gathered, ctx.world_size),
             directory / checkpoint_name(state.step),
         )
-        if max_checkpoints is not None:
-            prune_checkpoints(directory, max_checkpoints, protect=saved.path)
         events.write(
             {
                 "type": "checkpoint",

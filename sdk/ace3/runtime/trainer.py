@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ace3.runtime.build import Components
 from ace3.runtime.distributed import DistContext
@@ -50,7 +51,9 @@ class Trainer:
         self.epoch_window = MetricWindow(ctx.device, ctx.rank)  # since the epoch began
         self.window.set_carry(*self.state.carry.get("interval", (0.0, 0.0)))
         self.epoch_window.set_carry(*self.state.carry.get("epoch", (0.0, 0.0)))
-        self.last_saved_step: int | None = None
+        # A resumed run never rewrites the checkpoint it started from.
+        self.last_saved_step: int | None = self.state.step if job.resume_from else None
+        self.save_after_validation = False
 
     # -- reporting --------------------------------------------------------------------------
     def _log(self, message: str) -> None:
@@ -64,17 +67,18 @@ class Trainer:
     def _report_window(self) -> None:
         train_loss, samples_per_sec = self.window.reduce(self.ctx.world_size)
         lr = current_learning_rate(self.parts.optimizer)
-        self._metrics(
-            {
-                "train_loss": train_loss,
-                "learning_rate": lr,
-                "samples_per_sec": samples_per_sec,
-                "epoch": float(self.state.display_epoch()),
-            }
-        )
+        values = {
+            "train_loss": train_loss,
+            "learning_rate": lr,
+            "epoch": float(self.state.display_epoch()),
+        }
+        if samples_per_sec is not None:
+            values["samples_per_sec"] = samples_per_sec
+        self._metrics(values)
+        speed = f" samples/s={samples_per_sec:.0f}" if samples_per_sec is not None else ""
         self._log(
             f"step {self.state.step} epoch {self.state.display_epoch()} "
-            f"train_loss={train_loss:.5f} lr={lr:.3g} samples/s={samples_per_sec:.0f}"
+            f"train_loss={train_loss:.5f} lr={lr:.3g}{speed}"
         )
         self.window.reset()
 
@@ -86,6 +90,11 @@ class Trainer:
             values["epoch_train_loss"], _ = self.epoch_window.reduce(self.ctx.world_size)
         if self.val_loader is not None:
             parts = self.parts
+            if self.ctx.world_size > 1:
+                # Every rank validates with rank 0's buffers (BatchNorm statistics): the ones the
+                # checkpoint holds. DDP only syncs them at the next forward pass.
+                for buffer in parts.model.buffers():
+                    dist.broadcast(buffer, src=0)
             values.update(
                 evaluate(parts.model, self.val_loader, self.ctx.device, parts.precision, parts.user)
             )
@@ -97,9 +106,7 @@ class Trainer:
         interval = self.window.global_sums(self.ctx.world_size)
         epoch = self.epoch_window.global_sums(self.ctx.world_size)
         self.state.carry = {"interval": list(interval[:2]), "epoch": list(epoch[:2])}
-        save_job_checkpoint(
-            self.parts, self.ctx, self.checkpoint_dir, self.events, self.config.max_checkpoints
-        )
+        save_job_checkpoint(self.parts, self.ctx, self.checkpoint_dir, self.events)
         self.last_saved_step = self.state.step
 
     def _done(self) -> bool:
@@ -150,7 +157,10 @@ class Trainer:
             if state.step == 1 or state.step % config.log_interval == 0:
                 self._report_window()
             if config.save_interval and state.step % config.save_interval == 0:
-                self._save()
+                if state.batch_in_epoch >= self.batches_per_epoch:
+                    self.save_after_validation = True  # so it holds this epoch's validation
+                else:
+                    self._save()
 
     def run(self) -> dict[str, Any]:
         """Train to the end; write the final checkpoint and the summary; return final metrics."""
@@ -167,11 +177,13 @@ class Trainer:
                 self._train_epoch()
                 if state.batch_in_epoch < self.batches_per_epoch:
                     break  # stopped by max_steps mid-epoch
-                last = state.epoch + 1 >= config.epochs or self._done()
-                if last and self.window.has_data:
-                    self._report_window()  # the last steps, before the final validation
+                if self.window.has_data:
+                    self._report_window()  # the epoch's last steps, before its validation
                 self._validate(f"epoch {state.epoch + 1} done", with_epoch_loss=True)
                 validated_at = state.step
+                if self.save_after_validation:
+                    self.save_after_validation = False
+                    self._save()
                 state.epoch += 1
                 state.batch_in_epoch = 0
                 self.epoch_window.reset()

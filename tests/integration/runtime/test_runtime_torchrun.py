@@ -153,15 +153,16 @@ def test_events_and_checkpoints(main_run: tuple[Path, subprocess.CompletedProces
 
     ckpt_events = [e for e in evs if e["type"] == "checkpoint"]
     assert [e["step"] for e in ckpt_events] == [20, 40, 60, 69]
+    # The engine keeps every file: the worker prunes (max_checkpoints) after copying them.
     on_disk = sorted(p.name for p in (job_dir / "output" / "checkpoints").iterdir())
-    assert on_disk == ["step-00000060.pt", "step-00000069.pt"]  # max_checkpoints=2
+    assert on_disk == [f"step-{step:08d}.pt" for step in (20, 40, 60, 69)]
     for e in ckpt_events[-2:]:
         path = Path(e["path"])
         assert path.name == e["name"] and path.stat().st_size == e["size_bytes"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == e["sha256"]
         assert "train_loss" in e["metrics"]
         state = torch.load(path, weights_only=True)
-        assert state["step"] == e["step"] and set(state["rng"]) == {
+        assert state["step"] == e["step"] and set(state["rng_per_rank"][1]) == {
             "python",
             "numpy",
             "torch",
@@ -289,3 +290,93 @@ def test_user_errors_fail_the_run(
     assert done.returncode == 1
     assert "[rank 0] Traceback (most recent call last):" in done.stderr
     assert f"[rank 0] {expected}" in done.stderr
+
+
+BATCHNORM_MODEL_FILE = """
+from torch import nn
+def build_model():
+    return nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+"""
+
+
+def test_a_save_on_an_epoch_boundary_holds_that_epochs_validation_and_is_never_rewritten(
+    workdir: Path, base_job: dict[str, Any]
+) -> None:
+    """23 steps per epoch, save_interval=23: every save lands on an epoch's last step."""
+    job = copy.deepcopy(base_job)
+    job["config"].update(save_interval=23, max_checkpoints=None, seed=5)
+    job_dir = workdir / "epoch-boundary"
+    assert_ok(run_job(job, job_dir))
+    evs = events(job_dir)
+    saves = [e for e in evs if e["type"] == "checkpoint"]
+    assert [e["step"] for e in saves] == [23, 46, 69]
+    validations = {
+        e["step"]: e["values"]["val_accuracy"] for e in evs if "val_accuracy" in e.get("values", {})
+    }
+    for save in saves:
+        assert save["metrics"]["val_accuracy"] == validations[save["step"]], (
+            "saved after validating"
+        )
+    final = Path(saves[-1]["path"])
+    before = hashlib.sha256(final.read_bytes()).hexdigest()
+
+    resumed = copy.deepcopy(job)
+    resumed["resume_from"], resumed["resume_sha256"] = str(final), before
+    resumed_dir = workdir / "epoch-boundary-resumed"
+    resumed["config"]["save_interval"] = None
+    assert_ok(run_job(resumed, resumed_dir))
+    assert not [e for e in events(resumed_dir) if e["type"] == "checkpoint"], "nothing new to save"
+    assert hashlib.sha256(final.read_bytes()).hexdigest() == before
+
+
+def test_a_checkpoint_resumes_only_on_the_process_count_that_wrote_it(
+    workdir: Path, base_job: dict[str, Any], main_run: tuple[Path, subprocess.CompletedProcess]
+) -> None:
+    job_dir, _ = main_run
+    checkpoint = sorted((job_dir / "output" / "checkpoints").glob("step-*.pt"))[0]
+    job = copy.deepcopy(base_job)
+    job["config"]["num_gpus"] = 1
+    job["resume_from"] = str(checkpoint)
+    done = run_job(job, workdir / "wrong-world", nproc=1)
+    assert done.returncode != 0
+    assert "written by 2 processes and this run has 1" in done.stderr
+
+
+def test_validation_uses_the_buffers_the_checkpoint_holds(
+    workdir: Path, base_job: dict[str, Any]
+) -> None:
+    (workdir / "bn_model.py").write_text(BATCHNORM_MODEL_FILE)
+    job = copy.deepcopy(base_job)
+    job["model"] = {
+        "path": str(workdir / "bn_model.py"),
+        "kind": "file",
+        "factory": "build_model",
+        "kwargs": {},
+    }
+    job["config"].update(epochs=1, save_interval=None, max_checkpoints=None)
+    job_dir = workdir / "batchnorm"
+    assert_ok(run_job(job, job_dir))
+    reported = [e for e in events(job_dir) if "val_loss" in e.get("values", {})][-1]["values"][
+        "val_loss"
+    ]
+
+    # Evaluate the saved model on the same held-out split in one process.
+    sys.path.insert(0, str(SDK))
+    from ace3.config import TrainingConfig
+    from ace3.runtime.dataset_files import load_data_file
+    from ace3.runtime.datasets import split_holdout
+
+    config = TrainingConfig.model_validate(job["config"])
+    _, validation = split_holdout(
+        load_data_file(Path(job["dataset"]["path"])), config.validation_split, config.seed
+    )
+    exec_globals: dict[str, Any] = {}
+    exec(BATCHNORM_MODEL_FILE, exec_globals)
+    model = exec_globals["build_model"]()
+    model.load_state_dict(final_weights(job_dir))
+    model.eval()
+    inputs = torch.stack([validation[i][0] for i in range(len(validation))])
+    targets = torch.stack([torch.as_tensor(validation[i][1]) for i in range(len(validation))])
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(inputs), targets).item()
+    assert reported == pytest.approx(expected, abs=1e-6)

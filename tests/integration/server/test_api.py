@@ -416,6 +416,14 @@ def _search_body(uploaded: dict[str, str], **config: object) -> dict[str, object
             "only O0",
         ),
         ({"base_config": {"zero_stage": 3}}, ["base_config", "zero_stage"], "not implemented"),
+        (
+            {
+                "search_space": {"batch_size": {"type": "choice", "options": [16, 33]}},
+                "base_config": {"num_gpus": 2},
+            },
+            ["search_space", "batch_size"],
+            "does not fit base_config",
+        ),
     ],
 )
 def test_a_bad_search_is_422_naming_the_field(

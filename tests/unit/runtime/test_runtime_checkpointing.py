@@ -12,9 +12,7 @@ import torch
 
 from ace3.runtime.checkpointing import (
     checkpoint_name,
-    list_checkpoints,
     load_checkpoint,
-    prune_checkpoints,
     save_atomic,
 )
 from ace3.runtime.rng import capture_rng, restore_rng
@@ -74,24 +72,6 @@ def test_load_rejects_non_checkpoints(tmp_path: Path) -> None:
         load_checkpoint(path)
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing.pt")
-
-
-def test_prune_keeps_newest(tmp_path: Path) -> None:
-    for step in (5, 10, 15, 20):
-        (tmp_path / checkpoint_name(step)).write_bytes(b"x")
-    (tmp_path / "other.pt").write_bytes(b"x")
-    removed = prune_checkpoints(tmp_path, 2, protect=tmp_path / checkpoint_name(20))
-    assert sorted(p.name for p in removed) == [checkpoint_name(5), checkpoint_name(10)]
-    assert [s for s, _ in list_checkpoints(tmp_path)] == [15, 20]
-    assert (tmp_path / "other.pt").exists()
-
-
-def test_prune_never_deletes_protected(tmp_path: Path) -> None:
-    for step in (5, 10, 15):
-        (tmp_path / checkpoint_name(step)).write_bytes(b"x")
-    # A resumed run can write an older step than files already present: it is still kept.
-    prune_checkpoints(tmp_path, 1, protect=tmp_path / checkpoint_name(5))
-    assert [s for s, _ in list_checkpoints(tmp_path)] == [5, 15]
 
 
 def test_rng_round_trip_through_weights_only(tmp_path: Path) -> None:

@@ -82,5 +82,7 @@ def test_step_total_from_epoch_values_or_max_steps():
     assert estimator.total == 120
     capped = StepEstimator({"epochs": 3, "max_steps": 50})
     assert capped.total == 50
-    capped.observe(ace3.Metric(step=8, name="val_loss", value=1.0, epoch=0))
+    capped.observe(ace3.Metric(step=8, name="val_loss", value=1.0, epoch=1))
+    assert capped.total == 50, "validation can run mid-epoch (max_steps): it says nothing"
+    capped.observe(ace3.Metric(step=8, name="epoch_train_loss", value=1.0, epoch=1))
     assert capped.total == 24
