@@ -407,13 +407,8 @@ def failure_message(returncode: int, watch: AttemptWatch) -> str:
 
 
 def _final_metrics(summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    if summary is None:
-        return None
-    metrics = dict(summary.get("final_metrics") or {})
-    for key in ("best_val_accuracy", "steps", "epochs"):
-        if summary.get(key) is not None:
-            metrics.setdefault(key, summary[key])
-    return metrics
+    """The runtime's final metrics (they include best_val_accuracy, steps and epochs)."""
+    return dict(summary.get("final_metrics") or {}) if summary is not None else None
 
 
 def run_job(job_id: str) -> None:
