@@ -62,6 +62,24 @@ def dataset_id(
     )
 
 
+def resolve_inputs(
+    explicit: Client | None, model: Any, dataset: Any, validation_dataset: Any
+) -> tuple[Client, dict[str, str | None]]:
+    """The client, and the ids of the model and datasets (uploading paths, in that order), as
+    the ``model_id``/``dataset_id``/``validation_dataset_id`` of a job or search request."""
+    client = resolve_client(explicit, model, dataset, validation_dataset)
+    ids = {
+        "model_id": model_id(model, client),
+        "dataset_id": dataset_id(dataset, client, "dataset"),
+        "validation_dataset_id": (
+            dataset_id(validation_dataset, client, "validation_dataset")
+            if validation_dataset is not None
+            else None
+        ),
+    }
+    return client, ids
+
+
 def refuse_unsupported(config: TrainingConfig, *, what: str = "this config") -> None:
     """Raise :class:`~ace3.errors.UnsupportedFeatureError` listing every setting of
     ``config`` the engine does not implement yet."""

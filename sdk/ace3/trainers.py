@@ -14,10 +14,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ace3._submit import (
-    dataset_id,
-    model_id,
     refuse_unsupported,
-    resolve_client,
+    resolve_inputs,
     without_rendezvous,
 )
 from ace3.config import DistributedConfig, TrainingConfig
@@ -180,18 +178,9 @@ class Trainer:
         if training_data is None:
             raise ValueError("a dataset is required: pass dataset= (or train_dataset=)")
 
-        client = resolve_client(self.client, model, training_data, validation_dataset)
-        model_ref = model_id(model, client)  # uploads (when paths) in this order
-        dataset_ref = dataset_id(training_data, client, "dataset")
-        validation_id = (
-            dataset_id(validation_dataset, client, "validation_dataset")
-            if validation_dataset is not None
-            else None
-        )
+        client, ids = resolve_inputs(self.client, model, training_data, validation_dataset)
         job = client.jobs.create(
-            model_id=model_ref,
-            dataset_id=dataset_ref,
-            validation_dataset_id=validation_id,
+            **ids,
             config=config,
             model_kwargs=model_kwargs,
             name=name,

@@ -30,9 +30,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ace3._submit import (
-    dataset_id,
-    model_id,
-    resolve_client,
+    resolve_inputs,
     without_rendezvous,
 )
 from ace3.errors import UnsupportedFeatureError
@@ -98,18 +96,9 @@ def hyperparameter_search(
     if dataset is None:
         raise ValueError("dataset is required: pass client.load_dataset(...) or a path")
 
-    client = resolve_client(client, model, dataset, validation_dataset)
-    model_ref = model_id(model, client)
-    dataset_ref = dataset_id(dataset, client, "dataset")
-    validation_id = (
-        dataset_id(validation_dataset, client, "validation_dataset")
-        if validation_dataset is not None
-        else None
-    )
+    client, ids = resolve_inputs(client, model, dataset, validation_dataset)
     search = client.searches.create(
-        model_id=model_ref,
-        dataset_id=dataset_ref,
-        validation_dataset_id=validation_id,
+        **ids,
         config=config,
         model_kwargs=model_kwargs,
         name=name,

@@ -120,7 +120,9 @@ _PRUNING_SPACE = {"learning_rate": ace3.hp.choice([3e-3, 1e-6]), "seed": ace3.hp
 def test_successive_halving_stops_a_clearly_bad_trial_early(
     client: ace3.Client, uploaded: dict[str, object]
 ) -> None:
-    epochs = 10
+    # An epoch here is ~0.5 s, a prune decision takes a driver pass plus a worker heartbeat
+    # (~2 s, more on a loaded machine): enough epochs that "early" has room to show.
+    epochs = 30
     config = ace3.HPConfig(
         search_space=_PRUNING_SPACE,
         algorithm="grid",
