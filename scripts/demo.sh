@@ -20,12 +20,15 @@ cleanup() {
 trap cleanup EXIT
 
 echo "Starting ACE3 (API + worker) on $ACE3_BASE_URL; logs in $ACE3_DATA_DIR/stack.log"
+healthy() { $BIN/python -c 'import os, sys, httpx
+try: sys.exit(httpx.get(os.environ["ACE3_BASE_URL"] + "/healthz", timeout=2).status_code != 200)
+except httpx.HTTPError: sys.exit(1)'; }
 for _ in $(seq 1 120); do
-  curl -fsS "$ACE3_BASE_URL/healthz" >/dev/null 2>&1 && break
+  healthy && break
   kill -0 "$STACK_PID" 2>/dev/null || { cat "$ACE3_DATA_DIR/stack.log"; exit 1; }
   sleep 0.5
 done
-curl -fsS "$ACE3_BASE_URL/healthz" >/dev/null || { echo "ACE3 did not come up"; cat "$ACE3_DATA_DIR/stack.log"; exit 1; }
+healthy || { echo "ACE3 did not come up"; cat "$ACE3_DATA_DIR/stack.log"; exit 1; }
 
 export ACE3_API_KEY=$($BIN/ace3 keys create --name demo --quiet)
 cd examples/digits
