@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
 from ace3.errors import ChecksumMismatchError
-from ace3.pagination import CursorPage
+from ace3.pagination import CursorPage, ItemT
 from ace3.sse import decode_event, follow_events
 
 if TYPE_CHECKING:
@@ -191,10 +191,19 @@ class _Resource:
     def __init__(self, http: HTTPClient):
         self._http = http
 
+    def _list(
+        self, path: str, item_type: type[ItemT], params: Mapping[str, Any], cursor: str | None
+    ) -> CursorPage[ItemT]:
+        """``GET path`` as a cursor page that fetches the following pages with the same query."""
 
-def _page(payload: Mapping[str, Any], item_type: type[BaseModel], fetch) -> CursorPage:
-    items = [item_type.model_validate(item) for item in payload.get("data") or []]
-    return CursorPage(items, payload.get("next_cursor"), fetch)
+        def fetch(next_cursor: str | None) -> CursorPage[ItemT]:
+            payload = self._http.request(
+                "GET", path, params={**params, "cursor": next_cursor}
+            ).json()
+            items = [item_type.model_validate(item) for item in payload.get("data") or []]
+            return CursorPage(items, payload.get("next_cursor"), fetch)
+
+        return fetch(cursor)
 
 
 def _upload_file(path: str | os.PathLike[str] | BinaryIO, filename: str | None):
@@ -242,12 +251,7 @@ class Models(_Resource):
     def list(
         self, *, sha256: str | None = None, limit: int | None = None, cursor: str | None = None
     ) -> CursorPage[Model]:
-        def fetch(next_cursor: str | None) -> CursorPage[Model]:
-            params = {"sha256": sha256, "limit": limit, "cursor": next_cursor}
-            payload = self._http.request("GET", "/v1/models", params=params).json()
-            return _page(payload, Model, fetch)
-
-        return fetch(cursor)
+        return self._list("/v1/models", Model, {"sha256": sha256, "limit": limit}, cursor)
 
     def delete(self, model_id: str) -> None:
         self._http.request("DELETE", f"/v1/models/{model_id}")
@@ -289,12 +293,7 @@ class Datasets(_Resource):
     def list(
         self, *, sha256: str | None = None, limit: int | None = None, cursor: str | None = None
     ) -> CursorPage[Dataset]:
-        def fetch(next_cursor: str | None) -> CursorPage[Dataset]:
-            params = {"sha256": sha256, "limit": limit, "cursor": next_cursor}
-            payload = self._http.request("GET", "/v1/datasets", params=params).json()
-            return _page(payload, Dataset, fetch)
-
-        return fetch(cursor)
+        return self._list("/v1/datasets", Dataset, {"sha256": sha256, "limit": limit}, cursor)
 
     def delete(self, dataset_id: str) -> None:
         self._http.request("DELETE", f"/v1/datasets/{dataset_id}")
@@ -350,16 +349,8 @@ class Jobs(_Resource):
         limit: int | None = None,
         cursor: str | None = None,
     ) -> CursorPage[Job]:
-        def fetch(next_cursor: str | None) -> CursorPage[Job]:
-            params = {
-                "state": str(state) if state is not None else None,
-                "limit": limit,
-                "cursor": next_cursor,
-            }
-            payload = self._http.request("GET", "/v1/jobs", params=params).json()
-            return _page(payload, Job, fetch)
-
-        return fetch(cursor)
+        params = {"state": str(state) if state is not None else None, "limit": limit}
+        return self._list("/v1/jobs", Job, params, cursor)
 
     def cancel(self, job_id: str) -> Job:
         """Ask the job to stop (idempotent: a finished job is returned as it is)."""

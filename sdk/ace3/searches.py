@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from ace3.hp import HPConfig
 from ace3.pagination import CursorPage
-from ace3.resources import _APIObject, _page, _Resource
+from ace3.resources import _APIObject, _Resource
 from ace3.sse import decode_event, follow_events
 
 __all__ = [
@@ -208,16 +208,8 @@ class Searches(_Resource):
         limit: int | None = None,
         cursor: str | None = None,
     ) -> CursorPage[Search]:
-        def fetch(next_cursor: str | None) -> CursorPage[Search]:
-            params = {
-                "state": str(state) if state is not None else None,
-                "limit": limit,
-                "cursor": next_cursor,
-            }
-            payload = self._http.request("GET", "/v1/searches", params=params).json()
-            return _page(payload, Search, fetch)
-
-        return fetch(cursor)
+        params = {"state": str(state) if state is not None else None, "limit": limit}
+        return self._list("/v1/searches", Search, params, cursor)
 
     def cancel(self, search_id: str) -> Search:
         """Stop the search: no new trials, running ones are cancelled (idempotent)."""
