@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -251,3 +252,31 @@ def digits_files(tmp_path_factory: pytest.TempPathFactory) -> DigitsFiles:
     directory = tmp_path_factory.mktemp("digits")
     train, validation = _load_example("data").write_digits(directory)
     return DigitsFiles(REPO_ROOT / "examples" / "digits" / "model.py", train, validation)
+
+
+def insert_job(session: Any, **job_fields: Any) -> Any:
+    """A job row (with its owner, model and dataset) for tests of the state machine and worker."""
+    from ace3_server.models import Job, Owner, StoredDataset, StoredModel
+
+    owner = Owner(name="test-owner")
+    session.add(owner)
+    session.flush()
+    common = {"owner_id": owner.id, "name": "x", "filename": "x", "sha256": secrets.token_hex(32),
+              "size_bytes": 1, "storage_key": "k"}  # fmt: skip
+    model = StoredModel(
+        kind="file", entry_module=None, factory="build_model", variant="build_model|", **common
+    )
+    dataset = StoredDataset(kind="file", format="npz", **common)
+    session.add_all([model, dataset])
+    session.flush()
+    fields = {
+        "config": {},
+        "model_kwargs": {},
+        "num_processes": 1,
+        "request_hash": "h",
+        **job_fields,
+    }
+    job = Job(owner_id=owner.id, model_id=model.id, dataset_id=dataset.id, **fields)
+    session.add(job)
+    session.commit()
+    return job

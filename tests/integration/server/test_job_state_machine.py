@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,9 +23,10 @@ from ace3_server.db import (
     sync_session_factory,
 )
 from ace3_server.migrations_check import DatabaseNotMigratedError, ensure_migrated
-from ace3_server.models import Job, JobState, Owner, StoredDataset, StoredModel, utcnow
+from ace3_server.models import Job, JobState, utcnow
 from ace3_server.reconciler import reconcile_once
 from ace3_server.settings import Settings
+from tests.conftest import insert_job
 
 
 @pytest.fixture()
@@ -38,36 +38,7 @@ def session(database_url: str) -> Iterator[Session]:
 
 
 def _job(session: Session, max_retries: int = 1) -> Job:
-    owner = Owner(name="fsm")
-    session.add(owner)
-    session.flush()
-    common = {
-        "owner_id": owner.id,
-        "name": "x",
-        "filename": "x",
-        "sha256": secrets.token_hex(32),
-        "size_bytes": 1,
-        "storage_key": "k",
-    }
-    model = StoredModel(
-        kind="file", entry_module=None, factory="build_model", variant="build_model|", **common
-    )
-    dataset = StoredDataset(kind="file", format="npz", **common)
-    session.add_all([model, dataset])
-    session.flush()
-    job = Job(
-        owner_id=owner.id,
-        model_id=model.id,
-        dataset_id=dataset.id,
-        config={},
-        model_kwargs={},
-        num_processes=1,
-        request_hash="h",
-        max_retries=max_retries,
-    )
-    session.add(job)
-    session.commit()
-    return job
+    return insert_job(session, max_retries=max_retries)
 
 
 def test_only_one_worker_claims_a_job(session: Session) -> None:

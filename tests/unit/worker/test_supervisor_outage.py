@@ -15,10 +15,11 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from ace3_server.migrations_check import upgrade
-from ace3_server.models import Job, JobLog, JobMetric, Owner, StoredDataset, StoredModel
+from ace3_server.models import Job, JobLog, JobMetric
 from ace3_server.settings import Settings
 from ace3_worker import reports
 from ace3_worker.supervisor import AttemptWatch, Supervisor
+from tests.conftest import insert_job
 
 
 @pytest.fixture()
@@ -30,35 +31,7 @@ def supervisor(tmp_path: Path) -> Supervisor:
 
 def _job(supervisor: Supervisor) -> Job:
     with supervisor.sessions() as session:
-        owner = Owner(name="o")
-        session.add(owner)
-        session.flush()
-        common = {
-            "owner_id": owner.id,
-            "name": "x",
-            "filename": "x",
-            "sha256": "0" * 64,
-            "size_bytes": 1,
-            "storage_key": "k",
-        }
-        model = StoredModel(kind="file", entry_module=None, factory="f", variant="f|", **common)
-        dataset = StoredDataset(kind="file", format="npz", **common)
-        session.add_all([model, dataset])
-        session.flush()
-        job = Job(
-            owner_id=owner.id,
-            model_id=model.id,
-            dataset_id=dataset.id,
-            config={},
-            model_kwargs={},
-            num_processes=1,
-            request_hash="h",
-            attempt=1,
-            state="running",
-        )
-        session.add(job)
-        session.commit()
-        return job
+        return insert_job(session, attempt=1, state="running")
 
 
 def _unreachable() -> None:
