@@ -1,6 +1,7 @@
-"""Typed API objects (Model, Dataset, Job, Metric, LogLine, Checkpoint) and the resources
-that create, read, list, cancel and delete them: ``client.models``, ``client.datasets``,
-``client.jobs``. Each method is one REST call of ``docs/api.md``.
+"""Typed API objects (Model, Dataset, Job, Metric, LogLine, Checkpoint, Artifact) and the
+resources that create, read, list, cancel and delete them: ``client.models``,
+``client.datasets``, ``client.jobs``, ``client.checkpoints``. Each method is one REST call of
+``docs/api.md``.
 """
 
 from __future__ import annotations
@@ -16,21 +17,25 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
 from ace3.errors import ChecksumMismatchError
 from ace3.pagination import CursorPage, ItemT
+from ace3.specs import ARTIFACT_SCHEME
 from ace3.sse import decode_event, follow_events
 
 if TYPE_CHECKING:
     from ace3._http import HTTPClient
 
 __all__ = [
+    "Artifact",
     "Checkpoint",
+    "Checkpoints",
     "Dataset",
     "Datasets",
     "Job",
@@ -109,6 +114,7 @@ class Job(_APIObject):
     exit_code: int | None = None
     error: str | None = None
     final_metrics: dict[str, Any] | None = None
+    resume_from_checkpoint: str | None = None
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -144,6 +150,7 @@ class LogLine(_APIObject):
 
 class Checkpoint(_APIObject):
     id: str
+    job_id: str | None = None
     name: str
     step: int | None = None
     epoch: float | None = None
@@ -152,6 +159,18 @@ class Checkpoint(_APIObject):
     size_bytes: int | None = None
     metrics: dict[str, Any] | None = None
     created_at: datetime | None = None
+
+
+class Artifact(_APIObject):
+    """A file the job wrote under its artifacts directory (``artifact://`` paths), as last
+    synced by the worker: ``version`` grows by one each time its bytes changed."""
+
+    path: str
+    size_bytes: int
+    sha256: str
+    version: int = 1
+    attempt: int | None = None
+    updated_at: datetime | None = None
 
 
 @dataclass
@@ -299,6 +318,49 @@ class Datasets(_Resource):
         self._http.request("DELETE", f"/v1/datasets/{dataset_id}")
 
 
+def _write_verified(response: Any, target: Path, expected: str | None, *, verify: bool) -> str:
+    """Stream ``response`` into ``target`` through a temporary file in the same directory,
+    renamed into place only when complete and (with ``verify``) matching both the server's
+    ``x-checksum-sha256`` and ``expected``; return the sha256 of the bytes."""
+    announced = response.headers.get("x-checksum-sha256")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in response.iter_bytes():
+                digest.update(chunk)
+                handle.write(chunk)
+        actual = digest.hexdigest()
+        if verify:
+            for wanted in (announced, expected):
+                if wanted and wanted.lower() != actual:
+                    raise ChecksumMismatchError(str(target), wanted.lower(), actual)
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+    return actual
+
+
+def _artifact_path(path: str, argument: str) -> str:
+    """An artifact path as the server stores it (relative, '/'-separated); ``artifact://`` and
+    surrounding slashes are dropped. ValueError naming ``argument`` for anything that could
+    leave the artifacts directory."""
+    if not isinstance(path, str):
+        raise TypeError(f"{argument} must be a str (an artifact path), not {type(path).__name__}")
+    text = path.removeprefix(ARTIFACT_SCHEME).strip("/")
+    parts = text.split("/")
+    if not text or any(part in ("", ".", "..") for part in parts) or "\\" in text:
+        raise ValueError(
+            f"{argument}={path!r} is not an artifact path: use a relative path like "
+            "'tensorboard/events.out' as client.jobs.artifacts(job_id) lists them (no '..', no "
+            "empty segments, '/' as separator)"
+        )
+    return text
+
+
 _EVENT_ID = re.compile(r"^(\d+):(\d+)$")
 _FILENAME = re.compile(r'filename="?([^";]+)"?')
 
@@ -316,9 +378,17 @@ class Jobs(_Resource):
         model_kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
         idempotency_key: str | None = None,
+        resume_from_checkpoint: str | Checkpoint | None = None,
     ) -> Job:
         """Submit a job. With an ``idempotency_key`` the request is retried safely (the same
-        key on every attempt) and a repeat returns the job created the first time."""
+        key on every attempt) and a repeat returns the job created the first time.
+
+        ``resume_from_checkpoint`` (a :class:`Checkpoint` or its id, of any of your jobs) starts
+        the job from that checkpoint: its weights, optimizer state, step and epoch, so with a
+        larger ``epochs`` it trains on where that job stopped. It needs the process count
+        (``num_gpus * num_nodes``) that wrote the checkpoint. Find the id of a checkpoint file
+        downloaded earlier with ``client.checkpoints.find(sha256=...)``.
+        """
         if config is None:
             config = TrainingConfig()
         elif not isinstance(config, TrainingConfig):
@@ -334,6 +404,12 @@ class Jobs(_Resource):
             body["model_kwargs"] = dict(model_kwargs)
         if name is not None:
             body["name"] = name
+        if resume_from_checkpoint is not None:
+            body["resume_from_checkpoint"] = (
+                resume_from_checkpoint.id
+                if isinstance(resume_from_checkpoint, Checkpoint)
+                else resume_from_checkpoint
+            )
         response = self._http.request(
             "POST", "/v1/jobs", json_body=body, idempotency_key=idempotency_key
         )
@@ -414,26 +490,54 @@ class Jobs(_Resource):
                     match = _FILENAME.search(response.headers.get("content-disposition", ""))
                     name = Path(match.group(1)).name if match else f"{checkpoint_id}.pt"
                 target = target / name
-            announced = response.headers.get("x-checksum-sha256")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256()
-            fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    for chunk in response.iter_bytes():
-                        digest.update(chunk)
-                        handle.write(chunk)
-                actual = digest.hexdigest()
-                if verify:
-                    for wanted in (announced, expected):
-                        if wanted and wanted.lower() != actual:
-                            raise ChecksumMismatchError(str(target), wanted.lower(), actual)
-                os.replace(partial, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(partial)
-                raise
+            _write_verified(response, target, expected, verify=verify)
         return target
+
+    def artifacts(self, job_id: str, *, prefix: str | None = None) -> builtins.list[Artifact]:
+        """The job's artifacts (files it wrote under ``artifact://``), ordered by path; with
+        ``prefix`` only that file or directory (``"tensorboard"``: ``tensorboard/...``)."""
+        params = {"prefix": _artifact_path(prefix, "prefix") if prefix else None}
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/artifacts", params=params).json()
+        return [Artifact.model_validate(item) for item in payload.get("data") or []]
+
+    def download_artifact(
+        self,
+        job_id: str,
+        path: str | Artifact,
+        destination: str | os.PathLike[str] = ".",
+        *,
+        verify: bool = True,
+    ) -> Path:
+        """Download one artifact to ``destination`` (a file path, or an existing directory to
+        put it in under its own file name) and return where it was written.
+
+        The file appears only once complete (a temporary file renamed over it). With
+        ``verify`` its sha256 must match the server's ``x-checksum-sha256`` (and the
+        :class:`Artifact`'s own when one is given, so a version replaced meanwhile is
+        noticed); on a mismatch nothing is written and
+        :class:`~ace3.errors.ChecksumMismatchError` is raised.
+        """
+        target, _ = self._download_artifact(job_id, path, destination, verify=verify)
+        return target
+
+    def _download_artifact(
+        self,
+        job_id: str,
+        path: str | Artifact,
+        destination: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+    ) -> tuple[Path, str]:
+        """:meth:`download_artifact`, also returning the sha256 of the bytes written."""
+        expected = path.sha256 if isinstance(path, Artifact) else None
+        relative = _artifact_path(path.path if isinstance(path, Artifact) else path, "path")
+        target = Path(destination)
+        if target.is_dir():
+            target = target / PurePosixPath(relative).name
+        url = f"/v1/jobs/{job_id}/artifacts/{quote(relative, safe='/')}"
+        with self._http.stream("GET", url) as response:
+            digest = _write_verified(response, target, expected, verify=verify)
+        return target, digest
 
     def events(
         self,
@@ -467,3 +571,31 @@ class Jobs(_Resource):
             timeout=timeout,
         ):
             yield decode_event(event, _EVENT_MODELS, JobEvent)
+
+
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+class Checkpoints(_Resource):
+    """``/v1/checkpoints``: stored checkpoints across your jobs."""
+
+    def find(self, *, sha256: str) -> builtins.list[Checkpoint]:
+        """The stored checkpoints (of your jobs) whose file has this sha256, newest first:
+        maps a checkpoint file downloaded earlier back to its id (and ``job_id``)."""
+        if not isinstance(sha256, str) or not _SHA256.match(sha256):
+            raise ValueError(
+                f"sha256={sha256!r} is not a sha256: pass 64 hex digits, e.g. "
+                "hashlib.sha256(Path(file).read_bytes()).hexdigest()"
+            )
+        payload = self._http.request(
+            "GET", "/v1/checkpoints", params={"sha256": sha256.lower()}
+        ).json()
+        return [Checkpoint.model_validate(item) for item in payload.get("data") or []]
+
+    def find_file(self, path: str | os.PathLike[str]) -> builtins.list[Checkpoint]:
+        """:meth:`find` for a local checkpoint file (hashed here)."""
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        return self.find(sha256=digest.hexdigest())

@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from ace3_server import __version__
 from ace3_server.api.routes.artifacts import datasets_router, models_router
+from ace3_server.api.routes.checkpoints import router as checkpoints_router
 from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.db import async_session_factory, make_async_engine
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(models_router)
     v1.include_router(datasets_router)
     v1.include_router(jobs_router)
+    v1.include_router(checkpoints_router)
     v1.include_router(searches_router)
     app.include_router(v1)
 

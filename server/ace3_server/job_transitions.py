@@ -55,6 +55,21 @@ def renew_lease(job_id: str, attempt: int, lease_seconds: float) -> Update:
     )
 
 
+def hold_attempt(job_id: str, attempt: int) -> Update:
+    """Lock the job's row for the rest of the transaction while ``attempt`` still owns it.
+
+    A row back means the writes that follow in the same transaction come from the owning
+    attempt: a re-queue or finish by anyone else waits for the commit. No row back means the
+    job belongs to another attempt (or ended): write nothing. Changes no value.
+    """
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
+        .values(heartbeat_at=Job.heartbeat_at)
+        .returning(Job.id)
+    )
+
+
 def finish(
     job_id: str,
     attempt: int,

@@ -152,6 +152,13 @@ class Job(Base):
     num_processes: Mapped[int] = mapped_column(Integer)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str] = mapped_column(String(64))
+    # A stored checkpoint (of any job of this owner) that attempt 1 resumes from; later attempts
+    # resume from this job's own newest checkpoint when it has one. The foreign key keeps it from
+    # being deleted (keep-last-N pruning skips it).
+    resume_from_checkpoint_id: Mapped[str | None] = mapped_column(
+        ForeignKey("job_checkpoints.id", name="fk_jobs_resume_from_checkpoint_id", use_alter=True),
+        default=None,
+    )
 
     state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
@@ -220,6 +227,29 @@ class JobCheckpoint(Base):
     storage_key: Mapped[str] = mapped_column(String(500))
     metrics: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobArtifact(Base):
+    """The newest synced version of one file the job wrote under ``output/artifacts/``.
+
+    ``path`` is relative to that directory (posix separators). Each change of the file's bytes
+    is a new ``version`` stored under a key holding the job id and the sha256; the previous
+    version's bytes are deleted from the store once no row of the job names them.
+    """
+
+    __tablename__ = "job_artifacts"
+    __table_args__ = (UniqueConstraint("job_id", "path", name="uq_job_artifacts_job_path"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(String(1024))
+    attempt: Mapped[int] = mapped_column(Integer)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    storage_key: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class SearchState(enum.StrEnum):

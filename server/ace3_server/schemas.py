@@ -56,6 +56,13 @@ class JobCreate(BaseModel):
         default_factory=dict, description="Keyword arguments of the model factory."
     )
     name: str | None = Field(None, max_length=200)
+    resume_from_checkpoint: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="A stored checkpoint's id (one of your jobs'): the job starts from it, with "
+        "its weights, optimizer state, step and epoch. Needs the process count that wrote it.",
+    )
 
 
 class JobOut(_Out):
@@ -73,6 +80,7 @@ class JobOut(_Out):
     exit_code: int | None
     error: str | None
     final_metrics: dict[str, Any] | None
+    resume_from_checkpoint: str | None = Field(None, validation_alias="resume_from_checkpoint_id")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -107,6 +115,7 @@ class LogList(BaseModel):
 
 class CheckpointOut(_Out):
     id: str
+    job_id: str
     name: str
     step: int
     epoch: int | None
@@ -119,6 +128,21 @@ class CheckpointOut(_Out):
 
 class CheckpointList(BaseModel):
     data: list[CheckpointOut]
+
+
+class ArtifactOut(_Out):
+    """The newest synced version of a file the job wrote under ``output/artifacts/``."""
+
+    path: str = Field(description="Relative to the job's artifacts directory, '/'-separated.")
+    size_bytes: int
+    sha256: str
+    version: int = Field(description="1 for the first synced bytes, +1 on every change.")
+    attempt: int = Field(description="The attempt whose files these bytes are.")
+    updated_at: datetime
+
+
+class ArtifactList(BaseModel):
+    data: list[ArtifactOut]
 
 
 class SearchCreate(BaseModel):

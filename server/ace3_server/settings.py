@@ -37,6 +37,15 @@ class Settings(BaseSettings):
     max_extracted_bytes: int = Field(
         4 << 30, ge=1, description="Largest total size an uploaded archive may extract to."
     )
+    max_artifact_bytes: int = Field(
+        2 << 30,
+        ge=0,
+        description="Most bytes of artifacts (files under output/artifacts/) one job may store; "
+        "files past it are not synced, and the job's log says so.",
+    )
+    artifact_sync_seconds: float = Field(
+        1.0, gt=0, description="How often a worker syncs a running job's artifacts directory."
+    )
     lease_seconds: float = Field(
         60.0, gt=0, description="A running job's lease; the worker renews it with every heartbeat."
     )

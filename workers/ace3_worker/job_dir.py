@@ -33,6 +33,12 @@ class JobDirectory:
     def events_file(self) -> Path:
         return self.output_dir / "events.jsonl"
 
+    @property
+    def artifacts_dir(self) -> Path:
+        """Files the job writes here are synced to the artifact store while it runs
+        (``artifact://`` paths in the job config name this directory)."""
+        return self.output_dir / "artifacts"
+
 
 def _link(target: Path, link: Path) -> Path:
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -64,6 +70,7 @@ def prepare_job_directory(
     if directory.root.exists():
         shutil.rmtree(directory.root)
     directory.output_dir.mkdir(parents=True)
+    directory.artifacts_dir.mkdir()
 
     model_source = store.path_for(model.storage_key)
     if not model_source.exists():

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ace3_server.db import insert_ignoring_duplicates
-from ace3_server.models import JobCheckpoint, JobLog, JobMetric, new_id, utcnow
+from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, new_id, utcnow
 from ace3_server.storage import LocalArtifactStore, sha256_file
 
 logger = logging.getLogger(__name__)
@@ -174,17 +175,39 @@ def store_checkpoint(
 
 
 def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
-    """Forget all but the newest ``keep`` verified checkpoints (never the newest one)."""
+    """Forget all but the newest ``keep`` verified checkpoints; return their storage keys.
+
+    Never the newest one (``keep`` is at least 1), and never one that a job starts from
+    (``resume_from_checkpoint``): those stay, and the foreign key refuses the delete when such a
+    job was created meanwhile (then nothing is pruned this time).
+    """
     rows = session.scalars(
         select(JobCheckpoint)
         .where(JobCheckpoint.job_id == job_id)
-        .order_by(JobCheckpoint.step.desc())
+        .order_by(JobCheckpoint.step.desc(), JobCheckpoint.created_at.desc())
     ).all()
     stale = rows[max(keep, 1) :]
-    if stale:
-        session.execute(
-            delete(JobCheckpoint).where(JobCheckpoint.id.in_([row.id for row in stale]))
+    if not stale:
+        return []
+    stale_ids = [row.id for row in stale]
+    pinned = set(
+        session.scalars(
+            select(Job.resume_from_checkpoint_id).where(
+                Job.resume_from_checkpoint_id.in_(stale_ids)
+            )
         )
+    )
+    stale = [row for row in stale if row.id not in pinned]
+    if not stale:
+        return []
+    try:
+        with session.begin_nested():
+            session.execute(
+                delete(JobCheckpoint).where(JobCheckpoint.id.in_([row.id for row in stale]))
+            )
+    except IntegrityError:
+        logger.info("job %s: a new job starts from an old checkpoint; pruning later", job_id)
+        return []
     return [row.storage_key for row in stale]
 
 

@@ -35,6 +35,7 @@ from ace3_server.queue import JobPublisher
 from ace3_server.settings import Settings, get_settings
 from ace3_server.storage import LocalArtifactStore
 from ace3_worker import reports
+from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.device import worker_device
 from ace3_worker.job_dir import JobDirectory, prepare_job_directory
 from ace3_worker.launcher import rank_environment, torchrun_command
@@ -116,9 +117,7 @@ class Supervisor:
             )
             if model is None or dataset is None:
                 raise FileNotFoundError("the job's model or dataset record is gone")
-            resume_from: JobCheckpoint | None = (
-                reports.latest_checkpoint(session, job_id) if attempt > 1 else None
-            )
+            resume_from = resume_checkpoint(session, job, attempt)
             directory = prepare_job_directory(
                 self.settings.resolved_work_dir,
                 self.store,
@@ -134,6 +133,19 @@ class Supervisor:
             return job, directory
 
     # -- the run ---------------------------------------------------------------------------------
+    def artifact_sync(self, job: Job, attempt: int, directory: JobDirectory) -> ArtifactSync:
+        """The attempt's artifact sync, with the job's recorded artifacts restored into its
+        (fresh) artifacts directory, so a re-queued attempt continues them."""
+        sync = ArtifactSync(
+            job.id, attempt, directory.artifacts_dir, self.store, self.settings.max_artifact_bytes
+        )
+        with self.sessions() as session:
+            sync.load(session)
+        if sync.recorded:
+            restored = sync.restore()
+            logger.info("job %s attempt %d: restored %d artifact(s)", job.id, attempt, restored)
+        return sync
+
     def run(self, job_id: str) -> None:
         attempt = self.claim(job_id)
         if attempt is None:
@@ -166,6 +178,7 @@ class Supervisor:
     def _launch_and_watch(
         self, job: Job, attempt: int, directory: JobDirectory, device: str
     ) -> None:
+        artifacts = self.artifact_sync(job, attempt, directory)
         nproc = int(job.num_processes)
         command = torchrun_command(directory.job_file, nproc)
         process = subprocess.Popen(
@@ -189,7 +202,7 @@ class Supervisor:
         with self.sessions() as session:
             session.execute(job_transitions.mark_running(job.id, attempt))
             session.commit()
-        next_heartbeat = 0.0
+        next_heartbeat = next_artifact_sync = 0.0
         try:
             while True:
                 exited = process.poll() is not None
@@ -202,6 +215,11 @@ class Supervisor:
                 self._tolerating_database_errors(
                     watch, process, lambda: self._ingest(job, watch, lines, events)
                 )
+                if time.monotonic() >= next_artifact_sync and not exited:
+                    self._tolerating_database_errors(
+                        watch, process, lambda: self._sync_artifacts(artifacts, lines)
+                    )
+                    next_artifact_sync = time.monotonic() + self.settings.artifact_sync_seconds
                 if exited:
                     break
                 time.sleep(POLL_SECONDS)
@@ -211,8 +229,38 @@ class Supervisor:
             process.wait()
             for pump in pumps:
                 pump.join(timeout=10)
+        if not watch.lease_lost:
+            self._final_artifact_sync(artifacts, lines)
         self._ingest(job, watch, lines, events)
         self._record_outcome(job, watch, process.returncode, events)
+
+    def _sync_artifacts(self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]) -> None:
+        """One artifact pass; what it has to tell the user goes to the job's log. A problem
+        other than the database's never stops the job (the pass is retried)."""
+        try:
+            artifacts.sync(self.sessions)
+        except DBAPIError:
+            raise
+        except Exception:
+            logger.exception("job %s: artifact sync failed; retrying", artifacts.job_id)
+        finally:
+            for notice in artifacts.take_notices():
+                lines.put(reports.LogLine("stdout", None, notice))
+
+    def _final_artifact_sync(
+        self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]
+    ) -> None:
+        """The files as the job left them, before its outcome is recorded (a few tries through
+        a database hiccup; the outcome is recorded either way)."""
+        for attempt_number in range(3):
+            try:
+                self._sync_artifacts(artifacts, lines)
+                return
+            except DBAPIError as exc:
+                logger.warning(
+                    "job %s: final artifact sync failed (%s)", artifacts.job_id, type(exc).__name__
+                )
+                time.sleep(POLL_SECONDS * (attempt_number + 1))
 
     def _tolerating_database_errors(
         self, watch: AttemptWatch, process: subprocess.Popen[bytes], action: Callable[[], None]
@@ -391,6 +439,23 @@ class Supervisor:
                 attempt,
                 state.value,
             )
+
+
+def resume_checkpoint(session: Session, job: Job, attempt: int) -> JobCheckpoint | None:
+    """What an attempt resumes from: after the first, the job's own newest checkpoint when it
+    has one; else the stored checkpoint the job was created from (``resume_from_checkpoint``)."""
+    if attempt > 1:
+        own = reports.latest_checkpoint(session, job.id)
+        if own is not None:
+            return own
+    if job.resume_from_checkpoint_id is None:
+        return None
+    origin = session.get(JobCheckpoint, job.resume_from_checkpoint_id)
+    if origin is None:
+        raise FileNotFoundError(
+            f"checkpoint {job.resume_from_checkpoint_id}, which this job starts from, is gone"
+        )
+    return origin
 
 
 def failure_message(returncode: int, watch: AttemptWatch) -> str:

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from ace3.config import unsupported_settings
 from ace3_server import job_transitions
 from ace3_server.errors import not_found
-from ace3_server.models import Job, JobState, StoredDataset, StoredModel
+from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
 from ace3_server.queue import JobPublisher
 from ace3_server.schemas import JobCreate
 from ace3_server.services.artifacts import get_owned
@@ -26,7 +26,13 @@ logger = logging.getLogger(__name__)
 
 
 def request_hash(body: BaseModel) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The hash an Idempotency-Key replay must match. Optional fields added after a body shape
+    was first hashed are left out while unset, so earlier requests keep their hash."""
+    payload = body.model_dump(mode="json")
+    for later_field in ("resume_from_checkpoint",):
+        if payload.get(later_field) is None:
+            payload.pop(later_field, None)
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -58,6 +64,46 @@ async def reference_problems(
                 }
             )
     return problems
+
+
+async def resume_checkpoint_problems(
+    session: AsyncSession, owner_id: str, body: JobCreate
+) -> list[dict[str, Any]]:
+    """``resume_from_checkpoint`` must be a stored checkpoint of one of the caller's jobs,
+    written by as many processes as the new job runs (the engine resumes only with those)."""
+    checkpoint_id = body.resume_from_checkpoint
+    if checkpoint_id is None:
+        return []
+    loc = ["body", "resume_from_checkpoint"]
+    row = (
+        await session.execute(
+            select(JobCheckpoint, Job.num_processes)
+            .join(Job, Job.id == JobCheckpoint.job_id)
+            .where(JobCheckpoint.id == checkpoint_id, Job.owner_id == owner_id)
+        )
+    ).first()
+    if row is None:
+        return [
+            {
+                "loc": loc,
+                "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
+                "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints, or GET "
+                "/v1/checkpoints?sha256=<hex> for a downloaded file)",
+                "type": "not_found",
+            }
+        ]
+    checkpoint, written_by = row
+    if written_by != body.config.world_size:
+        return [
+            {
+                "loc": loc,
+                "msg": f"checkpoint {checkpoint.name} was written by {written_by} processes and "
+                f"this job runs {body.config.world_size}: a checkpoint resumes only with the "
+                f"process count that wrote it, so set num_gpus * num_nodes = {written_by}",
+                "type": "value_error",
+            }
+        ]
+    return []
 
 
 async def find_by_idempotency_key(
@@ -93,7 +139,11 @@ async def create_job(
         existing = await find_by_idempotency_key(session, Job, owner_id, idempotency_key)
         if existing is not None:
             return replay(existing, digest), False
-    problems = _problems(body) + await reference_problems(session, owner_id, body)
+    problems = (
+        _problems(body)
+        + await reference_problems(session, owner_id, body)
+        + await resume_checkpoint_problems(session, owner_id, body)
+    )
     if problems:
         raise HTTPException(status_code=422, detail=problems)
     job = Job(
@@ -109,8 +159,18 @@ async def create_job(
         request_hash=digest,
         state=JobState.QUEUED,
         max_retries=max_retries,
+        resume_from_checkpoint_id=body.resume_from_checkpoint,
     )
-    job, created = await insert_once(session, job, idempotency_key=idempotency_key, digest=digest)
+    try:
+        job, created = await insert_once(
+            session, job, idempotency_key=idempotency_key, digest=digest
+        )
+    except IntegrityError:
+        # The checkpoint was pruned between the check above and the insert (its foreign key).
+        problems = await resume_checkpoint_problems(session, owner_id, body)
+        if problems:
+            raise HTTPException(status_code=422, detail=problems) from None
+        raise
     if created:
         await publish_safely(publisher, job.id)
     return job, created

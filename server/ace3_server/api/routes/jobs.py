@@ -1,4 +1,5 @@
-"""Jobs: create, list, get, cancel, metrics, logs, checkpoints and the live event stream."""
+"""Jobs: create, list, get, cancel, metrics, logs, checkpoints, artifacts and the live event
+stream."""
 
 from __future__ import annotations
 
@@ -11,8 +12,16 @@ from sqlalchemy import select
 from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.errors import field_error, not_found
 from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, JobState
-from ace3_server.schemas import CheckpointList, JobCreate, JobOut, LogList, MetricList, Page
-from ace3_server.services import events, jobs
+from ace3_server.schemas import (
+    ArtifactList,
+    CheckpointList,
+    JobCreate,
+    JobOut,
+    LogList,
+    MetricList,
+    Page,
+)
+from ace3_server.services import events, job_artifacts, jobs
 from ace3_server.services.pagination import paginate
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -156,6 +165,46 @@ async def download_checkpoint(
             "content-length": str(checkpoint.size_bytes),
             "content-disposition": f'attachment; filename="{checkpoint.name}"',
             "x-checksum-sha256": checkpoint.sha256,
+        },
+    )
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactList, operation_id="list_job_artifacts")
+async def list_artifacts(
+    job_id: str,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    prefix: Annotated[
+        str | None,
+        Query(
+            max_length=1024,
+            description="Only this file or directory: 'tensorboard' lists 'tensorboard/...'.",
+        ),
+    ] = None,
+) -> dict[str, object]:
+    await jobs.get_owned_job(session, owner_id, job_id)
+    return {"data": await job_artifacts.list_artifacts(session, job_id, prefix)}
+
+
+@router.get(
+    "/{job_id}/artifacts/{path:path}",
+    operation_id="download_job_artifact",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+async def download_artifact(
+    job_id: str, path: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+) -> StreamingResponse:
+    await jobs.get_owned_job(session, owner_id, job_id)
+    artifact, handle = await job_artifacts.open_artifact(session, store, job_id, path)
+    return StreamingResponse(
+        job_artifacts.iter_handle(handle),
+        media_type="application/octet-stream",
+        headers={
+            "content-length": str(artifact.size_bytes),
+            "content-disposition": job_artifacts.content_disposition(path),
+            "x-checksum-sha256": artifact.sha256,
+            "x-artifact-version": str(artifact.version),
         },
     )
 

@@ -1,0 +1,149 @@
+"""Keep-last-N never deletes the only (or newest) verified checkpoint, nor one a job starts from;
+and an attempt resumes from the job's own newest checkpoint, else from the one it was created
+from."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ace3_server.migrations_check import upgrade
+from ace3_server.models import Job, JobCheckpoint
+from ace3_server.settings import Settings
+from ace3_server.storage import LocalArtifactStore
+from ace3_worker import reports
+from ace3_worker.supervisor import Supervisor, resume_checkpoint
+from tests.conftest import insert_job
+
+
+@pytest.fixture()
+def supervisor(tmp_path: Path) -> Supervisor:
+    (tmp_path / "data").mkdir()
+    settings = Settings(data_dir=tmp_path / "data")
+    upgrade(settings.resolved_database_url)
+    return Supervisor(settings)
+
+
+def _checkpoint_event(directory: Path, step: int, payload: bytes | None = None) -> dict:
+    data = payload if payload is not None else f"weights at {step}".encode()
+    path = directory / f"step-{step:08d}.pt"
+    path.write_bytes(data)
+    return {
+        "type": "checkpoint",
+        "step": step,
+        "epoch": 1,
+        "name": path.name,
+        "path": str(path),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size_bytes": len(data),
+        "metrics": {},
+    }
+
+
+def _store(
+    session: Session, store: LocalArtifactStore, job: Job, event: dict, keep: int | None
+) -> None:
+    stale = reports.store_checkpoint(session, store, job.id, 1, event, keep)
+    session.commit()
+    for key in stale:
+        store.delete(key)
+
+
+def _steps(session: Session, job_id: str) -> list[int]:
+    return list(
+        session.scalars(
+            select(JobCheckpoint.step)
+            .where(JobCheckpoint.job_id == job_id)
+            .order_by(JobCheckpoint.step)
+        )
+    )
+
+
+def test_keep_one_keeps_the_only_checkpoint(supervisor: Supervisor, tmp_path: Path) -> None:
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running")
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1)
+        (row,) = session.scalars(select(JobCheckpoint).where(JobCheckpoint.job_id == job.id))
+        assert row.step == 10 and supervisor.store.exists(row.storage_key)
+
+
+def test_keep_last_n_deletes_older_rows_and_their_bytes(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running")
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=2)
+        oldest_key = session.scalar(select(JobCheckpoint.storage_key))
+        for step in (20, 30):
+            _store(session, supervisor.store, job, _checkpoint_event(tmp_path, step), keep=2)
+        assert _steps(session, job.id) == [20, 30]
+        assert not supervisor.store.exists(oldest_key)
+
+
+def test_a_failed_verification_never_costs_the_last_good_checkpoint(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running")
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1)
+        corrupt = _checkpoint_event(tmp_path, 20)
+        corrupt["sha256"] = "0" * 64  # the bytes on disk are not the announced ones
+        _store(session, supervisor.store, job, corrupt, keep=1)
+        assert _steps(session, job.id) == [10], "the only verified checkpoint stays"
+
+
+def test_a_checkpoint_another_job_starts_from_is_never_pruned(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running")
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1)
+        origin = session.scalars(select(JobCheckpoint)).one()
+        follower = Job(
+            owner_id=job.owner_id,
+            model_id=job.model_id,
+            dataset_id=job.dataset_id,
+            config={},
+            model_kwargs={},
+            num_processes=1,
+            request_hash="h2",
+            resume_from_checkpoint_id=origin.id,
+        )
+        session.add(follower)
+        session.commit()
+        for step in (20, 30):
+            _store(session, supervisor.store, job, _checkpoint_event(tmp_path, step), keep=1)
+        assert _steps(session, job.id) == [10, 30], "the newest, and the one a job starts from"
+        assert supervisor.store.exists(origin.storage_key)
+
+
+def test_an_attempt_resumes_from_its_own_newest_checkpoint_else_from_its_origin(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    with supervisor.sessions() as session:
+        source = insert_job(session, attempt=1, state="succeeded")
+        _store(session, supervisor.store, source, _checkpoint_event(tmp_path, 46), keep=None)
+        origin = session.scalars(select(JobCheckpoint)).one()
+        job = Job(
+            owner_id=source.owner_id,
+            model_id=source.model_id,
+            dataset_id=source.dataset_id,
+            config={},
+            model_kwargs={},
+            num_processes=1,
+            request_hash="h2",
+            resume_from_checkpoint_id=origin.id,
+        )
+        session.add(job)
+        session.commit()
+
+        assert resume_checkpoint(session, job, 1) == origin
+        assert resume_checkpoint(session, job, 2) == origin, "no checkpoint of its own yet"
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 60), keep=None)
+        own = resume_checkpoint(session, job, 2)
+        assert own is not None and own.job_id == job.id and own.step == 60
+        assert resume_checkpoint(session, source, 1) is None
