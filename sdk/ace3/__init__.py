@@ -14,7 +14,8 @@
     hp_config = ace3.HPConfig(search_space={"learning_rate": ace3.hp.loguniform(1e-5, 1e-2)})
     best_params = ace3.hyperparameter_search(model, dataset, hp_config)
 
-Importing ``ace3`` needs only httpx, pydantic and rich (never torch).
+Importing ``ace3`` needs only httpx, pydantic and rich (never torch). The training-side names
+(``ace3.autocast``, ``ace3.optimizers``, ``ace3.DataLoader``, ...) load on first use.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from ace3.client import (
     get_default_client,
     set_default_client,
 )
-from ace3.config import ConfigProblem, DistributedConfig, TrainingConfig, unsupported_settings
+from ace3.config import (
+    AMPConfig,
+    CheckpointConfig,
+    ConfigProblem,
+    DistributedConfig,
+    TrainingConfig,
+    unsupported_settings,
+)
 from ace3.errors import (
     ACE3Error,
     APIConnectionError,
@@ -70,6 +78,7 @@ __version__ = SDK_VERSION
 
 __all__ = [
     "ACE3Error",
+    "AMPConfig",
     "APIConnectionError",
     "APIStatusError",
     "APITimeoutError",
@@ -77,6 +86,7 @@ __all__ = [
     "BadRequestError",
     "BestParams",
     "Checkpoint",
+    "CheckpointConfig",
     "ChecksumMismatchError",
     "Client",
     "ConfigProblem",
@@ -129,37 +139,42 @@ __all__ = [
     "utils",
 ]
 
-# Names of the ACE3 documentation that this version does not provide yet. Asking for one
-# raises an AttributeError that says so, instead of the bare "has no attribute".
-PLANNED_NAMES = frozenset(
-    {
-        "AMPConfig",
-        "CheckpointConfig",
-        "autocast",
-        "GradientScaler",
-        "DynamicLossScaler",
-        "Callback",
-        "callbacks",
-        "schedulers",
-        "optimizers",
-        "TrainingLogger",
-        "TensorBoardLogger",
-        "WandBLogger",
-        "save_checkpoint",
-        "load_checkpoint",
-        "TrainingProfiler",
-        "ProfilerActivity",
-        "MemoryProfiler",
-        "DataLoader",
-        "DataLoaderProfiler",
-        "optimize_dataloader",
-    }
-)
+# Names resolved on first use (module, attribute; None = the module itself), so that
+# ``import ace3`` never imports torch.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "autocast": ("ace3.amp", "autocast"),
+    "GradientScaler": ("ace3.amp", "GradientScaler"),
+    "DynamicLossScaler": ("ace3.amp", "DynamicLossScaler"),
+    "StaticLossScaler": ("ace3.amp", "StaticLossScaler"),
+    "Callback": ("ace3.callbacks", "Callback"),
+    "callbacks": ("ace3.callbacks", None),
+    "optimizers": ("ace3.optimizers", None),
+    "schedulers": ("ace3.schedulers", None),
+    "TrainingLogger": ("ace3.loggers", "TrainingLogger"),
+    "TensorBoardLogger": ("ace3.loggers", "TensorBoardLogger"),
+    "WandBLogger": ("ace3.loggers", "WandBLogger"),
+    "save_checkpoint": ("ace3.checkpoint_files", "save_checkpoint"),
+    "load_checkpoint": ("ace3.checkpoint_files", "load_checkpoint"),
+    "TrainingProfiler": ("ace3.profiling", "TrainingProfiler"),
+    "ProfilerActivity": ("ace3.profiling", "ProfilerActivity"),
+    "MemoryProfiler": ("ace3.profiling", "MemoryProfiler"),
+    "DataLoader": ("ace3.data", "DataLoader"),
+    "DataLoaderProfiler": ("ace3.data", "DataLoaderProfiler"),
+    "optimize_dataloader": ("ace3.data", "optimize_dataloader"),
+}
 
 
 def __getattr__(name: str):
-    if name in PLANNED_NAMES:
-        raise AttributeError(
-            f"ace3.{name} is not implemented yet in ace3 {__version__}; it is planned"
-        )
-    raise AttributeError(f"module 'ace3' has no attribute {name!r}")
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'ace3' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(target[0])
+    value = module if target[1] is None else getattr(module, target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -10,11 +10,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from ace3.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
+
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
 Parallelism = Literal["data", "model", "pipeline"]
 ShardingStrategy = Literal["layer", "tensor", "pipeline"]
 Backend = Literal["auto", "nccl", "gloo"]
-OptimizerName = Literal["adamw", "adam", "sgd"]
+OptimizerName = Literal["adamw", "adam", "sgd", "memory_efficient_adam", "adam8bit"]
 AmpDtype = Literal["auto", "float16", "bfloat16"]
 
 
@@ -87,8 +89,17 @@ class TrainingConfig(_Schema):
         1, ge=1, le=100_000, description="Micro-steps per optimizer step."
     )
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
-    optimizer: OptimizerName = Field("adamw", description="adamw, adam or sgd.")
+    optimizer: OptimizerName = Field(
+        "adamw", description="adamw, adam, sgd, memory_efficient_adam or adam8bit."
+    )
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="Adam-family moment decay rates (beta1, beta2), each in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0.0, le=1.0, description="Adam-family denominator epsilon.")
+    lr_scheduler: SchedulerSpec | None = Field(
+        None, description="Learning-rate schedule (constant when None); see ace3.schedulers."
+    )
     weight_decay: float = Field(
         0.0, ge=0.0, le=1.0, description="Decoupled (AdamW) or L2 (Adam, SGD) weight decay."
     )
@@ -106,8 +117,24 @@ class TrainingConfig(_Schema):
     )
     amp_level: AmpLevel = Field("O1", description="O0 fp32, O1 autocast; O2/O3 cast weights too.")
     loss_scaling: Literal["dynamic", "static"] | float = Field(
-        "dynamic", description="Loss scaling for float16."
+        "dynamic",
+        description="Loss scaling for float16: dynamic, static (init_loss_scale) or a fixed value.",
     )
+    keep_batchnorm_fp32: bool | None = Field(
+        None, description="O2/O3: keep BatchNorm in float32 (default: True for O2, False for O3)."
+    )
+    init_loss_scale: float = Field(2.0**16, gt=0.0, description="First loss scale.")
+    loss_scale_growth_factor: float = Field(
+        2.0, gt=1.0, description="Dynamic scaling: multiply the scale after a clean window."
+    )
+    loss_scale_backoff_factor: float = Field(
+        0.5, gt=0.0, lt=1.0, description="Dynamic scaling: multiply the scale on overflow."
+    )
+    loss_scale_window: int = Field(
+        2000, ge=1, description="Dynamic scaling: overflow-free steps before the scale grows."
+    )
+    min_loss_scale: float = Field(1.0, gt=0.0, description="Dynamic scaling: lower bound.")
+    max_loss_scale: float = Field(2.0**24, gt=0.0, description="Dynamic scaling: upper bound.")
 
     # -- memory ------------------------------------------------------------------------------
     gradient_checkpointing: bool = Field(
@@ -119,6 +146,11 @@ class TrainingConfig(_Schema):
     cpu_offload: bool = Field(False, description="Offload sharded state to CPU memory.")
     offload_optimizer: bool = Field(False, description="Offload optimizer state to CPU memory.")
     offload_parameters: bool = Field(False, description="Offload parameters to CPU memory.")
+    dynamic_batch_size: bool = Field(
+        True,
+        description="On out-of-memory, halve the micro-batch and double the accumulation (the "
+        "effective batch is unchanged) and retry the step.",
+    )
 
     # -- data, evaluation, checkpoints -------------------------------------------------------
     validation_split: float | None = Field(
@@ -147,6 +179,21 @@ class TrainingConfig(_Schema):
     max_checkpoints: int | None = Field(
         None, ge=1, description="Keep only the newest N checkpoints."
     )
+    save_optimizer: bool = Field(
+        True, description="Checkpoints hold the optimizer state (needed for an exact resume)."
+    )
+    save_scheduler: bool = Field(
+        True, description="Checkpoints hold the scheduler and loss-scaler state."
+    )
+
+    # -- callbacks, logging, profiling ---------------------------------------------------------
+    callbacks: list[CallbackSpec] = Field(
+        default_factory=list, description="Callbacks run by the engine on every rank."
+    )
+    tensorboard: TensorBoardSpec | None = Field(
+        None, description="Write TensorBoard event files (rank 0)."
+    )
+    profiler: ProfilerSpec | None = Field(None, description="Profile rank 0 with torch.profiler.")
 
     @property
     def world_size(self) -> int:
@@ -159,6 +206,13 @@ class TrainingConfig(_Schema):
     def _batch_splits_across_processes(cls, batch_size: int, info: ValidationInfo) -> int:
         _check_batch_split(batch_size, info.data.get("num_gpus", 1), info.data.get("num_nodes", 1))
         return batch_size
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"betas {betas} must both be in [0, 1)")
+        return betas
 
     @field_validator("num_gpus", "num_nodes")
     @classmethod
@@ -192,6 +246,62 @@ class DistributedConfig(_Schema):
         return TrainingConfig(**{**self.model_dump(), **overrides})
 
 
+class AMPConfig(_Schema):
+    """The document's manual mixed-precision settings; ``ace3.Trainer(amp_config=...)`` applies
+    them over the config's precision fields.
+
+    Levels: O0 float32; O1 autocast (float32 weights, per-op 16-bit); O2 16-bit weights with a
+    float32 master copy in the optimizer (BatchNorm kept float32 unless
+    ``keep_batchnorm_fp32=False``); O3 everything 16-bit, no master copy. Loss scaling applies to
+    float16 only (bfloat16 has float32's range).
+    """
+
+    enabled: bool = True
+    opt_level: AmpLevel = "O1"
+    dtype: AmpDtype = "auto"
+    keep_batchnorm_fp32: bool | None = None
+    loss_scale: Literal["dynamic", "static"] | float = "dynamic"
+    init_scale: float = Field(2.0**16, gt=0.0)
+    min_loss_scale: float = Field(1.0, gt=0.0)
+    max_loss_scale: float = Field(2.0**24, gt=0.0)
+
+    def training_fields(self) -> dict[str, Any]:
+        """The :class:`TrainingConfig` fields these settings stand for."""
+        return {
+            "mixed_precision": self.enabled,
+            "amp_level": self.opt_level,
+            "amp_dtype": self.dtype,
+            "keep_batchnorm_fp32": self.keep_batchnorm_fp32,
+            "loss_scaling": self.loss_scale,
+            "init_loss_scale": self.init_scale,
+            "min_loss_scale": self.min_loss_scale,
+            "max_loss_scale": self.max_loss_scale,
+        }
+
+
+class CheckpointConfig(_Schema):
+    """Where and how often checkpoints are written; ``ace3.Trainer(checkpoint_config=...)``.
+
+    ``save_dir`` is a local directory: local runs write there; for remote jobs the SDK copies
+    each checkpoint there as soon as the service has stored it. ``max_checkpoints`` keeps the
+    newest N (never deleting the only verified one).
+    """
+
+    save_dir: str | None = None
+    save_interval: int | None = Field(None, ge=1)
+    max_checkpoints: int | None = Field(None, ge=1)
+    save_optimizer: bool = True
+    save_scheduler: bool = True
+
+    def training_fields(self) -> dict[str, Any]:
+        return {
+            "save_interval": self.save_interval,
+            "max_checkpoints": self.max_checkpoints,
+            "save_optimizer": self.save_optimizer,
+            "save_scheduler": self.save_scheduler,
+        }
+
+
 class ConfigProblem(BaseModel):
     """One reason a config cannot run: the field and what to do about it."""
 
@@ -206,10 +316,6 @@ _NOT_YET: dict[str, tuple[tuple[Any, ...], str]] = {
     "num_stages": ((None,), "pipeline parallelism is not implemented yet"),
     "micro_batch_size": ((None,), "pipeline micro-batches are not implemented yet"),
     "zero_stage": ((0,), "ZeRO / FSDP sharding is not implemented yet"),
-    "amp_level": (("O0", "O1"), "only O0 (fp32) and O1 (autocast) are implemented yet"),
-    "loss_scaling": (("dynamic",), "only dynamic loss scaling is implemented yet"),
-    "gradient_checkpointing": ((False,), "gradient checkpointing is not implemented yet"),
-    "checkpoint_segments": ((None,), "gradient checkpointing is not implemented yet"),
     "cpu_offload": ((False,), "CPU offload is not implemented yet"),
     "offload_optimizer": ((False,), "optimizer offload is not implemented yet"),
     "offload_parameters": ((False,), "parameter offload is not implemented yet"),

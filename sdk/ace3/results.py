@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,6 +179,7 @@ class JobHandle:
         *,
         show_progress: bool | None = None,
         cancel_on_interrupt: bool = False,
+        on_event: Callable[[JobEvent], None] | None = None,
     ) -> TrainingResult:
         """Follow the job until it ends; return its :class:`TrainingResult`.
 
@@ -187,18 +188,28 @@ class JobHandle:
         seconds (the job keeps running). ``show_progress``: None shows nothing, True a live
         progress bar (plain lines when stdout is not a terminal), False plain lines.
         With ``cancel_on_interrupt``, Ctrl-C cancels the job before re-raising.
+        ``on_event`` is called with every event after the display has shown it; an error it
+        raises is shown as a note once and does not stop the wait.
         """
         from ace3.progress import create_display
 
         mode = "none" if show_progress is None else ("auto" if show_progress else "plain")
         tail: deque[LogLine] = deque(maxlen=LOG_TAIL_LINES)
         final_job: Job | None = None
+        hook_failed = False
         display = create_display(self.job, self._config(), mode=mode)
         started = time.monotonic()
         try:
             with display:
                 for event in self.stream_events(timeout=timeout):
                     display.handle(event)
+                    if on_event is not None:
+                        try:
+                            on_event(event)
+                        except Exception as exc:  # a follower must not end the wait
+                            if not hook_failed:
+                                display.note(f"warning: following job {self.id}: {exc!r}")
+                            hook_failed = True
                     if isinstance(event.data, LogLine):
                         tail.append(event.data)
                     elif isinstance(event.data, Job):

@@ -1,25 +1,30 @@
-"""Trainers: submit a training job to the ACE3 service and follow it until it ends.
+"""Trainers: train a model remotely on the ACE3 service, or in this process.
 
-Every trainer runs remotely the same way (upload what is missing, submit one job, stream its
-progress); the parallel flavours only check that the config asks for their kind of
-parallelism. Settings this version does not implement are refused, with the reason, before
-anything is uploaded or submitted: never silently ignored.
+``trainer.train(model, dataset)`` runs **remotely** when ``model`` is a model stored on the
+service (``client.load_model(...)``, or a path to upload): upload what is missing, submit one
+job, stream its progress. It runs **in this process** (same engine, no server) when ``model``
+is a live ``torch.nn.Module``.
+
+Objects built on the client travel to a remote job by what they are, never pickled: an
+optimizer or scheduler by class and hyperparameters, a callback by class (built-in) or by its
+source code (your own subclass), a logger as the settings it implies plus a local follower
+(metrics logged on your machine, TensorBoard files and ModelCheckpoint files copied into your
+local directories as the job writes them). Settings this version does not implement are
+refused, with the reason, before anything is uploaded or submitted: never silently ignored.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ace3._submit import (
-    refuse_unsupported,
-    resolve_inputs,
-    without_rendezvous,
-)
-from ace3.config import DistributedConfig, TrainingConfig
-from ace3.errors import UnsupportedFeatureError
+from ace3._submit import refuse_unsupported, resolve_inputs, without_rendezvous
+from ace3.config import AMPConfig, CheckpointConfig, DistributedConfig, TrainingConfig
 from ace3.results import JobHandle, TrainingResult
 
 if TYPE_CHECKING:
@@ -33,27 +38,39 @@ __all__ = [
     "Trainer",
 ]
 
-# Trainer arguments that are accepted by name but not implemented yet, and what to do instead.
-_NOT_IMPLEMENTED_ARGUMENTS = {
-    "amp_config": "use TrainingConfig(mixed_precision=True, amp_dtype=..., amp_level='O1')",
-    "scheduler": "learning-rate schedulers are not implemented yet",
-    "logger": "metrics are stored by the service: read result.history or client.jobs.metrics()",
-    "callbacks": "callbacks are not implemented yet",
-    "checkpoint_config": "use TrainingConfig(save_interval=..., max_checkpoints=...)",
-}
+ModelInput = Any  # ModelRef | Model | str | os.PathLike | torch.nn.Module
+DatasetInput = Any  # DatasetRef | Dataset | str | os.PathLike | torch Dataset | DataLoader
 
-ModelInput = Any  # ModelRef | Model | str | os.PathLike
-DatasetInput = Any  # DatasetRef | Dataset | str | os.PathLike
+
+def is_live_module(model: Any) -> bool:
+    """A ``torch.nn.Module`` instance (checked without importing torch ourselves)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
 
 
 class Trainer:
-    """Train a model on the ACE3 service.
+    """Train a model on the ACE3 service or in this process.
 
-    ``config`` is a :class:`~ace3.TrainingConfig` (or a :class:`~ace3.DistributedConfig`,
-    converted). ``client`` defaults to the client that loaded the model, else the default
-    client. ``amp_config``, ``scheduler``, ``logger``, ``callbacks`` and
-    ``checkpoint_config`` are not implemented yet: passing one raises
-    :class:`~ace3.errors.UnsupportedFeatureError`.
+    ``config``: a :class:`~ace3.TrainingConfig` (or a :class:`~ace3.DistributedConfig`, or a
+    dict of its fields). The keyword arguments follow the ACE3 document:
+
+    - ``amp_config``: an :class:`~ace3.AMPConfig` (overrides the config's precision fields);
+    - ``optimizer``: an optimizer built on your model (``ace3.optimizers.*``, or torch's
+      AdamW/Adam/SGD); ``scheduler``: an ``ace3.schedulers.*`` schedule (its optimizer is used
+      when ``optimizer`` is not given). The trainer builds its own optimizer and schedule from
+      their class and hyperparameters, for the model it trains;
+    - ``logger``: one logger or a list (``TrainingLogger``, ``TensorBoardLogger``,
+      ``WandBLogger``); ``callbacks``: a list of ``ace3.Callback`` objects;
+    - ``checkpoint_config``: a :class:`~ace3.CheckpointConfig` (``save_dir`` is local: remote
+      checkpoints are copied there as the job stores them).
     """
 
     #: the parallelism this trainer runs; None accepts any value of the config
@@ -64,34 +81,35 @@ class Trainer:
         config: TrainingConfig | DistributedConfig | Mapping[str, Any] | None = None,
         *,
         client: Client | None = None,
-        amp_config: Any = None,
+        amp_config: AMPConfig | None = None,
+        optimizer: Any = None,
         scheduler: Any = None,
         logger: Any = None,
-        callbacks: Any = None,
-        checkpoint_config: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        checkpoint_config: CheckpointConfig | None = None,
     ):
-        given = {
-            "amp_config": amp_config,
-            "scheduler": scheduler,
-            "logger": logger,
-            "callbacks": callbacks,
-            "checkpoint_config": checkpoint_config,
-        }
-        refused = [argument for argument, value in given.items() if value is not None]
-        if refused:
-            problems = [
-                f"{argument}: not implemented yet ({_NOT_IMPLEMENTED_ARGUMENTS[argument]})"
-                for argument in refused
-            ]
-            raise UnsupportedFeatureError(
-                f"{type(self).__name__}({', '.join(a + '=...' for a in refused)}) is not "
-                "implemented yet in this version:\n  - " + "\n  - ".join(problems),
-                problems,
-            )
         self.config = self._to_training_config(config)
         self._check_parallelism(self.config)
+        if amp_config is not None and not isinstance(amp_config, AMPConfig):
+            raise TypeError(
+                f"amp_config must be an ace3.AMPConfig, not {type(amp_config).__name__}"
+            )
+        if checkpoint_config is not None and not isinstance(checkpoint_config, CheckpointConfig):
+            raise TypeError(
+                "checkpoint_config must be an ace3.CheckpointConfig, "
+                f"not {type(checkpoint_config).__name__}"
+            )
         self.client = client
+        self.amp_config = amp_config
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loggers = _as_list(logger)
+        self.callbacks = _as_list(callbacks)
+        self.checkpoint_config = checkpoint_config
+        self._check_callbacks_and_loggers()
         self.last_job: JobHandle | None = None
+        self._resume_from: str | None = None  # a local checkpoint path or a checkpoint id
+        self.config = self._with_objects(self.config)  # fail fast on what cannot be carried
 
     # -- configuration --------------------------------------------------------------------
 
@@ -122,6 +140,47 @@ class Trainer:
             f"parallelism={cls.parallelism!r}"
         )
 
+    def _check_callbacks_and_loggers(self) -> None:
+        from ace3.callbacks import Callback
+        from ace3.loggers import Logger
+
+        for index, callback in enumerate(self.callbacks):
+            if not isinstance(callback, Callback):
+                raise TypeError(
+                    f"callbacks[{index}] must be an ace3.Callback (or a subclass), "
+                    f"not {type(callback).__name__}"
+                )
+        for index, logger in enumerate(self.loggers):
+            if not isinstance(logger, Logger):
+                raise TypeError(
+                    f"logger[{index}] must be an ace3 logger (TrainingLogger, TensorBoardLogger, "
+                    f"WandBLogger), not {type(logger).__name__}"
+                )
+
+    def _with_objects(self, config: TrainingConfig) -> TrainingConfig:
+        """``config`` with the fields the trainer's objects stand for."""
+        fields: dict[str, Any] = {}
+        if self.amp_config is not None:
+            fields.update(self.amp_config.training_fields())
+        if self.checkpoint_config is not None:
+            fields.update(self.checkpoint_config.training_fields())
+        optimizer = self.optimizer
+        if optimizer is None and self.scheduler is not None:
+            optimizer = getattr(self.scheduler, "optimizer", None)
+        if optimizer is not None:
+            from ace3.optimizers import optimizer_settings
+
+            fields.update(optimizer_settings(optimizer))
+        if self.scheduler is not None:
+            from ace3.schedulers import scheduler_spec
+
+            fields["lr_scheduler"] = scheduler_spec(self.scheduler)
+        for logger in self.loggers:
+            fields.update(logger.training_fields())
+        if not fields:
+            return config
+        return TrainingConfig(**{**config.model_dump(), **fields})
+
     def resolve_config(self, epochs: int | None = None) -> TrainingConfig:
         """The exact config a job would be submitted with (``epochs`` overriding).
 
@@ -134,6 +193,23 @@ class Trainer:
             config = TrainingConfig(**{**config.model_dump(), "epochs": epochs})
         refuse_unsupported(config)
         return without_rendezvous(config)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def load_checkpoint(self, path_or_id: str | os.PathLike[str]) -> None:
+        """Resume the next ``train(..., resume=True)`` from this checkpoint.
+
+        A local file (checked to exist now; a remote job resumes from the stored checkpoint
+        with the same sha256, e.g. one the SDK downloaded into a ``save_dir``), or the id of a
+        checkpoint stored on the service (``result.checkpoints[-1].id``).
+        """
+        value = os.fspath(path_or_id)
+        if not value:
+            raise ValueError("load_checkpoint needs a checkpoint path or id")
+        looks_like_path = os.sep in value or value.endswith((".pt", ".pth", ".safetensors"))
+        if looks_like_path and not Path(value).is_file():
+            raise FileNotFoundError(f"checkpoint file not found: {value}")
+        self._resume_from = value
 
     # -- training -------------------------------------------------------------------------
 
@@ -151,54 +227,78 @@ class Trainer:
         show_progress: bool = True,
         idempotency_key: str | None = None,
         resume: bool = False,
-    ) -> TrainingResult | JobHandle:
-        """Submit a training job and, with ``wait=True``, follow it to the end.
+        compute_loss: Any = None,
+        compute_metrics: Any = None,
+    ) -> Any:
+        """Train ``model`` on ``dataset``; see the class docstring for where it runs.
 
-        ``model``: a :class:`~ace3.client.ModelRef` from ``client.load_model`` (or a path,
-        loaded here); ``dataset`` (or ``train_dataset``) and ``validation_dataset``: a
-        :class:`~ace3.client.DatasetRef` or a path. ``epochs`` overrides ``config.epochs``.
+        Remote: ``model`` from ``client.load_model`` (or a path, loaded here); datasets from
+        ``client.load_dataset`` or paths. Returns a :class:`~ace3.TrainingResult` when the job
+        succeeds; raises :class:`~ace3.errors.JobFailedError` (with its last log lines) or
+        :class:`~ace3.errors.JobCancelledError`; Ctrl-C while waiting cancels the job.
+        ``wait=False`` returns a :class:`~ace3.JobHandle` at once.
 
-        Returns a :class:`~ace3.TrainingResult` when the job succeeds; raises
-        :class:`~ace3.errors.JobFailedError` (with its last log lines) or
-        :class:`~ace3.errors.JobCancelledError`. Ctrl-C while waiting cancels the job.
-        ``wait=False`` returns a :class:`~ace3.JobHandle` at once. ``idempotency_key``
-        (a new uuid4 by default) makes a retried submission return the same job.
+        In process: ``model`` a live ``nn.Module`` (trained in place), datasets a torch
+        Dataset, a DataLoader, an ``(inputs, targets)`` tuple of tensors or a data file path;
+        ``compute_loss(model, batch)`` / ``compute_metrics(model, batch)`` as in a model file.
+        Returns an ``ace3.local.LocalTrainingResult``.
+
+        ``resume=True`` continues from the checkpoint given to :meth:`load_checkpoint`, else
+        from the newest checkpoint in ``checkpoint_config.save_dir``.
         """
-        if resume:
-            raise UnsupportedFeatureError(
-                "resume=True is not implemented yet: resuming from a checkpoint arrives with "
-                "the engine's resume support; start a new job for now"
-            )
-        config = self.resolve_config(epochs)
         if dataset is not None and train_dataset is not None:
             raise ValueError("pass the training data as dataset or train_dataset, not both")
         training_data = dataset if dataset is not None else train_dataset
         if model is None:
-            raise ValueError("model is required: pass client.load_model('model.py') or a path")
+            raise ValueError(
+                "model is required: pass client.load_model('model.py') or a torch.nn.Module"
+            )
         if training_data is None:
             raise ValueError("a dataset is required: pass dataset= (or train_dataset=)")
+        config = self.resolve_config(epochs)
+        if is_live_module(model):
+            from ace3.local_run import run_locally
 
+            return run_locally(
+                self, config, model, training_data, validation_dataset, resume,
+                compute_loss, compute_metrics,
+            )  # fmt: skip
+        if compute_loss is not None or compute_metrics is not None:
+            raise ValueError(
+                "compute_loss/compute_metrics are for in-process runs; a remote job takes them "
+                "from the model file (define compute_loss(model, batch) there)"
+            )
+        from ace3.remote_run import run_remotely
+
+        return run_remotely(
+            self, config, model, training_data, validation_dataset,
+            model_kwargs=model_kwargs, name=name, wait=wait, show_progress=show_progress,
+            idempotency_key=idempotency_key or str(uuid.uuid4()), resume=resume,
+        )  # fmt: skip
+
+    # -- used by the runners ----------------------------------------------------------------
+
+    def _submit(
+        self,
+        config: TrainingConfig,
+        model: ModelInput,
+        training_data: DatasetInput,
+        validation_dataset: DatasetInput,
+        **create: Any,
+    ) -> JobHandle:
         client, ids = resolve_inputs(self.client, model, training_data, validation_dataset)
-        job = client.jobs.create(
-            **ids,
-            config=config,
-            model_kwargs=model_kwargs,
-            name=name,
-            idempotency_key=idempotency_key or str(uuid.uuid4()),
-        )
+        job = client.jobs.create(**ids, config=config, **create)
         handle = JobHandle(job, client)
         self.last_job = handle
-        if not wait:
-            return handle
-        return handle.wait(show_progress=show_progress, cancel_on_interrupt=True)
+        return handle
 
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Not implemented yet: resuming from a checkpoint arrives with the engine's resume
-        support."""
-        raise UnsupportedFeatureError(
-            f"load_checkpoint({os.fspath(path)!r}) is not implemented yet: resuming from a "
-            "checkpoint arrives with the engine's resume support"
-        )
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class DistributedTrainer(Trainer):
@@ -228,3 +328,6 @@ _TRAINER_FOR = {
     "model": "ModelParallelTrainer",
     "pipeline": "PipelineParallelTrainer",
 }
+
+# TrainingResult is re-exported for type hints of callers.
+_ = TrainingResult

@@ -46,16 +46,9 @@ def test_quick_start_data_parallel_amp_and_accumulation_configs_run_as_is() -> N
             {"parallelism", "num_stages", "micro_batch_size"},
         ),
         (
-            dict(gradient_checkpointing=True, checkpoint_segments=4),
-            {"gradient_checkpointing", "checkpoint_segments"},
-        ),
-        (
             dict(cpu_offload=True, offload_optimizer=True, offload_parameters=True),
             {"cpu_offload", "offload_optimizer", "offload_parameters"},
         ),
-        (dict(mixed_precision=True, amp_level="O2"), {"amp_level"}),
-        (dict(mixed_precision=True, loss_scaling=128.0), {"loss_scaling"}),
-        (dict(mixed_precision=True, loss_scaling="static"), {"loss_scaling"}),
         (dict(zero_stage=3), {"zero_stage"}),
     ],
 )

@@ -29,17 +29,33 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _train(job_path: str) -> None:
     # Imported here so that a broken torch install is reported like any other failure.
+    from pathlib import Path
+
     from ace3.runtime.build import build
     from ace3.runtime.distributed import init_distributed
+    from ace3.runtime.hook_factory import engine_hooks
     from ace3.runtime.job_spec import load_job_spec
-    from ace3.runtime.trainer import Trainer
+    from ace3.runtime.memory_meter import PeakMemoryMeter
+    from ace3.runtime.trainer import RunPlace, Trainer
 
     job = load_job_spec(job_path)
     ctx = init_distributed(job.config)
     print(
         f"ready: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}", flush=True
     )
-    Trainer(job, ctx, build(job, ctx)).run()
+    memory = PeakMemoryMeter(ctx.device)
+    memory.start()
+    try:
+        parts = build(job, ctx)
+        place = RunPlace(
+            label=f"job {job.job_id} attempt {job.attempt}",
+            output_dir=Path(job.output_dir),
+            checkpoint_dir=Path(job.output_dir) / "checkpoints",
+            resumed=bool(job.resume_from),
+        )
+        Trainer(place, ctx, parts, engine_hooks(job.config, ctx), memory=memory).run()
+    finally:
+        memory.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,9 +50,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def resolve_device_and_backend(config: TrainingConfig, local_rank: int) -> tuple[torch.device, str]:
-    """Pick the device from ``ACE3_DEVICE`` and the backend from the config."""
-    wants_cuda = os.environ.get("ACE3_DEVICE", "cpu").strip().lower() == "cuda"
+def resolve_device_and_backend(
+    config: TrainingConfig, local_rank: int, default_device: str = "cpu"
+) -> tuple[torch.device, str]:
+    """Pick the device from ``ACE3_DEVICE`` (else ``default_device``), the backend from the
+    config."""
+    wants_cuda = os.environ.get("ACE3_DEVICE", default_device).strip().lower() == "cuda"
     has_cuda = torch.cuda.is_available()
     if wants_cuda and not has_cuda:
         print(
@@ -78,13 +81,13 @@ def resolve_device_and_backend(config: TrainingConfig, local_rank: int) -> tuple
     return torch.device("cpu"), backend
 
 
-def init_distributed(config: TrainingConfig) -> DistContext:
+def init_distributed(config: TrainingConfig, default_device: str = "cpu") -> DistContext:
     """Join (or, outside torchrun, create) the default process group."""
     launched = "RANK" in os.environ
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
-    device, backend = resolve_device_and_backend(config, local_rank)
+    device, backend = resolve_device_and_backend(config, local_rank, default_device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():

@@ -9,7 +9,7 @@ Loaders get their own ``torch.Generator`` so they never consume the global torch
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ def train_loader(
     num_workers: int,
     seed: int,
     pin_memory: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader[Any]:
     """Loader over ``sampler``'s current epoch, starting after ``skip_batches`` batches."""
     return DataLoader(
@@ -75,6 +76,7 @@ def train_loader(
         pin_memory=pin_memory,
         drop_last=False,
         generator=_generator(seed),
+        collate_fn=collate_fn,
     )
 
 
@@ -89,6 +91,7 @@ def validation_loader(
     batch_size: int,
     num_workers: int,
     pin_memory: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader[Any]:
     assert isinstance(dataset, Sized)
     return DataLoader(
@@ -99,4 +102,5 @@ def validation_loader(
         pin_memory=pin_memory,
         drop_last=False,
         generator=_generator(0),
+        collate_fn=collate_fn,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,17 +26,28 @@ def _finite(value: Any) -> Any:
 class EventWriter:
     """Append-only JSONL writer; enabled on rank 0 only."""
 
-    def __init__(self, path: Path, enabled: bool) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        enabled: bool,
+        sink: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """``path``: the JSONL file (None: no file); ``sink``: also called with every event
+        (an in-process run collects its history this way)."""
         self.path = path
+        self._sink = sink if enabled else None
         self._handle: TextIO | None = None
-        if enabled:
+        if enabled and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._handle = path.open("a", encoding="utf-8")
 
     def write(self, event: dict[str, Any]) -> None:
+        clean = _finite(event)
+        if self._sink is not None:
+            self._sink(clean)
         if self._handle is None:
             return
-        line = json.dumps(_finite(event), allow_nan=False, separators=(",", ":"))
+        line = json.dumps(clean, allow_nan=False, separators=(",", ":"))
         self._handle.write(line + "\n")
         self._handle.flush()
 

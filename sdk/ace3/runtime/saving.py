@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ace3.config import TrainingConfig
 from ace3.runtime.build import Components
 from ace3.runtime.checkpointing import (
     SavedCheckpoint,
@@ -22,13 +23,21 @@ from ace3.runtime.rng import capture_rng
 
 
 def checkpoint_payload(
-    parts: Components, rng_per_rank: list[Any], world_size: int
+    parts: Components, rng_per_rank: list[Any], world_size: int, config: TrainingConfig
 ) -> dict[str, Any]:
-    """Plain tensors and containers only (loadable with ``weights_only=True``)."""
+    """Plain tensors and containers only (loadable with ``weights_only=True``).
+
+    ``model`` holds full-precision weights whatever the precision level; the optimizer state is
+    left out with ``save_optimizer=False``, the scheduler and loss-scaler state with
+    ``save_scheduler=False`` (a resume then restarts them, and says so).
+    """
+    scheduler = parts.scheduler
+    keep_schedule = config.save_scheduler
     return {
-        "model": parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
-        "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else {},
+        "model": parts.precision.model_state_dict(parts.model),
+        "optimizer": parts.optimizer.state_dict() if config.save_optimizer else {},
+        "scaler": parts.scaler.state_dict() if keep_schedule and parts.scaler.is_enabled() else {},
+        "scheduler": scheduler.state_dict() if keep_schedule and scheduler is not None else {},
         **parts.state.to_checkpoint(),
         "rng_per_rank": rng_per_rank,
         "world_size": world_size,
@@ -36,23 +45,30 @@ def checkpoint_payload(
     }
 
 
+def gather_rng(ctx: DistContext) -> list[Any] | None:
+    """Every rank's RNG states, on rank 0 (None elsewhere). A collective, behind a barrier."""
+    barrier(ctx)
+    mine = capture_rng()
+    gathered: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(mine, gathered, dst=0)
+    return gathered
+
+
 def save_job_checkpoint(
     parts: Components,
     ctx: DistContext,
     directory: Path,
     events: EventWriter,
+    config: TrainingConfig,
 ) -> SavedCheckpoint | None:
     """Save ``step-XXXXXXXX.pt`` atomically and append its checkpoint event (rank 0)."""
-    barrier(ctx)
-    mine = capture_rng()
-    gathered: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(mine, gathered, dst=0)
+    gathered = gather_rng(ctx)
     saved = None
     if ctx.is_main:
         assert gathered is not None
         state = parts.state
         saved = save_atomic(
-            checkpoint_payload(parts, gathered, ctx.world_size),
+            checkpoint_payload(parts, gathered, ctx.world_size, config),
             directory / checkpoint_name(state.step),
         )
         events.write(

@@ -1,15 +1,17 @@
-"""The training loop: DDP micro-steps with gradient accumulation, metrics, validation, saves.
+"""The training loop: optimizer steps, metrics, validation, schedules, hooks and saves.
 
 One optimizer step consumes ``gradient_accumulation_steps`` per-rank micro-batches (fewer for
-the last group of an epoch); the loss of each is divided by the group's size, and gradients are
-synchronised only on the group's last micro-batch. Training metrics go out at step 1 and every
+the last group of an epoch), run by :class:`ace3.runtime.steps.StepRunner` (loss scaling,
+clipping, out-of-memory recovery). Training metrics go out at step 1 and every
 ``log_interval`` steps; after every epoch, its mean loss (``epoch_train_loss``) with the
 validation metrics; checkpoints every ``save_interval`` steps and at the end; a summary last.
+Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
+any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
 """
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,43 +19,74 @@ import torch
 import torch.distributed as dist
 
 from ace3.runtime.build import Components
-from ace3.runtime.distributed import DistContext
+from ace3.runtime.checkpointing import CHECKPOINT_RE, save_atomic
+from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.evaluation import evaluate
-from ace3.runtime.job_spec import JobSpec
+from ace3.runtime.hooks import HookList, RunContext
 from ace3.runtime.loaders import batches_per_epoch, train_loader, train_sampler, validation_loader
-from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
+from ace3.runtime.memory_meter import (
+    PeakMemoryMeter,
+    max_over_ranks,
+    memory_summary,
+    training_state_bytes,
+)
 from ace3.runtime.metric_window import MetricWindow
 from ace3.runtime.optim import current_learning_rate
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import rank_seed
-from ace3.runtime.saving import save_job_checkpoint
+from ace3.runtime.saving import checkpoint_payload, gather_rng, save_job_checkpoint
+from ace3.runtime.steps import StepRunner
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    """Where a run writes: ``label`` names it in logs (``job X attempt N`` or ``local run``)."""
+
+    label: str
+    output_dir: Path
+    checkpoint_dir: Path | None  # None: no checkpoint files (an in-process run without save_dir)
+    resumed: bool = False
+    keep_checkpoints: int | None = None  # prune checkpoint_dir to the newest N (in-process runs)
 
 
 class Trainer:
     """Runs one job attempt on this rank (every rank runs the same sequence of collectives)."""
 
-    def __init__(self, job: JobSpec, ctx: DistContext, parts: Components) -> None:
-        self.job, self.ctx, self.parts = job, ctx, parts
-        self.config = job.config
+    def __init__(
+        self,
+        place: RunPlace,
+        ctx: DistContext,
+        parts: Components,
+        hooks: HookList | None = None,
+        events: EventWriter | None = None,
+        memory: PeakMemoryMeter | None = None,
+    ) -> None:
+        self.place, self.ctx, self.parts = place, ctx, parts
+        self.config = parts.config
         self.state = parts.state
-        self.checkpoint_dir = Path(job.output_dir) / "checkpoints"
-        self.events = EventWriter(Path(job.output_dir) / "events.jsonl", enabled=ctx.is_main)
+        self.hooks = hooks or HookList()
+        self.events = events or EventWriter(place.output_dir / "events.jsonl", enabled=ctx.is_main)
+        self.memory = memory
+        self.steps = StepRunner(parts, ctx, parts.config)
         self.sampler = train_sampler(parts.train_set, ctx.rank, ctx.world_size, self.config.seed)
         self.batches_per_epoch = batches_per_epoch(self.sampler, parts.per_rank_batch)
-        pin = ctx.device.type == "cuda"
         self.val_loader = None
         if parts.validation_set is not None:
             self.val_loader = validation_loader(
                 parts.validation_set, ctx.rank, ctx.world_size, parts.per_rank_batch,
-                self.config.num_workers, pin_memory=pin,
+                self.config.num_workers, pin_memory=ctx.device.type == "cuda",
+                collate_fn=parts.collate_fn,
             )  # fmt: skip
         self.window = MetricWindow(ctx.device, ctx.rank)  # since the last metrics event
         self.epoch_window = MetricWindow(ctx.device, ctx.rank)  # since the epoch began
         self.window.set_carry(*self.state.carry.get("interval", (0.0, 0.0)))
         self.epoch_window.set_carry(*self.state.carry.get("epoch", (0.0, 0.0)))
         # A resumed run never rewrites the checkpoint it started from.
-        self.last_saved_step: int | None = self.state.step if job.resume_from else None
+        self.last_saved_step: int | None = self.state.step if place.resumed else None
         self.save_after_validation = False
+        self.stop_requested = False
+        self.step_lr: float | None = None  # the learning rate of the last optimizer step
+        parts.model.stop_training = False  # type: ignore[assignment]
 
     # -- reporting --------------------------------------------------------------------------
     def _log(self, message: str) -> None:
@@ -63,10 +96,15 @@ class Trainer:
     def _metrics(self, values: dict[str, float]) -> None:
         self.state.record(values)
         self.events.metrics(self.state.step, self.state.display_epoch(), values)
+        self.hooks.on_metrics(self.state.step, self.state.display_epoch(), values)
 
     def _report_window(self) -> None:
         train_loss, samples_per_sec = self.window.reduce(self.ctx.world_size)
-        lr = current_learning_rate(self.parts.optimizer)
+        lr = (
+            self.step_lr
+            if self.step_lr is not None
+            else current_learning_rate(self.parts.optimizer)
+        )
         values = {
             "train_loss": train_loss,
             "learning_rate": lr,
@@ -74,6 +112,8 @@ class Trainer:
         }
         if samples_per_sec is not None:
             values["samples_per_sec"] = samples_per_sec
+        if self.parts.scaler.is_enabled():
+            values["loss_scale"] = float(self.parts.scaler.get_scale())
         self._metrics(values)
         speed = f" samples/s={samples_per_sec:.0f}" if samples_per_sec is not None else ""
         self._log(
@@ -82,7 +122,7 @@ class Trainer:
         )
         self.window.reset()
 
-    def _validate(self, label: str, with_epoch_loss: bool) -> None:
+    def _validate(self, label: str, with_epoch_loss: bool) -> dict[str, float]:
         values: dict[str, float] = {}
         if with_epoch_loss and self.epoch_window.has_data:
             # Not "train_loss": metrics are keyed by (step, name), and an interval report can
@@ -101,59 +141,92 @@ class Trainer:
         if values:
             self._metrics(values)
             self._log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()))
+            if self.parts.scheduler is not None:
+                self.parts.scheduler.after_validation(values)
+        return values
 
+    # -- saving -------------------------------------------------------------------------------
     def _save(self) -> None:
         interval = self.window.global_sums(self.ctx.world_size)
         epoch = self.epoch_window.global_sums(self.ctx.world_size)
         self.state.carry = {"interval": list(interval[:2]), "epoch": list(epoch[:2])}
-        save_job_checkpoint(self.parts, self.ctx, self.checkpoint_dir, self.events)
+        if self.place.checkpoint_dir is None:
+            return
+        saved = save_job_checkpoint(
+            self.parts, self.ctx, self.place.checkpoint_dir, self.events, self.config
+        )
         self.last_saved_step = self.state.step
+        if self.ctx.is_main and saved is not None and self.place.keep_checkpoints:
+            prune_checkpoint_files(self.place.checkpoint_dir, self.place.keep_checkpoints)
+        self.hooks.on_checkpoint(self.state.step, saved.path if saved is not None else None)
+
+    def save_model(self, path: Path, weights_only: bool) -> None:
+        """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
+        ``path`` (written by rank 0; every rank must call this at the same point)."""
+        parts = self.parts
+        if weights_only:
+            barrier(self.ctx)
+            if self.ctx.is_main:
+                save_atomic(parts.precision.model_state_dict(parts.model), path)
+            barrier(self.ctx)
+            return
+        rngs = gather_rng(self.ctx)
+        if self.ctx.is_main:
+            assert rngs is not None
+            save_atomic(checkpoint_payload(parts, rngs, self.ctx.world_size, self.config), path)
+        barrier(self.ctx)
 
     def _done(self) -> bool:
         max_steps = self.config.max_steps
-        return max_steps is not None and self.state.step >= max_steps
+        return self.stop_requested or (max_steps is not None and self.state.step >= max_steps)
+
+    def _agree_stop(self) -> bool:
+        """Any rank's hook or ``model.stop_training`` stops every rank (a collective)."""
+        wanted = self.hooks.wants_stop() or bool(getattr(self.parts.model, "stop_training", False))
+        if self.ctx.world_size > 1:
+            flag = torch.tensor([1.0 if wanted else 0.0], device=self.ctx.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            wanted = bool(flag.item() > 0)
+        if wanted and not self.stop_requested:
+            self._log(f"stopping at step {self.state.step}: a callback asked to stop training")
+        self.stop_requested = self.stop_requested or wanted
+        return wanted
 
     # -- training ---------------------------------------------------------------------------
-    def _optimizer_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, int]:
-        parts, config = self.parts, self.config
-        parts.optimizer.zero_grad(set_to_none=True)
-        group = len(micro_batches)
-        step_loss = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
-        samples = 0
-        for i, raw in enumerate(micro_batches):
-            batch = move_to_device(raw, self.ctx.device)
-            samples += batch_size_of(batch)
-            sync = contextlib.nullcontext() if i == group - 1 else parts.ddp.no_sync()
-            with sync:
-                with parts.precision.autocast():
-                    loss = forward_loss(parts.ddp, batch, parts.user.compute_loss).loss
-                parts.scaler.scale(loss / group).backward()
-            step_loss += loss.detach().float() / group
-        if config.max_grad_norm is not None:
-            parts.scaler.unscale_(parts.optimizer)
-            torch.nn.utils.clip_grad_norm_(parts.model.parameters(), config.max_grad_norm)
-        parts.scaler.step(parts.optimizer)
-        parts.scaler.update()
-        return step_loss, samples
-
     def _train_epoch(self) -> None:
-        """Train the rest of the current epoch, or until max_steps."""
+        """Train the rest of the current epoch, or until max_steps or a stop request."""
         state, parts, config = self.state, self.parts, self.config
         self.sampler.set_epoch(state.epoch)
         loader = train_loader(
             parts.train_set, self.sampler, parts.per_rank_batch, state.batch_in_epoch,
             config.num_workers, rank_seed(config.seed + state.epoch, self.ctx.rank),
-            pin_memory=self.ctx.device.type == "cuda",
+            pin_memory=self.ctx.device.type == "cuda", collate_fn=parts.collate_fn,
         )  # fmt: skip
         batches = iter(loader)
         k = config.gradient_accumulation_steps
+        hooks = self.hooks
         while state.batch_in_epoch < self.batches_per_epoch and not self._done():
             group = min(k, self.batches_per_epoch - state.batch_in_epoch)
-            step_loss, samples = self._optimizer_step([next(batches) for _ in range(group)])
+            batch_index = state.batch_in_epoch // k
+            hooks.on_batch_begin(batch_index)
+            self.step_lr = current_learning_rate(parts.optimizer)  # the rate this step uses
+            step_loss, samples = self.steps.run([next(batches) for _ in range(group)], state.step)
             state.step += 1
             state.batch_in_epoch += group
+            if parts.scheduler is not None:
+                parts.scheduler.after_optimizer_step()
             self.window.add(step_loss, samples)
             self.epoch_window.add(step_loss, samples)
+            if hooks.wants_batch_logs:
+                logs = {
+                    "loss": float(step_loss.item()),
+                    "step": float(state.step),
+                    "learning_rate": self.step_lr,
+                    "batch_size": float(samples),
+                }
+                hooks.on_batch_end(batch_index, logs)
+            else:
+                hooks.on_batch_end(batch_index, {})
             if state.step == 1 or state.step % config.log_interval == 0:
                 self._report_window()
             if config.save_interval and state.step % config.save_interval == 0:
@@ -161,41 +234,81 @@ class Trainer:
                     self.save_after_validation = True  # so it holds this epoch's validation
                 else:
                     self._save()
+            if hooks.checks_stop_every_batch and self._agree_stop():
+                break
 
     def run(self) -> dict[str, Any]:
         """Train to the end; write the final checkpoint and the summary; return final metrics."""
         state, config = self.state, self.config
+        parts = self.parts
         self._log(
-            f"job {self.job.job_id} attempt {self.job.attempt}: "
+            f"{self.place.label}: "
             f"{len(self.sampler.dataset)} training samples, "  # type: ignore[arg-type]
-            f"{self.batches_per_epoch} micro-batches of {self.parts.per_rank_batch} per rank "
-            f"per epoch, {config.epochs} epoch(s), precision {self.parts.precision.describe()}"
+            f"{self.batches_per_epoch} micro-batches of {parts.per_rank_batch} per rank "
+            f"per epoch, {config.epochs} epoch(s), precision {parts.precision.describe()}"
+        )
+        self.hooks.bind(
+            RunContext(
+                model=parts.model,
+                optimizer=parts.optimizer,
+                config=config,
+                rank=self.ctx.rank,
+                world_size=self.ctx.world_size,
+                device=self.ctx.device,
+                output_dir=self.place.output_dir,
+                scheduler=parts.scheduler.scheduler if parts.scheduler is not None else None,
+                save_model=self.save_model,
+                example_batch=self._example_batch() if self.hooks else None,
+            )
         )
         validated_at: int | None = None
         try:
+            self.hooks.on_train_begin()
             while state.epoch < config.epochs and not self._done():
+                self.hooks.on_epoch_begin(state.epoch + 1)
                 self._train_epoch()
                 if state.batch_in_epoch < self.batches_per_epoch:
-                    break  # stopped by max_steps mid-epoch
+                    break  # stopped by max_steps or a callback mid-epoch
                 if self.window.has_data:
                     self._report_window()  # the epoch's last steps, before its validation
-                self._validate(f"epoch {state.epoch + 1} done", with_epoch_loss=True)
+                values = self._validate(f"epoch {state.epoch + 1} done", with_epoch_loss=True)
                 validated_at = state.step
                 if self.save_after_validation:
                     self.save_after_validation = False
                     self._save()
+                logs = dict(values)
+                if "epoch_train_loss" in logs:
+                    logs["train_loss"] = logs["epoch_train_loss"]
+                self.hooks.on_epoch_end(state.epoch + 1, logs)
                 state.epoch += 1
                 state.batch_in_epoch = 0
                 self.epoch_window.reset()
+                self._agree_stop()
             if self.window.has_data:
                 self._report_window()
             if validated_at != state.step and self.val_loader is not None:
                 self._validate(f"validation at step {state.step}", with_epoch_loss=False)
             if self.last_saved_step != state.step:
                 self._save()
-            return self._summary()
+            summary = self._summary()
+            self.hooks.on_train_end(dict(summary))
+            return summary
         finally:
+            self.hooks.close()
             self.events.close()
+
+    def _example_batch(self) -> Any:
+        """The first training batch on the device (for graphs and images); None if unavailable."""
+        try:
+            loader = train_loader(
+                self.parts.train_set, self.sampler, self.parts.per_rank_batch, 0, 0, 0,
+                pin_memory=False, collate_fn=self.parts.collate_fn,
+            )  # fmt: skip
+            from ace3.runtime.losses import move_to_device
+
+            return move_to_device(next(iter(loader)), self.ctx.device)
+        except Exception:
+            return None
 
     def _summary(self) -> dict[str, Any]:
         state = self.state
@@ -208,6 +321,13 @@ class Trainer:
             final["best_val_accuracy"] = state.best_val_accuracy
         final["steps"] = state.step
         final["epochs"] = state.display_epoch()
+        if self.memory is not None:
+            final.update(self._memory_figures())
+        if self.steps.split > 1:
+            final["micro_batch_split"] = self.steps.split
+        if self.parts.scaler.is_enabled():
+            final["skipped_steps"] = self.parts.scaler.skipped_steps
+            final["loss_scale"] = float(self.parts.scaler.get_scale())
         self.events.write(
             {
                 "type": "summary",
@@ -219,3 +339,23 @@ class Trainer:
         )
         self._log("done: " + " ".join(f"{k}={v}" for k, v in final.items()))
         return final
+
+    def _memory_figures(self) -> dict[str, Any]:
+        """Peak memory (the rank with the largest) and the training state's size (a
+        collective)."""
+        assert self.memory is not None
+        reading = max_over_ranks(self.memory.reading(), self.ctx.device)
+        return memory_summary(reading, training_state_bytes(self.parts.model, self.parts.optimizer))
+
+
+def prune_checkpoint_files(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` ``step-*.pt`` files (never the newest one)."""
+    found = sorted(
+        (int(match.group(1)), path)
+        for path in directory.iterdir()
+        if (match := CHECKPOINT_RE.match(path.name))
+    )
+    doomed = [path for _, path in found[: max(0, len(found) - max(keep, 1))]]
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return doomed

@@ -38,14 +38,9 @@ def refs(api: MockAPI) -> tuple[ModelRef, DatasetRef]:
     ("config", "fields"),
     [
         (
-            ace3.TrainingConfig(gradient_checkpointing=True, checkpoint_segments=4),
-            ["gradient_checkpointing", "checkpoint_segments"],
-        ),
-        (
             ace3.TrainingConfig(cpu_offload=True, offload_optimizer=True, offload_parameters=True),
             ["cpu_offload", "offload_optimizer", "offload_parameters"],
         ),
-        (ace3.TrainingConfig(mixed_precision=True, amp_level="O2"), ["amp_level"]),
         (ace3.DistributedConfig(num_gpus=4, num_nodes=4, backend="nccl"), ["num_nodes"]),
     ],
 )
@@ -85,19 +80,39 @@ def test_unsupported_settings_are_refused_even_without_an_api_key(tmp_path: Path
 
 
 @pytest.mark.parametrize(
-    "argument", ["amp_config", "scheduler", "logger", "callbacks", "checkpoint_config"]
+    ("argument", "message"),
+    [
+        ("amp_config", "amp_config must be an ace3.AMPConfig"),
+        ("checkpoint_config", "checkpoint_config must be an ace3.CheckpointConfig"),
+        ("callbacks", r"callbacks\[0\] must be an ace3.Callback"),
+        ("logger", r"logger\[0\] must be an ace3 logger"),
+    ],
 )
-def test_not_implemented_trainer_arguments_are_refused(argument):
-    with pytest.raises(ace3.UnsupportedFeatureError, match=f"{argument}.*not implemented yet"):
-        ace3.Trainer(**{argument: object()})
+def test_trainer_arguments_of_the_wrong_type_are_refused(argument, message):
+    value = [object()] if argument == "callbacks" else object()
+    with pytest.raises(TypeError, match=message):
+        ace3.Trainer(**{argument: value})
 
 
-def test_resume_and_load_checkpoint_are_refused(api, refs):
+def test_amp_and_checkpoint_configs_set_the_job_fields():
+    trainer = ace3.Trainer(
+        amp_config=ace3.AMPConfig(opt_level="O2", loss_scale=128.0, min_loss_scale=2.0),
+        checkpoint_config=ace3.CheckpointConfig(
+            save_dir="./checkpoints", save_interval=7, max_checkpoints=2, save_optimizer=False
+        ),
+    )
+    config = trainer.resolve_config()
+    assert (config.mixed_precision, config.amp_level, config.loss_scaling) == (True, "O2", 128.0)
+    assert config.min_loss_scale == 2.0
+    assert (config.save_interval, config.max_checkpoints, config.save_optimizer) == (7, 2, False)
+
+
+def test_resume_without_a_checkpoint_and_a_missing_file_are_refused(api, refs, tmp_path):
     model, dataset = refs
-    with pytest.raises(ace3.UnsupportedFeatureError, match="resume"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint to resume"):
         ace3.Trainer().train(model, dataset, resume=True)
-    with pytest.raises(ace3.UnsupportedFeatureError, match="not implemented yet"):
-        ace3.Trainer().load_checkpoint("./checkpoints/checkpoint-5000.pt")
+    with pytest.raises(FileNotFoundError, match="checkpoint file not found"):
+        ace3.Trainer().load_checkpoint(str(tmp_path / "checkpoints" / "checkpoint-5000.pt"))
     assert api.requests == []
 
 

@@ -1,0 +1,102 @@
+"""Glue between :class:`ace3.Trainer` and the in-process engine (:mod:`ace3.local`).
+
+Turns the trainer's objects into engine hooks (callbacks, loggers), picks the checkpoint
+directory and the checkpoint to resume from, and tells active profilers what ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ace3.config import TrainingConfig
+
+if TYPE_CHECKING:
+    from ace3.trainers import Trainer
+
+
+def checkpoint_dir_of(trainer: Trainer) -> Path | None:
+    if trainer.checkpoint_config is not None and trainer.checkpoint_config.save_dir:
+        return Path(trainer.checkpoint_config.save_dir).expanduser().resolve()
+    for logger in trainer.loggers:
+        directory = logger.checkpoint_dir() if hasattr(logger, "checkpoint_dir") else None
+        if directory is not None:
+            return Path(directory).expanduser().resolve()
+    return None
+
+
+def _resume_path(trainer: Trainer, resume: bool, checkpoint_dir: Path | None) -> Path | None:
+    from ace3.local import latest_checkpoint_in
+
+    if not resume:
+        if trainer._resume_from is not None:
+            print(
+                "note: a checkpoint was loaded with load_checkpoint() but train() was called "
+                "without resume=True: training starts from the model's current weights",
+                flush=True,
+            )
+        return None
+    if trainer._resume_from is not None:
+        path = Path(trainer._resume_from)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{trainer._resume_from!r} is not a local checkpoint file: an in-process run "
+                "resumes from a file (download a stored one with "
+                "client.jobs.download_checkpoint(job_id, checkpoint_id, to=...))"
+            )
+        return path
+    latest = latest_checkpoint_in(checkpoint_dir) if checkpoint_dir is not None else None
+    if latest is None:
+        where = f"in {checkpoint_dir}" if checkpoint_dir is not None else "(no save_dir is set)"
+        raise FileNotFoundError(
+            f"resume=True but there is no checkpoint to resume from {where}: call "
+            "trainer.load_checkpoint(path) first"
+        )
+    return latest
+
+
+def run_locally(
+    trainer: Trainer,
+    config: TrainingConfig,
+    model: Any,
+    dataset: Any,
+    validation_dataset: Any,
+    resume: bool,
+    compute_loss: Any,
+    compute_metrics: Any,
+) -> Any:
+    from ace3.local import train_in_process
+    from ace3.profiling import MemoryProfiler, active_profilers
+    from ace3.runtime.callback_hook import CallbackHook
+
+    checkpoint_dir = checkpoint_dir_of(trainer)
+    resume_from = _resume_path(trainer, resume, checkpoint_dir)
+    hooks: list[Any] = []
+    if trainer.callbacks:
+        hooks.append(CallbackHook(trainer.callbacks))
+    for logger in trainer.loggers:
+        hooks.extend(logger.engine_hooks(local=True))
+    memory_profilers = [p for p in active_profilers() if isinstance(p, MemoryProfiler)]
+
+    def on_memory(final: dict[str, Any]) -> None:
+        state_mb = final.get("state_memory_mb")
+        if state_mb is not None:
+            for profiler in memory_profilers:
+                profiler.note_training_state(int(state_mb * 2**20))
+
+    info = {"job_id": None, "config": config.model_dump(mode="json"), "where": "local"}
+    for logger in trainer.loggers:
+        logger.start(info)
+    status = "failed"
+    try:
+        result = train_in_process(
+            config, model, dataset, validation_dataset,
+            hooks=hooks, checkpoint_dir=checkpoint_dir, keep_checkpoints=config.max_checkpoints,
+            resume_from=resume_from, compute_loss=compute_loss, compute_metrics=compute_metrics,
+            on_memory=on_memory,
+        )  # fmt: skip
+        status = "succeeded"
+        return result
+    finally:
+        for logger in trainer.loggers:
+            logger.finish(status)
