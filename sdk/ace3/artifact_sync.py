@@ -17,7 +17,6 @@ is kept in ``errors`` and the file is retried on the next call; nothing is raise
 from __future__ import annotations
 
 import abc
-import hashlib
 import logging
 import os
 import time
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from ace3.errors import ACE3Error
+from ace3.packing import sha256_file
 from ace3.resources import Artifact, Checkpoint
 from ace3.specs import ARTIFACT_SCHEME
 
@@ -44,14 +44,6 @@ DEFAULT_MIN_INTERVAL_SECONDS = 2.0
 RETRIED_ERRORS = (ACE3Error, OSError, httpx.HTTPError)
 
 
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _already_there(target: Path, size_bytes: int | None, sha256: str | None) -> bool:
     """The local file holds these bytes already (a sync restarted after a crash)."""
     try:
@@ -59,7 +51,7 @@ def _already_there(target: Path, size_bytes: int | None, sha256: str | None) -> 
             return False
         if size_bytes is not None and target.stat().st_size != size_bytes:
             return False
-        return _sha256_of(target) == sha256
+        return sha256_file(target) == sha256
     except OSError:
         return False
 

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ace3.config import TrainingConfig
+from ace3.results import MetricsView
 from ace3.runtime.build import build_local
 from ace3.runtime.checkpointing import CHECKPOINT_RE, load_checkpoint
 from ace3.runtime.dataset_files import make_dataset
@@ -37,7 +38,7 @@ from ace3.runtime.user_code import LossFn, MetricsFn, UserCode
 
 
 @dataclass
-class LocalTrainingResult:
+class LocalTrainingResult(MetricsView):
     """What an in-process run gives back; the same names as a remote job's result.
 
     ``history``: metric name -> ``[(step, value), ...]``; ``final_metrics`` (also attributes:
@@ -52,24 +53,6 @@ class LocalTrainingResult:
     best_val_loss: float | None = None
     checkpoints: list[Path] = field(default_factory=list)
     job_id: None = None
-
-    def history_by_step(self) -> list[dict[str, float]]:
-        rows: dict[int, dict[str, float]] = {}
-        for name, points in self.history.items():
-            for step, value in points:
-                rows.setdefault(step, {"step": step})[name] = value
-        return [rows[step] for step in sorted(rows)]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name == "final_metrics":
-            raise AttributeError(name)
-        final = self.__dict__.get("final_metrics") or {}
-        if name in final:
-            return final[name]
-        raise AttributeError(
-            f"LocalTrainingResult has no attribute or final metric {name!r}; "
-            f"final metrics: {sorted(final)}"
-        )
 
 
 class _Collector:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
+from ace3.packing import sha256_file
 from ace3.results import JobHandle
 from ace3.specs import ARTIFACT_SCHEME
 
@@ -88,12 +89,10 @@ class RemotePlan:
 
 def _checkpoint_id_for(client: Client, value: str) -> str:
     """A stored checkpoint's id from an id, or from a local file with the same sha256."""
-    from ace3.trainers import sha256_of
-
     path = Path(value)
     if not path.is_file():
         return value  # an id: the server checks it (404 when unknown)
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     found = client.checkpoints.find(sha256=digest)
     if not found:
         raise UnsupportedFeatureError(
@@ -113,11 +112,9 @@ def _resume_checkpoint(trainer: Trainer, client: Client, resume: bool) -> str | 
         return _checkpoint_id_for(client, trainer._resume_from)
     directory = checkpoint_dir_of(trainer)
     if directory is not None:
-        from ace3.trainers import sha256_of
-
         files = sorted(directory.glob("step-*.pt"))
         if files:
-            found = client.checkpoints.find(sha256=sha256_of(files[-1]))
+            found = client.checkpoints.find(sha256=sha256_file(files[-1]))
             if found:
                 return found[0].id
     raise FileNotFoundError(

@@ -20,8 +20,35 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 20
 
 
+class MetricsView:
+    """What every training result offers over its ``history`` and ``final_metrics``."""
+
+    history: dict[str, list[tuple[int, float]]]
+    final_metrics: dict[str, Any]
+
+    def history_by_step(self) -> list[dict[str, float]]:
+        """One dict per step that reported something: ``{"step": 10, "train_loss": ...}``."""
+        rows: dict[int, dict[str, float]] = {}
+        for name, points in self.history.items():
+            for step, value in points:
+                rows.setdefault(step, {"step": step})[name] = value
+        return [rows[step] for step in sorted(rows)]
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup failed: expose final metrics as attributes
+        if name.startswith("_") or name == "final_metrics":
+            raise AttributeError(name)
+        final = self.__dict__.get("final_metrics") or {}
+        if name in final:
+            return final[name]
+        raise AttributeError(
+            f"{type(self).__name__} has no attribute or final metric {name!r}; "
+            f"final metrics: {sorted(final)}"
+        )
+
+
 @dataclass
-class TrainingResult:
+class TrainingResult(MetricsView):
     """A finished job and everything it reported.
 
     - ``history``: metric name -> ``[(step, value), ...]`` in step order;
@@ -79,26 +106,6 @@ class TrainingResult:
             checkpoints=list(checkpoints or []),
             logs_tail=list(logs_tail or []),
             metrics=ordered,
-        )
-
-    def history_by_step(self) -> list[dict[str, float]]:
-        """One dict per step that reported something: ``{"step": 10, "train_loss": ...}``."""
-        rows: dict[int, dict[str, float]] = {}
-        for name, points in self.history.items():
-            for step, value in points:
-                rows.setdefault(step, {"step": step})[name] = value
-        return [rows[step] for step in sorted(rows)]
-
-    def __getattr__(self, name: str) -> Any:
-        # only reached when normal lookup failed: expose final metrics as attributes
-        if name.startswith("_") or name == "final_metrics":
-            raise AttributeError(name)
-        final = self.__dict__.get("final_metrics") or {}
-        if name in final:
-            return final[name]
-        raise AttributeError(
-            f"TrainingResult has no attribute or final metric {name!r}; "
-            f"final metrics: {sorted(final)}"
         )
 
 

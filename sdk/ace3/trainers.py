@@ -15,7 +15,6 @@ refused, with the reason, before anything is uploaded or submitted: never silent
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import uuid
@@ -291,14 +290,6 @@ class Trainer:
         handle = JobHandle(job, client)
         self.last_job = handle
         return handle
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class DistributedTrainer(Trainer):
