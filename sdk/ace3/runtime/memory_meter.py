@@ -267,8 +267,9 @@ def max_over_ranks(reading: MemoryReading, device: Any) -> MemoryReading:
 
 
 def training_state_bytes(model: Any, optimizer: Any = None) -> int:
-    """Bytes held by the training state: the model's parameters, their gradients, and every
-    tensor in the optimizer's state (Adam moments, momentum buffers, step counters).
+    """Bytes held by the training state: the model's parameters, their gradients, the
+    optimizer's parameters (O2's float32 master weights) and their gradients, and every tensor
+    in the optimizer's state (Adam moments, momentum buffers, step counters).
 
     Tensors are counted once even when shared (tied weights, an optimizer holding views).
     Optimizer state appears after the first ``optimizer.step()``: call this after training
@@ -315,6 +316,13 @@ def training_state_bytes(model: Any, optimizer: Any = None) -> int:
         if param.grad is not None:
             count(param.grad)
     if optimizer is not None:
+        # The optimizer's own parameters too: under O2 they are float32 master copies of the
+        # model's 16-bit weights, with their own gradients (counted once when shared).
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                count(param)
+                if param.grad is not None:
+                    count(param.grad)
         for state in optimizer.state.values():
             walk(state)
     return total

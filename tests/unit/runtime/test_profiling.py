@@ -466,3 +466,24 @@ def test_profiler_hook_stands_aside_for_an_in_process_profiler(tmp_path: Path, c
     assert "job's profiler spec is skipped" in capsys.readouterr().out
     assert not (tmp_path / "artifacts").exists()
     assert "aten::addmm" in profiler.key_averages().table()
+
+
+def test_training_state_counts_o2_master_weights_once() -> None:
+    import torch
+
+    from ace3.config import TrainingConfig
+    from ace3.runtime.memory_meter import training_state_bytes
+    from ace3.runtime.precision import resolve_precision
+
+    model = torch.nn.Linear(64, 64)  # 4160 parameters
+    precision = resolve_precision(
+        TrainingConfig(mixed_precision=True, amp_level="O2", amp_dtype="bfloat16"),
+        torch.device("cpu"),
+    )
+    precision.prepare_model(model)
+    optimizer = torch.optim.SGD(precision.optimizer_parameters(model), lr=0.1)
+    # bf16 model weights (2 bytes) + float32 masters (4 bytes); no grads or state yet.
+    assert training_state_bytes(model, optimizer) == 4160 * (2 + 4)
+    plain = torch.nn.Linear(64, 64)
+    shared = torch.optim.SGD(plain.parameters(), lr=0.1)
+    assert training_state_bytes(plain, shared) == 4160 * 4  # the same tensors, counted once
