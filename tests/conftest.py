@@ -206,6 +206,8 @@ def stack(
         "ACE3_REPUBLISH_AFTER_SECONDS": "10",
         "ACE3_WORKER_SLOTS": "2",
         "ACE3_WORKER_DEVICE": "cpu",
+        # The document's snippets ask for up to 8 processes (gloo on CPU here).
+        "ACE3_WORKER_CPU_PROCESSES": "8",
         "ACE3_LOG_LEVEL": "info",
         "ACE3_SEARCH_TICK_SECONDS": "0.5",
         "ACE3_SEARCH_LEASE_SECONDS": "4",

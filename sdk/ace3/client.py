@@ -1,5 +1,5 @@
 """The ACE3 client: connection settings, the ``models``/``datasets``/``jobs``/
-``checkpoints``/``searches`` resources, and ``load_model``/``load_dataset``, which upload code
+``checkpoints``/``searches``/``workers`` resources, and ``load_model``/``load_dataset``, which upload code
 and data only when the server does not already have the same bytes. Also the module-level
 default client the trainers use.
 """
@@ -19,7 +19,7 @@ import httpx
 from ace3._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
 from ace3.errors import ACE3Error, PackingError
 from ace3.packing import pack_directory, sha256_file
-from ace3.resources import Checkpoints, Dataset, Datasets, Jobs, Model, Models
+from ace3.resources import Checkpoints, Dataset, Datasets, Jobs, Model, Models, Workers
 from ace3.results import JobHandle
 from ace3.search_results import SearchHandle
 from ace3.searches import Searches
@@ -116,6 +116,7 @@ class Client:
         self.jobs = Jobs(self._http)
         self.checkpoints = Checkpoints(self._http)
         self.searches = Searches(self._http)
+        self.workers = Workers(self._http)
         set_default_client(self)
 
     def __repr__(self) -> str:

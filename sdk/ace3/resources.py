@@ -1,7 +1,7 @@
-"""Typed API objects (Model, Dataset, Job, Metric, LogLine, Checkpoint, Artifact) and the
-resources that create, read, list, cancel and delete them: ``client.models``,
-``client.datasets``, ``client.jobs``, ``client.checkpoints``. Each method is one REST call of
-``docs/api.md``.
+"""Typed API objects (Model, Dataset, Job, Metric, LogLine, Checkpoint, Artifact, Worker) and
+the resources that create, read, list, cancel and delete them: ``client.models``,
+``client.datasets``, ``client.jobs``, ``client.checkpoints``, ``client.workers``. Each method is
+one REST call of ``docs/api.md``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ __all__ = [
     "Metric",
     "Model",
     "Models",
+    "Worker",
+    "Workers",
 ]
 
 
@@ -171,6 +173,27 @@ class Artifact(_APIObject):
     version: int = 1
     attempt: int | None = None
     updated_at: datetime | None = None
+
+
+class Worker(_APIObject):
+    """A live worker and what one job may use on it: ``device_count`` processes on
+    ``device_kind`` (``"cuda"``: its GPUs; ``"cpu"``: the CPU processes it runs)."""
+
+    id: str
+    hostname: str | None = None
+    device_kind: str
+    device_count: int
+    slots: int = 1
+    queue: str | None = None
+    started_at: datetime | None = None
+    last_seen_at: datetime | None = None
+
+    def fits(self, num_gpus: int, backend: str = "auto") -> bool:
+        """Whether a job with this ``num_gpus`` and ``backend`` can run on this worker (the
+        rule the server admits jobs by)."""
+        if backend == "nccl" and self.device_kind != "cuda":
+            return False
+        return num_gpus <= self.device_count
 
 
 @dataclass
@@ -599,3 +622,14 @@ class Checkpoints(_Resource):
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
         return self.find(sha256=digest.hexdigest())
+
+
+class Workers(_Resource):
+    """``/v1/workers``: the live workers of the cluster and their capacity."""
+
+    def list(self) -> builtins.list[Worker]:
+        """The workers that heartbeated recently, oldest first. A job fits a worker when its
+        ``num_gpus`` is at most the worker's ``device_count`` and, for ``backend='nccl'``, the
+        worker is a CUDA worker; the server refuses (422) a job that fits none of them."""
+        payload = self._http.request("GET", "/v1/workers").json()
+        return [Worker.model_validate(item) for item in payload.get("data") or []]

@@ -14,6 +14,7 @@ from ace3_server.api.routes.artifacts import datasets_router, models_router
 from ace3_server.api.routes.checkpoints import router as checkpoints_router
 from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.searches import router as searches_router
+from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.db import async_session_factory, make_async_engine
 from ace3_server.middleware import RequestIdMiddleware, UploadSizeLimitMiddleware
 from ace3_server.migrations_check import ensure_migrated
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(jobs_router)
     v1.include_router(checkpoints_router)
     v1.include_router(searches_router)
+    v1.include_router(workers_router)
     app.include_router(v1)
 
     @app.get("/healthz", tags=["health"], operation_id="health")

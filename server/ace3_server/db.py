@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 
 def _driver_url(url: str, *, is_async: bool) -> str:
@@ -45,8 +46,11 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def make_sync_engine(url: str) -> Engine:
-    engine = create_engine(sync_url(url), pool_pre_ping=True)
+def make_sync_engine(url: str, *, pooled: bool = True) -> Engine:
+    """``pooled=False`` opens a connection per session and closes it after: for a process that
+    forks (a child must never inherit an open connection) and writes rarely."""
+    options: dict[str, Any] = {"pool_pre_ping": True} if pooled else {"poolclass": NullPool}
+    engine = create_engine(sync_url(url), **options)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine

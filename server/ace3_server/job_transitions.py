@@ -114,6 +114,7 @@ def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
             worker_id=None,
             lease_expires_at=None,
             enqueued_at=now,
+            queued_at=now,
             error=reason,
             updated_at=now,
         )
@@ -145,6 +146,26 @@ def mark_republished(job_id: str, enqueued_before: datetime) -> Update:
         update(Job)
         .where(Job.id == job_id, Job.state == JobState.QUEUED, Job.enqueued_at < enqueued_before)
         .values(enqueued_at=utcnow())
+    )
+
+
+def mark_handed_back(job_id: str) -> Update:
+    """A worker that cannot run a queued job publishes it again: the reconciler, which
+    re-publishes jobs whose ``enqueued_at`` is stale, need not add a copy of its own."""
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.state == JobState.QUEUED)
+        .values(enqueued_at=utcnow())
+    )
+
+
+def fail_queued(job_id: str, error: str) -> Update:
+    """A queued job no live worker can run (after waiting ``ACE3_UNSCHEDULABLE_AFTER_SECONDS``)."""
+    now = utcnow()
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.state == JobState.QUEUED)
+        .values(state=JobState.FAILED, error=error, finished_at=now, updated_at=now)
     )
 
 

@@ -167,7 +167,12 @@ class Job(Base):
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+    # When the job was last published; re-publishing (the reconciler, a worker handing it back)
+    # moves it.
     enqueued_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When the job last entered ``queued`` (created, or re-queued for a retry): how long it has
+    # waited for a worker that can run it. Re-publishing leaves it.
+    queued_at: Mapped[datetime] = mapped_column(default=utcnow)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     final_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -176,6 +181,28 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Worker(Base):
+    """A running worker process and what it can run; it heartbeats ``last_seen_at``.
+
+    ``device_count`` is the most processes one job may run on it: its GPUs on a CUDA worker,
+    ``ACE3_WORKER_CPU_PROCESSES`` on a CPU worker. A row not seen for the staleness window is a
+    worker that is gone (see ``ace3_server.worker_registry``).
+    """
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    device_kind: Mapped[str] = mapped_column(String(8))
+    device_count: Mapped[int] = mapped_column(Integer)
+    slots: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str] = mapped_column(String(200))
+    heartbeat_seconds: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
 class JobMetric(Base):

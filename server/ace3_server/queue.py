@@ -31,12 +31,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     if config["broker_url"].startswith("filesystem://"):
         folder = settings.broker_dir
-        for sub in ("out", "processed"):
+        for sub in ("out", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         config["broker_transport_options"] = {
             "data_folder_in": str(folder / "out"),
             "data_folder_out": str(folder / "out"),
             "processed_folder": str(folder / "processed"),
+            # The exchange table; kombu's default is ./control in the current directory.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             # The file broker polls its folder; Redis pushes. 0.1 s keeps pickup latency small.
             "polling_interval": 0.1,
@@ -57,8 +59,11 @@ class JobPublisher:
         self._settings = settings
         self._app = make_celery(settings, main="ace3-publisher")
 
-    def publish(self, job_id: str) -> None:
-        self._app.send_task(RUN_JOB_TASK, args=[job_id], queue=self._settings.queue_name)
+    def publish(self, job_id: str, countdown: float | None = None) -> None:
+        """Send the message now; with ``countdown`` (seconds) it is not run before then."""
+        self._app.send_task(
+            RUN_JOB_TASK, args=[job_id], queue=self._settings.queue_name, countdown=countdown
+        )
 
     def close(self) -> None:
         self._app.close()

@@ -1,4 +1,5 @@
-"""Keeps the queue honest: re-publishes queued jobs nobody claimed, and expires dead leases.
+"""Keeps the queue honest: re-publishes queued jobs nobody claimed, expires dead leases, and
+fails queued jobs no live worker can run once they waited ``ACE3_UNSCHEDULABLE_AFTER_SECONDS``.
 
 Celery messages only say "there is work"; the rows are the truth. A message lost between the
 commit and the publish, or swallowed by a dying worker, is made good here; a job whose worker
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ace3_server import job_transitions
+from ace3_server import job_transitions, worker_registry
+from ace3_server.capacity import JobNeeds, cluster_problem
 from ace3_server.models import Job, JobState, utcnow
 from ace3_server.queue import JobPublisher
 from ace3_server.services.jobs import publish_safely
@@ -47,6 +49,7 @@ async def reconcile_once(
                 )
             await session.execute(stmt)
             logger.warning("job %s: %s", job.id, reason)
+        await fail_unschedulable(session, settings, now)
         stale_before = now - timedelta(seconds=settings.republish_after_seconds)
         stale = (
             await session.scalars(
@@ -59,9 +62,40 @@ async def reconcile_once(
             result = await session.execute(job_transitions.mark_republished(job_id, stale_before))
             if result.rowcount:
                 to_publish.append(job_id)
+        await session.execute(worker_registry.forget_long_gone(now))
         await session.commit()
     for job_id in to_publish:
         await publish_safely(publisher, job_id)
+
+
+async def fail_unschedulable(session: AsyncSession, settings: Settings, now: datetime) -> None:
+    """Fail queued jobs that waited ``unschedulable_after_seconds`` while live workers exist and
+    none of them can run the job (too few devices, or nccl without a CUDA worker). With no live
+    worker at all nothing is failed: the job waits for one."""
+    waited_since = now - timedelta(seconds=settings.unschedulable_after_seconds)
+    waiting = (
+        await session.execute(
+            select(Job.id, Job.config, Job.num_processes)
+            .where(Job.state == JobState.QUEUED, Job.queued_at < waited_since)
+            .limit(500)
+        )
+    ).all()
+    if not waiting:
+        return
+    workers = await worker_registry.live_workers(session, settings, now)
+    for job_id, config, num_processes in waiting:
+        needs = JobNeeds(int(num_processes), str((config or {}).get("backend", "auto")))
+        problem = cluster_problem(needs, workers)
+        if problem is None:
+            continue
+        error = (
+            f"no live worker can run this job, after it waited "
+            f"{settings.unschedulable_after_seconds:g} s (ACE3_UNSCHEDULABLE_AFTER_SECONDS): "
+            f"{problem.message}"
+        )
+        result = await session.execute(job_transitions.fail_queued(job_id, error))
+        if result.rowcount:
+            logger.warning("job %s: %s", job_id, error)
 
 
 async def run_reconciler(

@@ -201,3 +201,21 @@ class SearchOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+
+
+class WorkerOut(_Out):
+    id: str
+    hostname: str
+    device_kind: str = Field(description="cuda or cpu.")
+    device_count: int = Field(
+        description="The most processes one job may run on this worker: its GPUs, or on a CPU "
+        "worker ACE3_WORKER_CPU_PROCESSES."
+    )
+    slots: int = Field(description="Jobs it runs at once (ACE3_WORKER_SLOTS).")
+    queue: str
+    started_at: datetime
+    last_seen_at: datetime
+
+
+class WorkerList(BaseModel):
+    data: list[WorkerOut]

@@ -7,6 +7,7 @@ Defaults are the embedded single-machine setup (SQLite, a filesystem broker, sto
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -70,6 +71,29 @@ class Settings(BaseSettings):
     worker_device: str = Field(
         "auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU."
     )
+    worker_cpu_processes: int | None = Field(
+        None,
+        ge=1,
+        description="Processes one job may run on a CPU worker (what it advertises as its "
+        "capacity); default: the cores this process may use.",
+    )
+    worker_stale_after_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="A worker not seen for this long is gone (not counted for admission); "
+        "default 3 x heartbeat_seconds.",
+    )
+    unschedulable_after_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="Fail a job queued this long while live workers exist and none can run it.",
+    )
+    unfit_republish_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="A worker that cannot run a queued job hands it back to the queue, delayed by "
+        "this long.",
+    )
     search_tick_seconds: float = Field(
         1.0, gt=0, description="How often the API advances active hyperparameter searches."
     )
@@ -87,6 +111,17 @@ class Settings(BaseSettings):
         return (self.work_dir or self.data_dir / "jobs").resolve()
 
     @property
+    def resolved_worker_cpu_processes(self) -> int:
+        """ACE3_WORKER_CPU_PROCESSES, else the cores this process may run on (at least 1)."""
+        if self.worker_cpu_processes is not None:
+            return self.worker_cpu_processes
+        return max(1, usable_cores())
+
+    @property
+    def resolved_worker_stale_after_seconds(self) -> float:
+        return self.worker_stale_after_seconds or 3 * self.heartbeat_seconds
+
+    @property
     def broker_dir(self) -> Path:
         return (self.data_dir / "broker").resolve()
 
@@ -99,6 +134,13 @@ class Settings(BaseSettings):
     @property
     def resolved_broker_url(self) -> str:
         return self.broker_url or "filesystem://"
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @lru_cache

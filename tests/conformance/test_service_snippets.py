@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,23 @@ def test_quick_start(service: Service, digits_files: DigitsFiles, tmp_path: Path
     assert history[-1].value < history[0].value
 
 
-def test_single_node_multi_gpu_with_nccl_fails_clearly_on_cpu_workers(
+def test_single_node_multi_gpu_with_nccl_is_refused_on_cpu_workers(
     remote_names: dict[str, Any], tmp_path: Path, digits_files: DigitsFiles
 ) -> None:
+    """backend='nccl' on a cluster without CUDA workers is refused (422 naming backend), never
+    swapped for gloo and never queued."""
     client = remote_names["client"]
     names = {**remote_names, "train_data": remote_names["dataset"],
              "val_data": client.load_dataset(str(digits_files.validation))}  # fmt: skip
-    with pytest.raises(ace3.JobFailedError, match=r"nccl.*needs a CUDA worker"):
+    deadline = time.monotonic() + 60
+    while not client.workers.list():  # admission counts live workers: wait for the test's one
+        assert time.monotonic() < deadline, "the test worker never registered"
+        time.sleep(0.3)
+    before = client.jobs.list().data
+    with pytest.raises(ace3.ValidationError, match=r"nccl.*needs a CUDA worker") as caught:
         run_snippet("Single-Node Multi-GPU", tmp_path, names)
+    assert [error["loc"] for error in caught.value.errors] == [["body", "config", "backend"]]
+    assert client.jobs.list().data == before
 
 
 @pytest.mark.parametrize(

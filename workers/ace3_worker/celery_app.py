@@ -1,11 +1,56 @@
-"""The worker's Celery app: the server's shared configuration plus this package's task module."""
+"""The worker's Celery app: the server's shared configuration plus this package's task module,
+and the worker registry hooks (register before consuming, heartbeat, deregister at shutdown)."""
 
 from __future__ import annotations
 
+import atexit
+import logging
+from typing import Any
+
+from celery import signals
+from sqlalchemy.exc import SQLAlchemyError
+
 from ace3_server.queue import make_celery
 from ace3_server.settings import get_settings
+from ace3_worker.device import local_capacity
+from ace3_worker.registration import Registration
+
+logger = logging.getLogger(__name__)
 
 settings = get_settings()
 app = make_celery(settings, main="ace3-worker")
 app.conf.worker_concurrency = settings.worker_slots
 app.conf.include = ["ace3_worker.tasks"]
+
+_registration: Registration | None = None
+
+
+@signals.worker_init.connect
+def _register(sender: Any = None, **_: Any) -> None:
+    """In the main process, before the pool starts and before any message is consumed."""
+    global _registration
+    if getattr(sender, "app", None) is not app or _registration is not None:
+        return
+    # `ace3 worker --concurrency N` overrides ACE3_WORKER_SLOTS.
+    concurrency = getattr(sender, "concurrency", None)
+    slots = concurrency if isinstance(concurrency, int) and concurrency > 0 else None
+    _registration = Registration(settings, local_capacity(settings), slots)
+    try:
+        _registration.register(announce=False)
+    except SQLAlchemyError:
+        logger.exception("could not register this worker; the next heartbeat tries again")
+    atexit.register(_registration.stop)
+
+
+@signals.worker_ready.connect
+def _start_heartbeats(**_: Any) -> None:
+    # After the pool's children were forked: none of them inherits the heartbeat thread.
+    if _registration is not None:
+        _registration.announce()
+        _registration.start_heartbeats()
+
+
+@signals.worker_shutdown.connect
+def _deregister(sender: Any = None, **_: Any) -> None:
+    if _registration is not None and getattr(sender, "app", None) is app:
+        _registration.stop()

@@ -5,6 +5,10 @@ conditional update fenced by the attempt number (``ace3_server.job_transitions``
 message or a worker that lost its lease changes nothing. The torchrun process runs in its own
 process group; cancelling sends SIGTERM to the group, then SIGKILL after a grace period, and the
 group is always killed before the attempt is recorded, so no process outlives its job.
+
+Before claiming, the supervisor checks the job fits this worker (``ace3_server.capacity``: enough
+GPUs or CPU processes, a CUDA worker for nccl). One that does not is handed back to the queue,
+delayed, for a worker that can run it: a job never runs with fewer processes than it asked for.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_server import job_transitions
+from ace3_server.capacity import JobNeeds, fit_problem
 from ace3_server.db import make_sync_engine, sync_session_factory
 from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
 from ace3_server.queue import JobPublisher
@@ -36,7 +42,7 @@ from ace3_server.settings import Settings, get_settings
 from ace3_server.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
-from ace3_worker.device import worker_device
+from ace3_worker.device import local_capacity, worker_device
 from ace3_worker.job_dir import JobDirectory, prepare_job_directory
 from ace3_worker.launcher import rank_environment, torchrun_command
 
@@ -44,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.25
 ERROR_TAIL_LINES = 40
+
+# job id -> when this process last handed it back (time.monotonic()); see Supervisor.hand_back.
+_handed_back: dict[str, float] = {}
 
 
 @functools.cache
@@ -146,7 +155,57 @@ class Supervisor:
             logger.info("job %s attempt %d: restored %d artifact(s)", job.id, attempt, restored)
         return sync
 
+    def unfit_reason(self, job_id: str) -> str | None:
+        """Why this worker cannot run the queued job (None: it can, or the job is not queued,
+        which the claim then finds out)."""
+        with self.sessions() as session:
+            row = session.execute(
+                select(Job.state, Job.num_processes, Job.config).where(Job.id == job_id)
+            ).first()
+        if row is None or row.state != JobState.QUEUED:
+            return None
+        needs = JobNeeds(int(row.num_processes), str((row.config or {}).get("backend", "auto")))
+        return fit_problem(needs, local_capacity(self.settings))
+
+    def hand_back(self, job_id: str, reason: str) -> None:
+        """Publish a job this worker cannot run again, delayed by ``unfit_republish_seconds``,
+        for a worker that can. A copy of the same job that comes back to this process within
+        half that interval is dropped (another copy is on its way), so copies never multiply and
+        a worker never spins on a job; the reconciler re-publishes it if every copy is lost."""
+        delay = self.settings.unfit_republish_seconds
+        now = time.monotonic()
+        # The copy handed back comes back after `delay`; anything sooner is another copy.
+        for stale in [key for key, at in _handed_back.items() if now - at >= delay / 2]:
+            del _handed_back[stale]
+        if job_id in _handed_back:
+            logger.debug("job %s: another copy was handed back just now; dropping this one", job_id)
+            return
+        with self.sessions() as session:
+            result = session.execute(job_transitions.mark_handed_back(job_id))
+            session.commit()
+        if not result.rowcount:
+            return  # claimed or cancelled meanwhile
+        _handed_back[job_id] = now
+        logger.info(
+            "job %s does not fit this worker (%s): handing it back to the queue in %g s",
+            job_id,
+            reason,
+            delay,
+        )
+        publisher = JobPublisher(self.settings)
+        try:
+            publisher.publish(job_id, countdown=delay)
+        except Exception:
+            logger.exception("job %s: not handed back; the reconciler will publish it", job_id)
+        finally:
+            publisher.close()
+
     def run(self, job_id: str) -> None:
+        reason = self.unfit_reason(job_id)
+        if reason is not None:
+            # Never run a job with fewer processes than it asked for, nor nccl without a GPU.
+            self.hand_back(job_id, reason)
+            return
         attempt = self.claim(job_id)
         if attempt is None:
             logger.info(
@@ -156,9 +215,6 @@ class Supervisor:
         try:
             job, directory = self.prepare(job_id, attempt)
             device = worker_device(self.settings.worker_device)
-            backend = job.config.get("backend", "auto")
-            if backend == "nccl" and device != "cuda":
-                raise RuntimeError("backend='nccl' needs a CUDA worker, and this worker has no GPU")
         except Exception as exc:
             logger.exception("job %s: could not prepare attempt %d", job_id, attempt)
             self._record(

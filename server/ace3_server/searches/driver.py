@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from ace3.config import TrainingConfig, unsupported_settings
 from ace3.hp import HPConfig, split_params
 from ace3_server import job_transitions
+from ace3_server.capacity import JobNeeds, cluster_problem
 from ace3_server.models import (
     ACTIVE_SEARCH_STATES,
     TERMINAL_STATES,
@@ -43,6 +44,7 @@ from ace3_server.models import (
     SearchState,
     SearchTrial,
     TrialState,
+    Worker,
     utcnow,
 )
 from ace3_server.queue import JobPublisher
@@ -50,6 +52,7 @@ from ace3_server.searches import study as studies
 from ace3_server.searches.space import grid_point, trial_params
 from ace3_server.services.jobs import publish_safely
 from ace3_server.settings import Settings
+from ace3_server.worker_registry import live_workers
 
 logger = logging.getLogger(__name__)
 
@@ -208,14 +211,26 @@ def _sample(
     return trial_params(config, asked.params), asked.params
 
 
+class UnschedulableTrialError(ValueError):
+    """No live worker could ever run the trial's job (its num_gpus or backend)."""
+
+
 def _trial_job(
-    search: Search, config: HPConfig, number: int, params: dict[str, Any], max_retries: int
+    search: Search,
+    config: HPConfig,
+    number: int,
+    params: dict[str, Any],
+    max_retries: int,
+    workers: Sequence[Worker] = (),
 ) -> Job:
     overrides, model_kwargs = split_params(params)
     training = TrainingConfig.model_validate({**config.base_config.model_dump(), **overrides})
     problems = unsupported_settings(training)
     if problems:
         raise ValueError("; ".join(problem.reason for problem in problems))
+    unschedulable = cluster_problem(JobNeeds.from_config(training), workers)
+    if unschedulable is not None:
+        raise UnschedulableTrialError(unschedulable.message)
     return Job(
         owner_id=search.owner_id,
         name=f"{search.name or 'search ' + search.id[:8]} trial {number}",
@@ -246,6 +261,7 @@ async def _start_trials(
     if room <= 0:
         return []
     study = studies.rebuild(search.id, config, trials) if config.algorithm != "grid" else None
+    workers = await live_workers(session, settings)
     job_ids = []
     for _ in range(room):
         number = len(trials)
@@ -260,7 +276,9 @@ async def _start_trials(
             state=TrialState.RUNNING,
         )
         try:
-            job = _trial_job(search, config, number, params, settings.max_retries)
+            job = _trial_job(search, config, number, params, settings.max_retries, workers)
+        except UnschedulableTrialError as exc:
+            _finish_trial(trial, TrialState.FAILED, error=f"no live worker can run it: {exc}")
         except (ValidationError, ValueError) as exc:
             # Parameters this config cannot take (e.g. a batch size the processes cannot split).
             _finish_trial(trial, TrialState.FAILED, error=f"invalid parameters: {exc}"[:4000])

@@ -20,7 +20,9 @@ from ace3_server.errors import not_found
 from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
 from ace3_server.queue import JobPublisher
 from ace3_server.schemas import JobCreate
+from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
+from ace3_server.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +133,10 @@ async def create_job(
     owner_id: str,
     body: JobCreate,
     idempotency_key: str | None,
-    max_retries: int,
+    settings: Settings,
 ) -> tuple[Job, bool]:
-    """Validate, insert (queued) and publish; return (job, created)."""
+    """Validate, insert (queued) and publish; return (job, created). A job no live worker can
+    run is refused (``services.admission``)."""
     digest = request_hash(body)
     if idempotency_key:
         existing = await find_by_idempotency_key(session, Job, owner_id, idempotency_key)
@@ -143,6 +146,7 @@ async def create_job(
         _problems(body)
         + await reference_problems(session, owner_id, body)
         + await resume_checkpoint_problems(session, owner_id, body)
+        + await capacity_problems(session, settings, body.config, ["body", "config"])
     )
     if problems:
         raise HTTPException(status_code=422, detail=problems)
@@ -158,7 +162,7 @@ async def create_job(
         idempotency_key=idempotency_key,
         request_hash=digest,
         state=JobState.QUEUED,
-        max_retries=max_retries,
+        max_retries=settings.max_retries,
         resume_from_checkpoint_id=body.resume_from_checkpoint,
     )
     try:

@@ -14,6 +14,7 @@ from ace3.search_checks import search_space_problems
 from ace3_server.errors import not_found
 from ace3_server.models import Search, SearchState, SearchTrial, TrialState, utcnow
 from ace3_server.schemas import SearchCreate, SearchOut, SearchTrialOut
+from ace3_server.services.admission import capacity_problems
 from ace3_server.services.jobs import (
     find_by_idempotency_key,
     insert_once,
@@ -21,6 +22,7 @@ from ace3_server.services.jobs import (
     replay,
     request_hash,
 )
+from ace3_server.settings import Settings
 
 MAX_GRID_SIZE = 10_000
 _TERMINAL_SEARCH_STATES = frozenset(
@@ -58,15 +60,32 @@ def _config_problems(config: HPConfig) -> list[dict[str, Any]]:
 
 
 async def create_search(
-    session: AsyncSession, *, owner_id: str, body: SearchCreate, idempotency_key: str | None
+    session: AsyncSession,
+    *,
+    owner_id: str,
+    body: SearchCreate,
+    idempotency_key: str | None,
+    settings: Settings,
 ) -> tuple[Search, bool]:
-    """Validate and insert (queued): the driver loop picks it up. Returns (search, created)."""
+    """Validate and insert (queued): the driver loop picks it up. Returns (search, created).
+    A base config no live worker can run is refused, unless the field at fault is searched (the
+    driver then checks every trial)."""
     digest = request_hash(body)
     if idempotency_key:
         existing = await find_by_idempotency_key(session, Search, owner_id, idempotency_key)
         if existing is not None:
             return replay(existing, digest), False
-    problems = _config_problems(body.config) + await reference_problems(session, owner_id, body)
+    problems = (
+        _config_problems(body.config)
+        + await reference_problems(session, owner_id, body)
+        + await capacity_problems(
+            session,
+            settings,
+            body.config.base_config,
+            ["body", "config", "base_config"],
+            searched=body.config.search_space.keys(),
+        )
+    )
     if problems:
         raise HTTPException(status_code=422, detail=problems)
     search = Search(

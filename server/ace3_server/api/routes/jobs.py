@@ -59,7 +59,7 @@ async def create_job(
         owner_id=owner_id,
         body=body,
         idempotency_key=idempotency_key,
-        max_retries=settings.max_retries,
+        settings=settings,
     )
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return job

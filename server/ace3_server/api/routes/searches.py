@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ace3_server.api.deps import OwnerDep, SessionDep
+from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep
 from ace3_server.api.routes.jobs import IdempotencyKey
 from ace3_server.models import Search, SearchState, SearchTrial
 from ace3_server.schemas import Page, SearchCreate, SearchOut, SearchTrialList, SearchTrialOut
@@ -42,10 +42,15 @@ async def create_search(
     response: Response,
     session: SessionDep,
     owner_id: OwnerDep,
+    settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> SearchOut:
     search, created = await searches.create_search(
-        session, owner_id=owner_id, body=body, idempotency_key=idempotency_key
+        session,
+        owner_id=owner_id,
+        body=body,
+        idempotency_key=idempotency_key,
+        settings=settings,
     )
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return searches.search_out(search, await searches.trials_of(session, search.id))
