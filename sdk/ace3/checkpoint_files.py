@@ -3,7 +3,10 @@
 Saving is atomic (a temporary file in the same directory, fsync, rename): a crash never leaves
 a half-written checkpoint under the final name. Loading never executes pickled code: ``.pt``
 files are read with ``torch.load(weights_only=True)`` (tensors, numbers, strings, lists,
-dicts...), ``.safetensors`` files with safetensors (a flat dict of tensors). A file that would
+dicts...), ``.safetensors`` files with safetensors (a flat dict of tensors). A sharded
+training checkpoint (``step-*.dcp.tar``, from a ZeRO job) is consolidated into one state
+(full weights and optimizer state); its torch.distributed.checkpoint metadata is torch's own
+pickle, so load only archives you or the service wrote. A file that would
 need arbitrary unpickling is refused with an error that says what it holds.
 """
 
@@ -63,6 +66,10 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     source = Path(path).expanduser()
     if not source.is_file():
         raise FileNotFoundError(f"checkpoint file not found: {source}")
+    if source.name.endswith(".dcp.tar"):  # a sharded (ZeRO) training checkpoint
+        from ace3.runtime.sharded_checkpoint import consolidate
+
+        return consolidate(source)
     if source.suffix == SAFETENSORS_SUFFIX:
         try:
             from safetensors.torch import load_file

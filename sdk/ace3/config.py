@@ -6,6 +6,7 @@ and the engine (``ace3.runtime``) reads them back from the job file. No torch im
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -74,7 +75,10 @@ class TrainingConfig(_Schema):
     )
     micro_batch_size: int | None = Field(None, ge=1, description="Pipeline micro-batch size.")
     zero_stage: Literal[0, 1, 2, 3] = Field(
-        0, description="ZeRO sharding stage (0 = plain data parallel)."
+        0,
+        description="ZeRO sharding: 0 plain DDP; 1 optimizer state sharded (DDP + "
+        "ZeroRedundancyOptimizer); 2 + gradients (FSDP, parameters kept gathered between forward "
+        "and backward); 3 + parameters (FSDP, fully sharded). 0 with any offload runs stage 3.",
     )
 
     # -- optimisation ------------------------------------------------------------------------
@@ -143,9 +147,22 @@ class TrainingConfig(_Schema):
     checkpoint_segments: int | None = Field(
         None, ge=1, description="Segments for gradient checkpointing."
     )
-    cpu_offload: bool = Field(False, description="Offload sharded state to CPU memory.")
-    offload_optimizer: bool = Field(False, description="Offload optimizer state to CPU memory.")
-    offload_parameters: bool = Field(False, description="Offload parameters to CPU memory.")
+    cpu_offload: bool = Field(
+        False,
+        description="Keep the sharded parameters, gradients and optimizer state in CPU memory "
+        "(FSDP CPUOffloadPolicy; the optimizer steps on the CPU). Needs zero_stage 2 or 3; with "
+        "zero_stage=0 the job runs ZeRO-3. No effect on a CPU device.",
+    )
+    offload_optimizer: bool = Field(
+        False,
+        description="Offload the optimizer state to CPU memory: FSDP keeps it next to the sharded "
+        "parameters, so this offloads them too (the same as cpu_offload).",
+    )
+    offload_parameters: bool = Field(
+        False,
+        description="Offload the sharded parameters (and gradients) to CPU memory (the same as "
+        "cpu_offload).",
+    )
     dynamic_batch_size: bool = Field(
         True,
         description="On out-of-memory, halve the micro-batch and double the accumulation (the "
@@ -199,6 +216,28 @@ class TrainingConfig(_Schema):
     def world_size(self) -> int:
         return self.num_gpus * self.num_nodes
 
+    @property
+    def offload(self) -> bool:
+        """Any of ``cpu_offload``, ``offload_optimizer``, ``offload_parameters``."""
+        return self.cpu_offload or self.offload_optimizer or self.offload_parameters
+
+    @property
+    def effective_zero_stage(self) -> int:
+        """The ZeRO stage the engine runs: ``zero_stage``, or 3 when it is 0 and offload is on
+        (offloading needs sharded state)."""
+        return 3 if self.zero_stage == 0 and self.offload else self.zero_stage
+
+    @classmethod
+    def from_deepspeed(cls, ds_config: Mapping[str, Any], **fields: Any) -> TrainingConfig:
+        """A config from a DeepSpeed configuration dict (``zero_optimization.stage``,
+        ``fp16.enabled``, ``optimizer.type``, ...); ``fields`` set what such a dict does not
+        hold (``num_gpus``, ``epochs``, ...). Every key that cannot be honoured exactly is
+        refused with :class:`~ace3.errors.UnsupportedFeatureError`, naming its path; see
+        :mod:`ace3.deepspeed_config` for the mapping."""
+        from ace3.deepspeed_config import training_config_from_deepspeed
+
+        return training_config_from_deepspeed(ds_config, **fields)
+
     # Field validators (not a model validator) so that a refused assignment keeps the old value
     # and the error names the field; each sees the other fields already set.
     @field_validator("batch_size")
@@ -214,6 +253,23 @@ class TrainingConfig(_Schema):
             raise ValueError(f"betas {betas} must both be in [0, 1)")
         return betas
 
+    @field_validator("cpu_offload", "offload_optimizer", "offload_parameters")
+    @classmethod
+    def _offload_needs_fsdp(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("zero_stage") == 1:
+            raise ValueError(_OFFLOAD_WITH_STAGE_1.format(field=info.field_name))
+        return value
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _stage_1_cannot_offload(cls, stage: int, info: ValidationInfo) -> int:
+        # At construction the offload fields come later and check themselves; this catches an
+        # assignment of zero_stage=1 to a config that already offloads.
+        offloading = [name for name in _OFFLOAD_FIELDS if info.data.get(name)]
+        if stage == 1 and offloading:
+            raise ValueError(_OFFLOAD_WITH_STAGE_1.format(field=offloading[0]))
+        return stage
+
     @field_validator("num_gpus", "num_nodes")
     @classmethod
     def _processes_split_the_batch(cls, value: int, info: ValidationInfo) -> int:
@@ -221,6 +277,15 @@ class TrainingConfig(_Schema):
             other = info.data["num_nodes" if info.field_name == "num_gpus" else "num_gpus"]
             _check_batch_split(info.data["batch_size"], value, other)
         return value
+
+
+_OFFLOAD_FIELDS = ("cpu_offload", "offload_optimizer", "offload_parameters")
+_OFFLOAD_WITH_STAGE_1 = (
+    "{field}=True needs zero_stage 2 or 3 (FSDP offloads the sharded parameters, gradients and "
+    "optimizer state to the CPU), or zero_stage=0, which then runs ZeRO-3 with offload; "
+    "zero_stage=1 (ZeroRedundancyOptimizer) keeps its optimizer shard on the device: set "
+    "zero_stage=2 or 3, or turn {field} off"
+)
 
 
 def _check_batch_split(batch_size: int, num_gpus: int, num_nodes: int) -> None:
@@ -266,17 +331,19 @@ class AMPConfig(_Schema):
     max_loss_scale: float = Field(2.0**24, gt=0.0)
 
     def training_fields(self) -> dict[str, Any]:
-        """The :class:`TrainingConfig` fields these settings stand for."""
-        return {
-            "mixed_precision": self.enabled,
-            "amp_level": self.opt_level,
-            "amp_dtype": self.dtype,
-            "keep_batchnorm_fp32": self.keep_batchnorm_fp32,
-            "loss_scaling": self.loss_scale,
-            "init_loss_scale": self.init_scale,
-            "min_loss_scale": self.min_loss_scale,
-            "max_loss_scale": self.max_loss_scale,
+        """The :class:`TrainingConfig` fields these settings stand for: ``enabled`` and
+        ``opt_level`` always, the others only when given (else the config's values stay)."""
+        names = {
+            "dtype": "amp_dtype",
+            "keep_batchnorm_fp32": "keep_batchnorm_fp32",
+            "loss_scale": "loss_scaling",
+            "init_scale": "init_loss_scale",
+            "min_loss_scale": "min_loss_scale",
+            "max_loss_scale": "max_loss_scale",
         }
+        fields = {"mixed_precision": self.enabled, "amp_level": self.opt_level}
+        fields.update({names[k]: getattr(self, k) for k in names if k in self.model_fields_set})
+        return fields
 
 
 class CheckpointConfig(_Schema):
@@ -294,12 +361,9 @@ class CheckpointConfig(_Schema):
     save_scheduler: bool = True
 
     def training_fields(self) -> dict[str, Any]:
-        return {
-            "save_interval": self.save_interval,
-            "max_checkpoints": self.max_checkpoints,
-            "save_optimizer": self.save_optimizer,
-            "save_scheduler": self.save_scheduler,
-        }
+        """The fields given here (one left out keeps the training config's value)."""
+        fields = ("save_interval", "max_checkpoints", "save_optimizer", "save_scheduler")
+        return {name: getattr(self, name) for name in fields if name in self.model_fields_set}
 
 
 class ConfigProblem(BaseModel):
@@ -315,12 +379,12 @@ _NOT_YET: dict[str, tuple[tuple[Any, ...], str]] = {
     "model_sharding_strategy": ((None,), "model parallelism is not implemented yet"),
     "num_stages": ((None,), "pipeline parallelism is not implemented yet"),
     "micro_batch_size": ((None,), "pipeline micro-batches are not implemented yet"),
-    "zero_stage": ((0,), "ZeRO / FSDP sharding is not implemented yet"),
-    "cpu_offload": ((False,), "CPU offload is not implemented yet"),
-    "offload_optimizer": ((False,), "optimizer offload is not implemented yet"),
-    "offload_parameters": ((False,), "parameter offload is not implemented yet"),
     "num_nodes": ((1,), "multi-node jobs are not implemented yet: use num_nodes=1"),
 }
+
+
+# Optimizers whose update math does not run on FSDP's sharded (DTensor) parameters yet.
+_PLAIN_TENSOR_OPTIMIZERS = ("memory_efficient_adam", "adam8bit")
 
 
 def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
@@ -330,4 +394,46 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         value = getattr(config, field)
         if value not in accepted:
             problems.append(ConfigProblem(field=field, reason=f"{field}={value!r}: {reason}"))
+    return problems + _unsupported_with_zero(config)
+
+
+def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
+    """Combinations with ZeRO sharding that this version does not implement."""
+    stage = config.effective_zero_stage
+    if stage == 0:
+        return []
+    implied = stage != config.zero_stage
+    how = "offload (which runs ZeRO-3)" if implied else f"zero_stage={stage}"
+    plain = "turn offload off" if implied else "zero_stage=0"
+    problems = []
+    if config.mixed_precision and config.amp_level in ("O2", "O3"):
+        problems.append(
+            ConfigProblem(
+                field="amp_level",
+                reason=f"amp_level={config.amp_level!r} with {how}: 16-bit weights with ZeRO "
+                "sharding are not implemented yet (O2's float32 master copies and O3's 16-bit "
+                "parameters are not sharded); use amp_level='O1' (autocast), or " + plain,
+            )
+        )
+    if stage >= 2 and config.optimizer in _PLAIN_TENSOR_OPTIMIZERS:
+        problems.append(
+            ConfigProblem(
+                field="optimizer",
+                reason=f"optimizer={config.optimizer!r} with {how}: its update on FSDP's sharded "
+                "parameters is not implemented yet; use adamw, adam or sgd"
+                + ("" if implied else ", or zero_stage=1"),
+            )
+        )
+    board = config.tensorboard
+    if stage >= 2 and board is not None and (board.log_graph or board.log_histograms):
+        asked = [name for name in ("log_graph", "log_histograms") if getattr(board, name)]
+        problems.append(
+            ConfigProblem(
+                field="tensorboard",
+                reason=f"tensorboard {' and '.join(asked)} with {how}: not implemented yet (rank "
+                "0 would trace or read the sharded parameters alone, which takes every rank); "
+                "turn them off"
+                + (" or turn offload off" if implied else " or use zero_stage 0 or 1"),
+            )
+        )
     return problems

@@ -11,6 +11,7 @@ job's trace and memory figures.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from ace3.trainers import Trainer
 
 SYNC_EVERY_S = 2.0
+# The engine's checkpoint names: step-XXXXXXXX.pt, or step-XXXXXXXX.dcp.tar for sharded jobs.
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.(?:pt|dcp\.tar)$")
 
 
 class RemotePlan:
@@ -112,9 +115,13 @@ def _resume_checkpoint(trainer: Trainer, client: Client, resume: bool) -> str | 
         return _checkpoint_id_for(client, trainer._resume_from)
     directory = checkpoint_dir_of(trainer)
     if directory is not None:
-        files = sorted(directory.glob("step-*.pt"))
+        files = sorted(
+            (int(m.group(1)), path)
+            for path in directory.iterdir()
+            if (m := CHECKPOINT_NAME.match(path.name))
+        )
         if files:
-            found = client.checkpoints.find(sha256=sha256_file(files[-1]))
+            found = client.checkpoints.find(sha256=sha256_file(files[-1][1]))
             if found:
                 return found[0].id
     raise FileNotFoundError(

@@ -59,7 +59,9 @@ class Trainer:
     """Train a model on the ACE3 service or in this process.
 
     ``config``: a :class:`~ace3.TrainingConfig` (or a :class:`~ace3.DistributedConfig`, or a
-    dict of its fields). The keyword arguments follow the ACE3 document:
+    dict of its fields, or a DeepSpeed config dict: one with ``zero_optimization``,
+    ``train_batch_size`` or ``train_micro_batch_size_per_gpu``, see
+    :meth:`~ace3.TrainingConfig.from_deepspeed`). The keyword arguments follow the ACE3 document:
 
     - ``amp_config``: an :class:`~ace3.AMPConfig` (overrides the config's precision fields);
     - ``optimizer``: an optimizer built on your model (``ace3.optimizers.*``, or torch's
@@ -122,6 +124,10 @@ class Trainer:
         if isinstance(config, DistributedConfig):
             return config.to_training_config(**overrides)
         if isinstance(config, Mapping):
+            from ace3.deepspeed_config import is_deepspeed_config
+
+            if is_deepspeed_config(config):  # e.g. {"zero_optimization": {"stage": 3}, ...}
+                return TrainingConfig.from_deepspeed(config, **overrides)
             return TrainingConfig(**{**overrides, **config})
         raise TypeError(
             f"config must be an ace3.TrainingConfig or ace3.DistributedConfig, "
@@ -205,7 +211,7 @@ class Trainer:
         value = os.fspath(path_or_id)
         if not value:
             raise ValueError("load_checkpoint needs a checkpoint path or id")
-        looks_like_path = os.sep in value or value.endswith((".pt", ".pth", ".safetensors"))
+        looks_like_path = os.sep in value or value.endswith((".pt", ".pth", ".tar", ".safetensors"))
         if looks_like_path and not Path(value).is_file():
             raise FileNotFoundError(f"checkpoint file not found: {value}")
         self._resume_from = value

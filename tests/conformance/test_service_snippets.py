@@ -99,14 +99,13 @@ def test_single_node_multi_gpu_with_nccl_is_refused_on_cpu_workers(
         ("Multi-Node Training", {"num_nodes"}),
         ("Model Parallel Training", {"parallelism", "model_sharding_strategy"}),
         ("Pipeline Parallel Training", {"parallelism", "num_stages", "micro_batch_size"}),
-        ("CPU Offloading", {"cpu_offload", "offload_optimizer", "offload_parameters"}),
     ],
 )
 def test_parallel_strategies_of_issue_4_are_refused_before_any_job(
     remote_names: dict[str, Any], tmp_path: Path, heading: str, fields: set[str]
 ) -> None:
-    """Sharding, model/pipeline parallelism and multi-node arrive with issue 4; until then
-    they are refused with the reason, before anything is submitted."""
+    """Model/pipeline parallelism and multi-node arrive with issue 4; until then they are
+    refused with the reason, before anything is submitted."""
     before = remote_names["client"].jobs.list().data
     with pytest.raises(ace3.UnsupportedFeatureError) as caught:
         run_snippet(heading, tmp_path, remote_names)
@@ -145,6 +144,25 @@ def test_gradient_checkpointing(remote_names: dict[str, Any], tmp_path: Path) ->
     handle = _last_job(names["trainer"])
     assert handle.refresh().state == ace3.JobState.SUCCEEDED
     assert "4 checkpointed segment(s)" in _log_text(handle)
+
+
+def test_cpu_offloading(remote_names: dict[str, Any], tmp_path: Path) -> None:
+    """Offload with zero_stage left at 0 runs ZeRO-3 (FSDP, CPUOffloadPolicy on GPUs); on a
+    CPU worker the state is in CPU memory already, which the log says, and the job trains
+    and saves a sharded checkpoint."""
+    names = run_snippet("CPU Offloading", tmp_path, remote_names)
+    handle = _last_job(names["trainer"])
+    job = handle.refresh()
+    assert job.state == ace3.JobState.SUCCEEDED
+    assert (job.config["cpu_offload"], job.config["offload_parameters"]) == (True, True)
+    logs = _log_text(handle)
+    assert "ZeRO stage 3 over 1 rank(s)" in logs
+    assert "stage 3 because offload was asked for with zero_stage=0" in logs
+    assert "offload has no effect on a CPU device" in logs
+    history = handle.metrics(name="train_loss")
+    assert history[-1].value < history[0].value
+    assert job.final_metrics["val_accuracy"] > 0.8
+    assert handle.checkpoints()[-1].name.endswith(".dcp.tar")
 
 
 def test_gradient_accumulation(remote_names: dict[str, Any], tmp_path: Path) -> None:

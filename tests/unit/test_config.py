@@ -29,6 +29,17 @@ def test_quick_start_data_parallel_amp_and_accumulation_configs_run_as_is() -> N
         assert _refused(config) == set(), config
 
 
+def test_zero_stages_and_the_cpu_offloading_snippet_run_as_is() -> None:
+    configs = [
+        ace3.TrainingConfig(zero_stage=1),
+        ace3.TrainingConfig(zero_stage=2, mixed_precision=True),
+        ace3.TrainingConfig(zero_stage=3, cpu_offload=True),
+        ace3.TrainingConfig(cpu_offload=True, offload_optimizer=True, offload_parameters=True),
+    ]
+    for config in configs:
+        assert _refused(config) == set(), config
+
+
 @pytest.mark.parametrize(
     ("config", "refused"),
     [
@@ -45,11 +56,11 @@ def test_quick_start_data_parallel_amp_and_accumulation_configs_run_as_is() -> N
             ),
             {"parallelism", "num_stages", "micro_batch_size"},
         ),
+        (dict(zero_stage=3, mixed_precision=True, amp_level="O2"), {"amp_level"}),
         (
-            dict(cpu_offload=True, offload_optimizer=True, offload_parameters=True),
-            {"cpu_offload", "offload_optimizer", "offload_parameters"},
+            dict(cpu_offload=True, offload_optimizer=True, optimizer="adam8bit"),
+            {"optimizer"},
         ),
-        (dict(zero_stage=3), {"zero_stage"}),
     ],
 )
 def test_settings_the_engine_lacks_are_refused_with_a_reason(

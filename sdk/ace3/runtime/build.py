@@ -1,4 +1,5 @@
-"""Build everything a rank trains with: data, model, optimizer, precision, DDP; apply a resume.
+"""Build everything a rank trains with: data, model, optimizer, precision, DDP or ZeRO
+sharding (:mod:`ace3.runtime.sharding`); apply a resume.
 
 Two entry points share :func:`assemble`: :func:`build` for a job (the model file and dataset
 files named by ``job.json``) and :func:`build_local` for an in-process run of a live
@@ -32,6 +33,21 @@ from ace3.runtime.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.optim import ScheduleDriver, build_optimizer, build_scheduler
 from ace3.runtime.precision import Precision, resolve_precision
 from ace3.runtime.rng import rank_seed, restore_rng, seed_all
+from ace3.runtime.sharded_checkpoint import (
+    is_sharded_checkpoint,
+    load_full_model_and_optimizer,
+    load_sharded_model_and_optimizer,
+    resume_train_state,
+)
+from ace3.runtime.sharding import (
+    ShardingPlan,
+    plan_notes,
+    shard_model,
+    sharding_plan,
+    trainable,
+    training_copy,
+    zero_redundancy_optimizer,
+)
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode, build_model, load_user_code
 
@@ -51,8 +67,8 @@ class Components:
 
     config: TrainingConfig
     user: UserCode
-    model: nn.Module  # the plain module (what checkpoints store)
-    ddp: DistributedDataParallel
+    model: nn.Module  # the plain module (what checkpoints store); sharded in place at ZeRO-2/3
+    ddp: nn.Module  # what forward passes run through: DDP, or the sharded module (ZeRO-2/3)
     optimizer: torch.optim.Optimizer
     scaler: Any  # ace3.amp loss scaler (a pass-through when no scaling is needed)
     precision: Precision
@@ -62,6 +78,10 @@ class Components:
     per_rank_batch: int
     state: TrainState
     collate_fn: Any = None  # an in-process run may bring its DataLoader's collate_fn
+    sharding: ShardingPlan | None = None  # ZeRO stage 1-3; None for plain DDP
+    # ZeRO-2/3 in process: the caller's module, which gets the trained weights at the end
+    # (``model`` is then a sharded copy of it).
+    write_back_to: nn.Module | None = None
 
 
 def check_config(config: TrainingConfig, ctx: DistContext) -> int:
@@ -96,15 +116,24 @@ def override_dropout(model: nn.Module, p: float | None) -> int:
 
 
 def _restore(ckpt: dict[str, Any], parts: Components, ctx: DistContext) -> TrainState:
-    """Load a training checkpoint into ``parts``; what it lacks (optimizer, scheduler) is said."""
-    parts.precision.load_model_state_dict(parts.model, ckpt["model"])
-    if ckpt.get("optimizer"):
-        parts.optimizer.load_state_dict(ckpt["optimizer"])
-    elif ctx.is_main:
-        print(
-            "note: the checkpoint holds no optimizer state (save_optimizer=False): "
-            "the optimizer starts fresh, so the run will not match an uninterrupted one"
-        )
+    """Load a training checkpoint into ``parts``; what it lacks (optimizer, scheduler) is said.
+
+    A sharded checkpoint (ZeRO) loads on any number of ranks and at any stage; a plain one
+    into a ZeRO job is sharded on load; both are collectives."""
+    sharded = is_sharded_checkpoint(ckpt)
+    if sharded:
+        load_sharded_model_and_optimizer(ckpt, parts, ctx)
+    elif parts.sharding is not None:
+        load_full_model_and_optimizer(ckpt, parts, ctx)
+    else:
+        parts.precision.load_model_state_dict(parts.model, ckpt["model"])
+        if ckpt.get("optimizer"):
+            parts.optimizer.load_state_dict(ckpt["optimizer"])
+        elif ctx.is_main:
+            print(
+                "note: the checkpoint holds no optimizer state (save_optimizer=False): "
+                "the optimizer starts fresh, so the run will not match an uninterrupted one"
+            )
     if ckpt.get("scaler") and parts.scaler.is_enabled():
         parts.scaler.load_state_dict(ckpt["scaler"])
     if parts.scheduler is not None:
@@ -112,6 +141,8 @@ def _restore(ckpt: dict[str, Any], parts: Components, ctx: DistContext) -> Train
             parts.scheduler.load_state_dict(ckpt["scheduler"])
         elif ctx.is_main:
             print("note: the checkpoint holds no scheduler state: the schedule restarts")
+    if sharded:
+        return resume_train_state(ckpt, parts, ctx, parts.config)
     saved_world = int(ckpt.get("world_size") or 0)
     if saved_world != ctx.world_size:
         # batch_in_epoch counts each rank's batches: another process count would skip the wrong ones.
@@ -149,7 +180,9 @@ def build_local(
 ) -> Components:
     """Components for an in-process run of a live model (its weights are trained in place)."""
     seed_all(config.seed)
-    return assemble(config, ctx, user, model, train_set, validation_set, ckpt, resume_label)
+    return assemble(
+        config, ctx, user, model, train_set, validation_set, ckpt, resume_label, live_module=True
+    )
 
 
 def _buffer_sync(every_forward: bool) -> dict[str, bool]:
@@ -180,8 +213,11 @@ def assemble(
     validation_set: Dataset[Any] | None,
     ckpt: dict[str, Any] | None,
     resume_label: str | None,
+    live_module: bool = False,
 ) -> Components:
-    """Dropout override, device, precision, checkpointing, optimizer, schedule, resume, DDP."""
+    """Dropout override, device, precision, checkpointing, optimizer, schedule, resume, DDP
+    (or ZeRO sharding). ``live_module``: the caller keeps using ``model`` (an in-process run),
+    so ZeRO-2/3 shard a copy and write the trained weights back at the end."""
     per_rank_batch = check_config(config, ctx)
     changed = override_dropout(model, config.dropout)
     if ctx.is_main and config.dropout is not None:
@@ -189,26 +225,44 @@ def assemble(
     model.to(ctx.device)
     precision = resolve_precision(config, ctx.device)
     precision.prepare_model(model)
+    plan = sharding_plan(config, ctx.device)
+    original = None
+    if plan is not None and plan.fsdp and live_module:
+        original, model = model, training_copy(model)
     if config.gradient_checkpointing:
         how = enable_gradient_checkpointing(model, config.checkpoint_segments)
         if ctx.is_main:
             print(f"gradient checkpointing: {how}")
-    optimizer = build_optimizer(precision.optimizer_parameters(model), config)
+    if plan is not None and ctx.is_main:
+        for note in plan_notes(plan, config, ctx.world_size):
+            print(note, flush=True)
+    if plan is not None and plan.fsdp:
+        units = shard_model(model, plan, ctx)  # O0/O1 only: the optimizer takes the params
+        if ctx.is_main:
+            print(f"FSDP units: {units} layer(s) + the root")
+        optimizer = build_optimizer(trainable(model), config)
+    else:
+        optimizer = build_optimizer(precision.optimizer_parameters(model), config)
+        if plan is not None:  # stage 1: the same optimizer, its state sharded
+            optimizer = zero_redundancy_optimizer(precision.optimizer_parameters(model), optimizer)
     scheduler = build_scheduler(
         optimizer, config, total_optimizer_steps(config, train_set, ctx, per_rank_batch)
     )
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    forward: nn.Module = model
+    if plan is None or not plan.fsdp:
+        # With dynamic_batch_size the step runner broadcasts buffers itself, once per step, so
+        # that no collective runs inside the micro-batch loop (see ace3.runtime.steps).
+        forward = DistributedDataParallel(
+            model, device_ids=device_ids, **_buffer_sync(not config.dynamic_batch_size)
+        )
     parts = Components(
         config=config,
         user=user,
         model=model,
-        # With dynamic_batch_size the step runner broadcasts buffers itself, once per step, so
-        # that no collective runs inside the micro-batch loop (see ace3.runtime.steps).
-        ddp=DistributedDataParallel(
-            model, device_ids=device_ids, **_buffer_sync(not config.dynamic_batch_size)
-        ),
+        ddp=forward,
         optimizer=optimizer,
         scaler=scaler,
         precision=precision,
@@ -217,6 +271,8 @@ def assemble(
         validation_set=validation_set,
         per_rank_batch=per_rank_batch,
         state=TrainState(),
+        sharding=plan,
+        write_back_to=original,
     )
     if ckpt is not None:
         parts.state = _restore(ckpt, parts, ctx)

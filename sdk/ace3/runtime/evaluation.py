@@ -3,6 +3,11 @@
 Every rank evaluates its own shard (no duplicates), then the summed loss, correct count, sample
 count and any ``compute_metrics`` sums are all-reduced. ``val_accuracy`` is reported only when
 every batch was class logits ``[N, C]`` with integer targets ``[N]``.
+
+``lockstep=True`` is for sharded models (ZeRO-2/3), whose forward passes are collectives
+(parameters are all-gathered): ranks agree on the largest number of batches any of them has,
+and a rank with fewer runs the same forward passes on a padding batch (its last one, or the
+first sample of the set) whose results are not counted.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from ace3.runtime.losses import batch_size_of, count_correct, forward_loss, move_to_device
 from ace3.runtime.precision import Precision
@@ -25,10 +30,13 @@ def _local_sums(
     device: torch.device,
     precision: Precision,
     user: UserCode,
+    padding_batches: int = 0,
 ) -> tuple[list[float], dict[str, float]]:
-    """[loss*n, n, correct, non-classification batches] and weighted user metric sums."""
+    """[loss*n, n, correct, non-classification batches] and weighted user metric sums; then
+    ``padding_batches`` uncounted forward passes (see ``lockstep``)."""
     loss_sum, samples, correct, not_classification = 0.0, 0, 0, 0
     extra: dict[str, float] = {}
+    raw = None
     for raw in loader:
         batch = move_to_device(raw, device)
         n = batch_size_of(batch)
@@ -46,6 +54,16 @@ def _local_sums(
                 values = user.compute_metrics(model, batch)
             for name, value in dict(values).items():
                 extra[name] = extra.get(name, 0.0) + float(value) * n
+    if padding_batches:
+        if raw is None:
+            collate = loader.collate_fn or default_collate
+            raw = collate([loader.dataset[0]])
+        batch = move_to_device(raw, device)
+        for _ in range(padding_batches):
+            with precision.autocast():
+                forward_loss(model, batch, user.compute_loss)
+                if user.compute_metrics is not None:
+                    user.compute_metrics(model, batch)
     return [loss_sum, float(samples), float(correct), float(not_classification)], extra
 
 
@@ -56,15 +74,22 @@ def evaluate(
     device: torch.device,
     precision: Precision,
     user: UserCode,
+    lockstep: bool = False,
 ) -> dict[str, float]:
     """``val_loss`` (and ``val_accuracy``, ``val_<metric>``) over the whole validation set.
 
-    ``model`` is the unwrapped module (not DDP): ranks may see different numbers of batches.
+    ``model`` is the unwrapped module (not DDP): ranks may see different numbers of batches,
+    unless ``lockstep`` (a sharded model; see the module docstring).
     """
+    padding = 0
+    if lockstep and dist.is_initialized() and dist.get_world_size() > 1:
+        most = torch.tensor([len(loader)], dtype=torch.float64, device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        padding = int(most.item()) - len(loader)
     was_training = model.training
     model.eval()
     try:
-        sums, extra = _local_sums(model, loader, device, precision, user)
+        sums, extra = _local_sums(model, loader, device, precision, user, padding)
     finally:
         model.train(was_training)
     names = sorted(extra)

@@ -1,6 +1,8 @@
 """Write one checkpoint for the whole job: gather RNG states, save on rank 0, report, barrier.
 
-Every rank must call :func:`save_job_checkpoint` at the same step (it runs collectives).
+Every rank must call :func:`save_job_checkpoint` at the same step (it runs collectives). ZeRO
+jobs write a sharded checkpoint instead (every rank writes its shards, rank 0 packs them into
+``step-XXXXXXXX.dcp.tar``: :mod:`ace3.runtime.sharded_checkpoint`); the event is the same.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ace3.runtime.checkpointing import (
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import capture_rng
+from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint, sharded_checkpoint_name
 
 
 def checkpoint_payload(
@@ -61,16 +64,21 @@ def save_job_checkpoint(
     events: EventWriter,
     config: TrainingConfig,
 ) -> SavedCheckpoint | None:
-    """Save ``step-XXXXXXXX.pt`` atomically and append its checkpoint event (rank 0)."""
+    """Save ``step-XXXXXXXX.pt`` (``.dcp.tar`` for ZeRO jobs) atomically and append its
+    checkpoint event (rank 0)."""
     gathered = gather_rng(ctx)
+    state = parts.state
     saved = None
-    if ctx.is_main:
+    if parts.sharding is not None:
+        path = directory / sharded_checkpoint_name(state.step)
+        saved = save_sharded_checkpoint(parts, ctx, path, config, gathered)
+    elif ctx.is_main:
         assert gathered is not None
-        state = parts.state
         saved = save_atomic(
             checkpoint_payload(parts, gathered, ctx.world_size, config),
             directory / checkpoint_name(state.step),
         )
+    if saved is not None:
         events.write(
             {
                 "type": "checkpoint",

@@ -13,6 +13,15 @@ Two ways to synchronise gradients across ranks:
   logs it and runs the step again; the halving sticks for the rest of the run. Buffers
   (BatchNorm statistics) are broadcast from rank 0 once per step, as DDP would at each forward.
 
+ZeRO-2/3 (FSDP, ``parts.sharding.fsdp``) use neither: every micro-batch but the last runs with
+FSDP's gradient reduce-scatter turned off (``set_requires_gradient_sync(False)``), the last
+one reduce-scatters the accumulated gradients inside its backward pass, and buffers are
+broadcast from rank 0 once per step. Out-of-memory recovery needs every rank to be able to
+drop a step alone, which FSDP's in-backward collectives do not allow: ``dynamic_batch_size``
+falls back to this plain path there (the build logs it). Clipping uses torch's
+``clip_grad_norm_``, which computes the global norm over sharded (DTensor) gradients.
+ZeRO-1 keeps the DDP paths above (the model is replicated; only the optimizer is sharded).
+
 Either way, non-final micro-steps never all-reduce. Each micro-batch's loss is weighted by
 ``1 / micro-batches of the step``; halves of a split micro-batch by their share of its samples,
 so a split step computes the same mean loss as the unsplit one.
@@ -32,6 +41,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from ace3.runtime.build import Components
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
+from ace3.runtime.sharding import set_gradient_sync, trainable
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
@@ -70,7 +80,8 @@ class StepRunner:
     def __init__(self, parts: Components, ctx: DistContext, config: Any) -> None:
         self.parts, self.ctx, self.config = parts, ctx, config
         self.split = 1  # each loader batch runs as this many micro-batches
-        self.manual_sync = bool(config.dynamic_batch_size)
+        self.fsdp = parts.sharding is not None and parts.sharding.fsdp
+        self.manual_sync = bool(config.dynamic_batch_size) and not self.fsdp
         self.last_step_skipped = False  # the loss scaler skipped the last step (overflow)
 
     # -- gradients ----------------------------------------------------------------------------
@@ -119,9 +130,13 @@ class StepRunner:
             batch = move_to_device(raw, self.ctx.device)
             samples += batch_size_of(batch)
             final = i == len(chunks) - 1
-            sync = (
-                parts.ddp.no_sync() if self.manual_sync or not final else contextlib.nullcontext()
-            )
+            if self.fsdp:
+                set_gradient_sync(parts.ddp, final)
+                sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+            elif self.manual_sync or not final:
+                sync = parts.ddp.no_sync()  # type: ignore[operator]
+            else:
+                sync = contextlib.nullcontext()
             with sync:
                 with parts.precision.autocast():
                     loss = forward_loss(parts.ddp, batch, parts.user.compute_loss).loss
@@ -140,7 +155,7 @@ class StepRunner:
         parts, config = self.parts, self.config
         while True:
             parts.precision.zero_grad(parts.optimizer)
-            if self.manual_sync and self.ctx.world_size > 1:
+            if (self.manual_sync or self.fsdp) and self.ctx.world_size > 1:
                 self._broadcast_buffers()
             chunks = self._micro_batches(batches)
             failure: BaseException | None = None
@@ -160,9 +175,10 @@ class StepRunner:
         precision.grads_to_optimizer()
         if config.max_grad_norm is not None:
             parts.scaler.unscale_(parts.optimizer)
-            torch.nn.utils.clip_grad_norm_(
-                precision.clip_parameters(parts.model), config.max_grad_norm
+            clipped = (
+                trainable(parts.model) if self.fsdp else precision.clip_parameters(parts.model)
             )
+            torch.nn.utils.clip_grad_norm_(clipped, config.max_grad_norm)
         scale = parts.scaler.get_scale()
         parts.scaler.step(parts.optimizer)
         self.last_step_skipped = bool(parts.scaler.last_step_skipped)

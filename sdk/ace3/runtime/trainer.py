@@ -11,6 +11,7 @@ any of them (or ``model.stop_training = True``) can stop the run, agreed across 
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from ace3.runtime.optim import current_learning_rate
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import rank_seed
 from ace3.runtime.saving import checkpoint_payload, gather_rng, save_job_checkpoint
+from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint, shared_temp_dir
+from ace3.runtime.sharding import full_model_state_dict, local_state_bytes, write_back
 from ace3.runtime.steps import StepRunner
 
 
@@ -135,9 +138,13 @@ class Trainer:
                 # checkpoint holds. DDP only syncs them at the next forward pass.
                 for buffer in parts.model.buffers():
                     dist.broadcast(buffer, src=0)
+            lockstep = parts.sharding is not None and parts.sharding.fsdp
             values.update(
-                evaluate(parts.model, self.val_loader, self.ctx.device, parts.precision, parts.user)
-            )
+                evaluate(
+                    parts.model, self.val_loader, self.ctx.device, parts.precision, parts.user,
+                    lockstep=lockstep,
+                )
+            )  # fmt: skip
         if values:
             self._metrics(values)
             self._log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()))
@@ -162,8 +169,24 @@ class Trainer:
 
     def save_model(self, path: Path, weights_only: bool) -> None:
         """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
-        ``path`` (written by rank 0; every rank must call this at the same point)."""
+        ``path`` (written by rank 0; every rank must call this at the same point). A ZeRO job
+        writes its full checkpoint sharded (a ``.dcp.tar`` archive, whatever ``path`` is
+        called) and gathers the weights for ``weights_only``."""
         parts = self.parts
+        if parts.sharding is not None:
+            if weights_only:
+                state = full_model_state_dict(parts.model, parts.sharding, everywhere=False)
+                if self.ctx.is_main:
+                    save_atomic(state, path)
+            else:  # staged outside the artifacts directory, which the worker uploads
+                staging = shared_temp_dir(self.ctx)
+                rngs = gather_rng(self.ctx)
+                save_sharded_checkpoint(parts, self.ctx, path, self.config, rngs, staging)
+                barrier(self.ctx)
+                if self.ctx.local_rank == 0:
+                    shutil.rmtree(staging, ignore_errors=True)
+            barrier(self.ctx)
+            return
         if weights_only:
             barrier(self.ctx)
             if self.ctx.is_main:
@@ -292,6 +315,8 @@ class Trainer:
                 self._save()
             summary = self._summary()
             self.hooks.on_train_end(dict(summary))
+            if parts.write_back_to is not None and parts.sharding is not None:
+                write_back(parts.model, parts.write_back_to, parts.sharding)
             return summary
         finally:
             self.hooks.close()
@@ -345,11 +370,17 @@ class Trainer:
         collective)."""
         assert self.memory is not None
         reading = max_over_ranks(self.memory.reading(), self.ctx.device)
-        return memory_summary(reading, training_state_bytes(self.parts.model, self.parts.optimizer))
+        parts = self.parts
+        if parts.sharding is not None:  # this rank's shards, not the whole model
+            state_bytes = local_state_bytes(parts.model, parts.optimizer)
+        else:
+            state_bytes = training_state_bytes(parts.model, parts.optimizer)
+        return memory_summary(reading, state_bytes)
 
 
 def prune_checkpoint_files(directory: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` ``step-*.pt`` files (never the newest one)."""
+    """Delete all but the newest ``keep`` ``step-*.pt`` / ``step-*.dcp.tar`` files (never the
+    newest one)."""
     found = sorted(
         (int(match.group(1)), path)
         for path in directory.iterdir()

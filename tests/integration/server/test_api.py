@@ -260,11 +260,11 @@ def test_a_setting_the_engine_lacks_is_refused_not_ignored(
     owner: httpx.Client, uploaded: dict[str, str]
 ) -> None:
     response = owner.post(
-        "/v1/jobs", json={**uploaded, "config": {"zero_stage": 2, "cpu_offload": True}}
+        "/v1/jobs", json={**uploaded, "config": {"num_nodes": 2, "num_stages": 4}}
     )
     assert response.status_code == 422
     errors = {e["loc"][-1]: e for e in response.json()["detail"]}
-    assert set(errors) == {"zero_stage", "cpu_offload"}
+    assert set(errors) == {"num_nodes", "num_stages"}
     assert all(
         e["type"] == "unsupported" and "not implemented" in e["msg"] for e in errors.values()
     )
@@ -411,11 +411,11 @@ def _search_body(uploaded: dict[str, str], **config: object) -> dict[str, object
             "takes integers",
         ),
         (
-            {"search_space": {"zero_stage": {"type": "choice", "options": [0, 3]}}},
-            ["search_space", "zero_stage"],
+            {"search_space": {"num_stages": {"type": "choice", "options": [2, 4]}}},
+            ["search_space", "num_stages"],
             "not implemented",
         ),
-        ({"base_config": {"zero_stage": 3}}, ["base_config", "zero_stage"], "not implemented"),
+        ({"base_config": {"num_nodes": 2}}, ["base_config", "num_nodes"], "not implemented"),
         (
             {
                 "search_space": {"batch_size": {"type": "choice", "options": [16, 33]}},

@@ -177,24 +177,24 @@ def test_unsupported_base_config_is_refused_before_any_request(api, refs):
     model, dataset = refs
     config = ace3.HPConfig(
         search_space=SPACE,
-        base_config=ace3.TrainingConfig(cpu_offload=True, zero_stage=2),
+        base_config=ace3.TrainingConfig(num_stages=2, zero_stage=2, optimizer="adam8bit"),
     )
     with pytest.raises(ace3.UnsupportedFeatureError) as caught:
         ace3.hyperparameter_search(model, dataset, config)
     assert {problem.field for problem in caught.value.problems} == {
-        "cpu_offload",
-        "zero_stage",
+        "num_stages",
+        "optimizer",
     }
-    assert "CPU offload is not implemented yet" in str(caught.value)
+    assert "pipeline parallelism is not implemented yet" in str(caught.value)
     assert api.requests == []
 
 
 def test_unsupported_or_invalid_searched_values_are_refused_before_any_request(api, refs):
     model, dataset = refs
-    unsupported = ace3.HPConfig(search_space={"zero_stage": ace3.hp.choice([0, 1, 2])})
-    with pytest.raises(ace3.UnsupportedFeatureError, match="search_space: zero_stage=1") as c:
+    unsupported = ace3.HPConfig(search_space={"num_nodes": ace3.hp.choice([1, 2, 4])})
+    with pytest.raises(ace3.UnsupportedFeatureError, match="search_space: num_nodes=2") as c:
         ace3.hyperparameter_search(model, dataset, unsupported)
-    assert [p.field for p in c.value.problems] == ["search_space.zero_stage"] * 2
+    assert [p.field for p in c.value.problems] == ["search_space.num_nodes"] * 2
     for space, message in [
         ({"learning_rate": ace3.hp.uniform(0.0, 0.1)}, "learning_rate: 0.0 .*greater than 0"),
         ({"epochs": ace3.hp.uniform(1, 10)}, "epochs: uniform draws floats.*randint"),

@@ -38,8 +38,8 @@ def refs(api: MockAPI) -> tuple[ModelRef, DatasetRef]:
     ("config", "fields"),
     [
         (
-            ace3.TrainingConfig(cpu_offload=True, offload_optimizer=True, offload_parameters=True),
-            ["cpu_offload", "offload_optimizer", "offload_parameters"],
+            ace3.TrainingConfig(zero_stage=2, mixed_precision=True, amp_level="O3"),
+            ["amp_level"],
         ),
         (ace3.DistributedConfig(num_gpus=4, num_nodes=4, backend="nccl"), ["num_nodes"]),
     ],
@@ -74,8 +74,8 @@ def test_model_and_pipeline_parallel_are_refused_with_reasons(api, refs):
 
 
 def test_unsupported_settings_are_refused_even_without_an_api_key(tmp_path: Path):
-    config = ace3.TrainingConfig(zero_stage=2)
-    with pytest.raises(ace3.UnsupportedFeatureError, match="zero_stage"):
+    config = ace3.TrainingConfig(num_stages=2)
+    with pytest.raises(ace3.UnsupportedFeatureError, match="num_stages"):
         ace3.Trainer(config).train(str(tmp_path / "model.py"), str(tmp_path / "data.npz"))
 
 
@@ -314,3 +314,15 @@ def test_result_exposes_final_metrics_as_attributes():
     assert result.best_val_accuracy is None
     with pytest.raises(AttributeError, match="final metrics: \\['val_loss'\\]"):
         _ = result.val_accuracy
+
+
+def test_object_configs_only_override_the_fields_they_set():
+    base = ace3.TrainingConfig(save_interval=50, max_checkpoints=4, min_loss_scale=8.0)
+    trainer = ace3.Trainer(
+        base,
+        amp_config=ace3.AMPConfig(opt_level="O1"),
+        checkpoint_config=ace3.CheckpointConfig(save_dir="./ckpts", save_optimizer=False),
+    )
+    config = trainer.resolve_config()
+    assert (config.save_interval, config.max_checkpoints, config.save_optimizer) == (50, 4, False)
+    assert config.mixed_precision and config.min_loss_scale == 8.0

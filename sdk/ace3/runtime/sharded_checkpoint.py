@@ -1,0 +1,488 @@
+"""Sharded checkpoints of ZeRO jobs: ``torch.distributed.checkpoint`` (DCP), packed in one file.
+
+Saving (every rank, at the same step): each rank writes its own shards of the model and the
+optimizer state with ``dcp.save`` into a staging directory next to the checkpoint
+(``.step-XXXXXXXX.dcp.tar.parts/``); rank 0 adds ``train_state.pt`` (step, epoch, position,
+RNG states of every rank, scheduler, loss scaler, the metric carry: plain tensors and
+containers, ``torch.load(weights_only=True)``) and packs the directory into ONE uncompressed
+tar, ``step-XXXXXXXX.dcp.tar``, written atomically (temporary file, fsync, rename) and hashed
+like every checkpoint; the staging directory is removed. The checkpoint event names the tar.
+
+What the DCP part holds is torch's own "distributed state dict" layout, the same at every
+stage: ``{"model": {fqn: tensor}, "optimizer": {"state": {fqn: {...}}, "param_groups":
+[...]}}``; at stages 2/3 the tensors are DTensor shards, at stage 1 the model is replicated and
+each rank writes the optimizer state of the parameters it owns. So DCP can re-shard on load:
+a checkpoint resumes on any number of ranks, and at any ZeRO stage.
+
+Loading: :func:`ace3.runtime.checkpointing.load_checkpoint` reads only ``train_state.pt``
+(sha256 checked first). While the job is assembled, :func:`load_sharded_model_and_optimizer`
+extracts the tar once per machine into a temporary directory, and every rank ``dcp.load``-s
+the shards it needs for the current world size into its freshly sharded model and optimizer.
+
+Resuming on another number of ranks (:func:`resume_train_state`): ``batch_in_epoch`` counts
+micro-batches of the global ``batch_size``, which is the same at any world size: the loaders
+shuffle with one permutation per epoch and give every rank an interleaved slice of it, so the
+samples a resumed run has left are the ones the original run had left. What changes is which
+rank sees which sample, and the per-rank RNG streams: ranks that existed get their saved RNG
+state, new ranks start from ``rank_seed(seed + step, rank)``. The run continues from the same
+point but is not bit-identical to an uninterrupted one (same world size: it is, as for plain
+checkpoints).
+
+The DCP metadata file is a pickle (torch's format): resume only from checkpoints you or the
+service wrote (the service checks each checkpoint's sha256 before a resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ace3.config import TrainingConfig
+from ace3.runtime.checkpointing import SavedCheckpoint, write_atomic
+from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.loaders import batches_per_epoch, train_sampler
+from ace3.runtime.rng import rank_seed, restore_rng, seed_all
+from ace3.runtime.sharding import is_zero_redundancy, local_optimizer
+from ace3.runtime.train_state import TrainState
+
+if TYPE_CHECKING:
+    from ace3.runtime.build import Components
+
+SHARDED_FORMAT = 2
+ARCHIVE_SUFFIX = ".dcp.tar"
+TRAIN_STATE = "train_state.pt"
+
+
+def sharded_checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}{ARCHIVE_SUFFIX}"
+
+
+def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
+    """True for what :func:`read_train_state` returns (a sharded checkpoint's train state)."""
+    return ckpt.get("format") == SHARDED_FORMAT and "archive" in ckpt
+
+
+# -- what DCP saves and loads -----------------------------------------------------------------
+def _names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(param): name for name, param in model.named_parameters()}
+
+
+def _zero_groups(optimizer: Any, names: dict[int, str]) -> list[dict[str, Any]]:
+    """ZeroRedundancyOptimizer's parameter groups in torch's distributed layout: every
+    hyperparameter of the wrapped class (from the local optimizer), the current values (lr
+    after the schedule) from the global groups, parameters by name."""
+    local = optimizer.optim
+    groups = []
+    for index, group in enumerate(optimizer.param_groups):
+        hyper = {k: v for k, v in local.param_groups[index].items() if k != "params"}
+        hyper.update({k: v for k, v in group.items() if k != "params"})
+        groups.append({**hyper, "params": [names[id(p)] for p in group["params"]]})
+    return groups
+
+
+def _zero_state(parts: Components, names: dict[int, str]) -> dict[str, Any]:
+    """Stage 1: the state of the parameters this rank owns, keyed by parameter name."""
+    local = parts.optimizer.optim  # type: ignore[attr-defined]
+    return {
+        "state": {
+            names[id(p)]: local.state[p]
+            for group in local.param_groups
+            for p in group["params"]
+            if p in local.state
+        },
+        "param_groups": _zero_groups(parts.optimizer, names),
+    }
+
+
+def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create an optimizer's state tensors (so DCP has somewhere to load into): one step with
+    zero gradients at learning rate 0, as ``torch.distributed.checkpoint.state_dict`` does."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params:
+        return
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, rates, strict=True):
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _state_to_save(parts: Components, with_optimizer: bool) -> dict[str, Any]:
+    if is_zero_redundancy(parts.optimizer):
+        state: dict[str, Any] = {"model": parts.model.state_dict()}
+        if with_optimizer:
+            state["optimizer"] = _zero_state(parts, _names(parts.model))
+        return state
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if not with_optimizer:
+        return {"model": get_model_state_dict(parts.model)}
+    model_state, optimizer_state = get_state_dict(parts.model, parts.optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _load_into(parts: Components, directory: Path, with_optimizer: bool) -> None:
+    """Load the DCP directory into the (sharded) model and optimizer, re-sharding as needed.
+    A collective."""
+    import torch.distributed.checkpoint as dcp
+
+    if is_zero_redundancy(parts.optimizer):
+        names = _names(parts.model)
+        state: dict[str, Any] = {"model": parts.model.state_dict()}
+        if with_optimizer:
+            _initialise_state(local_optimizer(parts.optimizer))
+            state["optimizer"] = _zero_state(parts, names)
+        dcp.load(state, checkpoint_id=str(directory))
+        parts.model.load_state_dict(state["model"])
+        if with_optimizer:
+            _apply_zero_groups(parts.optimizer, state["optimizer"]["param_groups"])
+        return
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if not with_optimizer:
+        state = {"model": get_model_state_dict(parts.model)}
+        dcp.load(state, checkpoint_id=str(directory))
+        set_model_state_dict(parts.model, state["model"])
+        return
+    model_state, optimizer_state = get_state_dict(parts.model, parts.optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(
+        parts.model,
+        parts.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+    )
+
+
+def _apply_zero_groups(optimizer: Any, groups: list[dict[str, Any]]) -> None:
+    """Set the saved hyperparameters (lr, betas, ...) on the global and local groups."""
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(
+            f"the checkpoint's optimizer has {len(groups)} parameter groups, this one "
+            f"{len(optimizer.param_groups)}: resume with the same optimizer settings"
+        )
+    for saved, group, local in zip(
+        groups, optimizer.param_groups, optimizer.optim.param_groups, strict=True
+    ):
+        for key, value in saved.items():
+            if key == "params":
+                continue
+            if key in group:
+                group[key] = value
+            if key in local:
+                local[key] = value
+
+
+# -- save ---------------------------------------------------------------------------------------
+def _pack(directory: Path, target: Path) -> SavedCheckpoint:
+    """One uncompressed tar of ``directory``'s files (flat, sorted), written atomically."""
+
+    def write(handle: Any) -> None:
+        with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in sorted(directory.iterdir()):
+                tar.add(path, arcname=path.name, recursive=False)
+
+    return write_atomic(target, write)
+
+
+def train_state_payload(
+    parts: Components,
+    ctx: DistContext,
+    config: TrainingConfig,
+    rng_per_rank: list[Any],
+    position_batches: int,
+) -> dict[str, Any]:
+    """What rank 0 stores next to the shards (plain containers, ``weights_only`` loadable)."""
+    scheduler = parts.scheduler
+    keep_schedule = config.save_scheduler
+    return {
+        **parts.state.to_checkpoint(),
+        "scaler": parts.scaler.state_dict() if keep_schedule and parts.scaler.is_enabled() else {},
+        "scheduler": scheduler.state_dict() if keep_schedule and scheduler is not None else {},
+        "rng_per_rank": rng_per_rank,
+        "world_size": ctx.world_size,
+        "batch_size": config.batch_size,
+        "batches_per_epoch": position_batches,
+        "zero_stage": parts.sharding.stage if parts.sharding is not None else 0,
+        "has_optimizer": bool(config.save_optimizer),
+        "format": SHARDED_FORMAT,
+    }
+
+
+def save_sharded_checkpoint(
+    parts: Components,
+    ctx: DistContext,
+    path: Path,
+    config: TrainingConfig,
+    rng_per_rank: list[Any] | None,
+    staging_root: Path | None = None,
+) -> SavedCheckpoint | None:
+    """Write the sharded checkpoint ``path`` (a ``.dcp.tar``); every rank must call this at
+    the same point. Returns the saved file on rank 0 (None elsewhere); the caller ends with a
+    barrier before anyone reads it.
+
+    The shards are staged in ``staging_root`` (default: next to ``path``; pass another
+    directory when ``path``'s is watched, like the artifacts directory the worker uploads)."""
+    import torch.distributed.checkpoint as dcp
+
+    staging = (staging_root or path.parent) / f".{path.name}.parts"
+    if ctx.is_main and staging.exists():  # left by an attempt that died while saving
+        shutil.rmtree(staging)
+    barrier(ctx)
+    state = _state_to_save(parts, config.save_optimizer)
+    dcp.save(state, checkpoint_id=str(staging))
+    if not ctx.is_main:
+        return None
+    assert rng_per_rank is not None
+    sampler = train_sampler(parts.train_set, ctx.rank, ctx.world_size, config.seed)
+    payload = train_state_payload(
+        parts, ctx, config, rng_per_rank, batches_per_epoch(sampler, parts.per_rank_batch)
+    )
+    torch.save(payload, staging / TRAIN_STATE)
+    try:
+        return _pack(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def shared_temp_dir(ctx: DistContext) -> Path:
+    """A directory name under the system's temporary directory that every rank agrees on (a
+    collective): where to stage shards that must not appear in a watched directory."""
+    token = [uuid.uuid4().hex if ctx.is_main else None]
+    if ctx.world_size > 1:
+        dist.broadcast_object_list(token, src=0)
+    return Path(tempfile.gettempdir()) / f"ace3-dcp-{token[0]}"
+
+
+# -- load ---------------------------------------------------------------------------------------
+def is_sharded_archive(path: Path) -> bool:
+    """A tar file (what sharded jobs write); plain checkpoints are torch's zip format."""
+    try:
+        return tarfile.is_tarfile(path)
+    except OSError:
+        return False
+
+
+def _members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
+    """The archive's files, refused unless every one is a plain file with a plain name."""
+    members = tar.getmembers()
+    for member in members:
+        name = member.name
+        if not member.isfile() or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise ValueError(
+                f"{path} is not an ACE3 sharded checkpoint: it holds {name!r}, which is not a "
+                "plain file at the top level"
+            )
+    names = {member.name for member in members}
+    if TRAIN_STATE not in names or ".metadata" not in names:
+        raise ValueError(
+            f"{path} is not an ACE3 sharded checkpoint: it lacks {TRAIN_STATE} or the DCP "
+            ".metadata file"
+        )
+    return members
+
+
+def read_train_state(path: Path) -> dict[str, Any]:
+    """The train state of the sharded checkpoint ``path``, with ``archive`` = its path."""
+    with tarfile.open(path, mode="r:") as tar:
+        _members(tar, path)
+        handle = tar.extractfile(TRAIN_STATE)
+        assert handle is not None
+        data = handle.read()
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != SHARDED_FORMAT:
+        raise ValueError(f"{path}: {TRAIN_STATE} is not an ACE3 sharded train state")
+    state["archive"] = str(Path(path).resolve())
+    return state
+
+
+def _extract(archive: Path, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=False)
+    with tarfile.open(archive, mode="r:") as tar:
+        for member in _members(tar, archive):
+            source = tar.extractfile(member)
+            assert source is not None
+            with source, (target / member.name).open("wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+
+
+def _extraction_root(archive: Path) -> Path:
+    """Next to the archive when that directory is writable (the job directory: same disk,
+    room for it), else the system's temporary directory."""
+    return archive.parent if os.access(archive.parent, os.W_OK) else Path(tempfile.gettempdir())
+
+
+@contextlib.contextmanager
+def extracted(archive: Path, ctx: DistContext) -> Iterator[Path]:
+    """The archive's DCP directory, extracted once per machine (by local rank 0), removed
+    after every rank is done. A collective."""
+    token = [uuid.uuid4().hex if ctx.is_main else None]
+    if ctx.world_size > 1:
+        dist.broadcast_object_list(token, src=0)
+    directory = _extraction_root(archive) / f".{archive.name}.restore-{token[0]}"
+    failure: BaseException | None = None
+    if ctx.local_rank == 0:
+        try:
+            _extract(archive, directory)
+        except BaseException as exc:  # every rank must learn of it, not hang at the barrier
+            failure = exc
+    if _any_rank(failure is not None, ctx):
+        if ctx.local_rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+        if failure is not None:
+            raise failure
+        raise RuntimeError(f"extracting {archive} failed on another machine")
+    try:
+        yield directory
+    finally:
+        barrier(ctx)
+        if ctx.local_rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _any_rank(flag: bool, ctx: DistContext) -> bool:
+    if ctx.world_size == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def consolidate(path: Path) -> dict[str, Any]:
+    """The whole checkpoint in one process, without a process group: the train state with the
+    full ``model`` state dict and the ``optimizer`` state keyed by parameter name (for users
+    who want plain weights out of a ``.dcp.tar``). Needs memory for the whole state."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = Path(path)
+    state = read_train_state(path)
+    with tempfile.TemporaryDirectory(prefix="ace3-dcp-") as scratch:
+        directory = Path(scratch) / "dcp"
+        _extract(path, directory)
+        dcp_to_torch_save(directory, Path(scratch) / "full.pt")
+        full = torch.load(Path(scratch) / "full.pt", map_location="cpu", weights_only=True)
+    state.pop("archive", None)
+    return {**state, **full}
+
+
+def load_sharded_model_and_optimizer(
+    ckpt: dict[str, Any], parts: Components, ctx: DistContext
+) -> None:
+    """Load a sharded checkpoint's weights and optimizer state into ``parts`` (any ZeRO stage,
+    any world size). A collective: every rank calls it."""
+    with_optimizer = bool(ckpt.get("has_optimizer"))
+    with extracted(Path(ckpt["archive"]), ctx) as directory:
+        _load_into(parts, directory, with_optimizer)
+    if not with_optimizer and ctx.is_main:
+        print(
+            "note: the checkpoint holds no optimizer state (save_optimizer=False): "
+            "the optimizer starts fresh, so the run will not match an uninterrupted one"
+        )
+
+
+def load_full_model_and_optimizer(
+    ckpt: dict[str, Any], parts: Components, ctx: DistContext
+) -> None:
+    """Load a plain (``step-*.pt``) checkpoint into a ZeRO job's model and optimizer: full
+    weights, and the optimizer state keyed by parameter position. A collective at stages
+    2/3."""
+    optimizer_state = ckpt.get("optimizer") or None
+    if is_zero_redundancy(parts.optimizer):
+        parts.model.load_state_dict(ckpt["model"])
+        if optimizer_state:
+            parts.optimizer.load_state_dict(optimizer_state)
+    else:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        if optimizer_state:
+            names = [name for name, p in parts.model.named_parameters() if p.requires_grad]
+            set_state_dict(
+                parts.model,
+                parts.optimizer,
+                model_state_dict=ckpt["model"],
+                optim_state_dict=_by_name(optimizer_state, names),
+                options=options,
+            )
+        else:
+            set_model_state_dict(parts.model, ckpt["model"], options=options)
+    if not optimizer_state and ctx.is_main:
+        print(
+            "note: the checkpoint holds no optimizer state (save_optimizer=False): "
+            "the optimizer starts fresh, so the run will not match an uninterrupted one"
+        )
+
+
+def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """A plain optimizer state dict (parameters by position) keyed by parameter name."""
+    return {
+        "state": {names[int(index)]: value for index, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[int(index)] for index in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
+
+
+def resume_train_state(
+    ckpt: dict[str, Any], parts: Components, ctx: DistContext, config: TrainingConfig
+) -> TrainState:
+    """The position and RNG to continue from, converted when the world size changed (see
+    the module docstring)."""
+    state = TrainState.from_checkpoint(ckpt)
+    saved_world = int(ckpt["world_size"])
+    saved_batch = int(ckpt.get("batch_size") or config.batch_size)
+    rngs = ckpt.get("rng_per_rank") or []
+    if ctx.rank < min(saved_world, len(rngs)):
+        restore_rng(rngs[ctx.rank])
+    else:
+        seed_all(rank_seed(config.seed + state.step, ctx.rank))
+    if saved_world == ctx.world_size and saved_batch == config.batch_size:
+        return state
+    sampler = train_sampler(parts.train_set, ctx.rank, ctx.world_size, config.seed)
+    now_per_epoch = batches_per_epoch(sampler, parts.per_rank_batch)
+    saved_per_epoch = int(ckpt.get("batches_per_epoch") or now_per_epoch)
+    if state.batch_in_epoch >= saved_per_epoch:
+        position = now_per_epoch  # the epoch was finished: it stays finished
+    else:
+        samples = state.batch_in_epoch * saved_batch
+        position = min(samples // config.batch_size, now_per_epoch)
+    if ctx.is_main:
+        print(
+            f"note: this checkpoint was written by {saved_world} process(es) with batch_size "
+            f"{saved_batch}; this run has {ctx.world_size} with batch_size {config.batch_size}: "
+            f"continuing epoch {state.epoch + 1} after {position} global micro-batch(es) "
+            f"(was {state.batch_in_epoch}). The remaining samples are the same, but each rank "
+            "sees different ones and new ranks start new RNG streams, so the run is not "
+            "bit-identical to an uninterrupted one",
+            flush=True,
+        )
+    state.batch_in_epoch = position
+    return state

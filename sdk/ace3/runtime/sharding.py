@@ -1,0 +1,228 @@
+"""Sharded data parallel (ZeRO stages 1-3) on PyTorch's own APIs.
+
+- **Stage 1** (optimizer state sharded): the model is replicated under DDP, as at stage 0; the
+  optimizer is a ``torch.distributed.optim.ZeroRedundancyOptimizer`` around the optimizer the
+  config names, so each rank keeps (and updates) the state of its share of the parameters and
+  broadcasts the updated parameters after the step.
+- **Stage 2** (+ gradients): FSDP2 ``fully_shard(reshard_after_forward=False)``: parameters are
+  stored sharded, all-gathered for the forward pass and kept gathered until the backward pass
+  is done; gradients are reduce-scattered, so each rank holds its shard of the gradients and
+  of the optimizer state.
+- **Stage 3** (+ parameters): ``fully_shard(reshard_after_forward=True)``: parameters are freed
+  again after each unit's forward pass and re-gathered for its backward pass.
+
+Units: every child with parameters of the model's largest ``nn.Sequential`` becomes its own
+FSDP unit, then the root (which takes the rest), so at most one layer's parameters are gathered
+at a time at stage 3. A model without an ``nn.Sequential`` is one unit.
+
+Offload (``cpu_offload``, ``offload_optimizer``, ``offload_parameters``: any of them) is FSDP's
+``CPUOffloadPolicy``: sharded parameters, gradients and optimizer state live in (pinned) CPU
+memory and the optimizer steps on the CPU. On a CPU device it has no effect and is skipped.
+
+The engine's step runner drives gradient synchronisation: at stages 2/3 it turns FSDP's
+reduce-scatter off (``set_requires_gradient_sync(False)``) for every micro-batch but the last
+of an optimizer step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ace3.config import TrainingConfig
+from ace3.runtime.distributed import DistContext
+
+STAGE_SUMMARY = {
+    1: "optimizer state sharded (DDP + ZeroRedundancyOptimizer)",
+    2: "optimizer state + gradients sharded (FSDP fully_shard, reshard_after_forward=False)",
+    3: "optimizer state + gradients + parameters sharded (FSDP fully_shard, "
+    "reshard_after_forward=True)",
+}
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """How one run shards: the ZeRO ``stage`` it runs (1-3) and whether state is offloaded."""
+
+    stage: int
+    offload_requested: bool
+    offload: bool  # requested and the device is not the CPU already
+    implied: bool  # stage 3 because offload was asked for with zero_stage=0
+
+    @property
+    def fsdp(self) -> bool:
+        """Stages 2 and 3 run on FSDP (sharded parameters, DTensors)."""
+        return self.stage >= 2
+
+    def describe(self, world_size: int) -> str:
+        """For the log, e.g. ``ZeRO stage 3 over 2 rank(s): ...``."""
+        text = f"ZeRO stage {self.stage} over {world_size} rank(s): {STAGE_SUMMARY[self.stage]}"
+        if self.implied:
+            text += "; stage 3 because offload was asked for with zero_stage=0"
+        if self.offload:
+            text += "; parameters, gradients and optimizer state offloaded to CPU memory"
+        return text
+
+
+def sharding_plan(config: TrainingConfig, device: torch.device) -> ShardingPlan | None:
+    """The plan for ``config`` on ``device``; None for plain DDP (stage 0 without offload)."""
+    stage = config.effective_zero_stage
+    if stage == 0:
+        return None
+    return ShardingPlan(
+        stage=stage,
+        offload_requested=config.offload,
+        offload=config.offload and device.type != "cpu",
+        implied=stage != config.zero_stage,
+    )
+
+
+def plan_notes(plan: ShardingPlan, config: TrainingConfig, world_size: int) -> list[str]:
+    """What rank 0 logs about the plan (once, at build time)."""
+    notes = [plan.describe(world_size)]
+    if plan.offload_requested and not plan.offload:
+        notes.append("offload has no effect on a CPU device: the state is in CPU memory already")
+    if plan.fsdp and config.dynamic_batch_size:
+        notes.append(
+            "dynamic_batch_size: out-of-memory recovery is off with ZeRO stage "
+            f"{plan.stage} (FSDP reduce-scatters gradients inside the backward pass, so a rank "
+            "cannot drop a step alone); an out-of-memory error fails the job"
+        )
+    return notes
+
+
+# -- stages 2 and 3: FSDP -----------------------------------------------------------------------
+def _units(model: nn.Module) -> list[nn.Module]:
+    """The children with parameters of the model's largest ``nn.Sequential`` (by parameter
+    count), in order: each becomes an FSDP unit below the root."""
+    sequentials = [m for m in model.modules() if isinstance(m, nn.Sequential) and len(m) > 1]
+    if not sequentials:
+        return []
+    largest = max(sequentials, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return [child for child in largest.children() if any(True for _ in child.parameters())]
+
+
+def shard_model(model: nn.Module, plan: ShardingPlan, ctx: DistContext) -> int:
+    """Apply FSDP2 ``fully_shard`` to ``model`` in place (units, then the root); return the
+    number of units below the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": plan.stage == 3}
+    if plan.offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+    units = _units(model)
+    for unit in units:
+        fully_shard(unit, **options)
+    fully_shard(model, **options)
+    return len(units)
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Stages 2/3: reduce-scatter gradients in this backward pass (``enabled``) or keep
+    accumulating them unsharded (every micro-batch but the last of a step)."""
+    model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [param for param in model.parameters() if param.requires_grad]
+
+
+def training_copy(model: nn.Module) -> nn.Module:
+    """A copy to shard for an in-process run: FSDP changes a module in place (its class and
+    parameters), and the caller's module must stay a plain module; the trained weights are
+    written back at the end (:func:`write_back`)."""
+    return copy.deepcopy(model)
+
+
+# -- stage 1: ZeroRedundancyOptimizer -----------------------------------------------------------
+def zero_redundancy_optimizer(
+    params: Iterable[nn.Parameter], template: torch.optim.Optimizer
+) -> torch.optim.Optimizer:
+    """A ``ZeroRedundancyOptimizer`` running ``template``'s class with its hyperparameters over
+    each rank's share of ``params`` (``template`` is the optimizer the config names, built
+    by ``ace3.runtime.optim.build_optimizer`` over the same parameters; it is discarded)."""
+    import inspect
+
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    cls = type(template)
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {key: value for key, value in template.defaults.items() if key in accepted}
+    return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, **defaults)
+
+
+def is_zero_redundancy(optimizer: torch.optim.Optimizer) -> bool:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return isinstance(optimizer, ZeroRedundancyOptimizer)
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state: ZeroRedundancyOptimizer's local one."""
+    return optimizer.optim if is_zero_redundancy(optimizer) else optimizer  # type: ignore[return-value]
+
+
+# -- whole-model views --------------------------------------------------------------------------
+def full_model_state_dict(
+    model: nn.Module, plan: ShardingPlan | None, everywhere: bool = True
+) -> dict[str, Any]:
+    """The unsharded model state (plain CPU tensors) on every rank, or only on rank 0 (an
+    empty dict elsewhere) when not ``everywhere``. A collective at stages 2/3: every rank
+    must call it."""
+    if plan is None or not plan.fsdp:
+        return {key: value.detach().cpu() for key, value in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # cpu_offload=True gathers onto rank 0 only (and into CPU memory).
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
+    state = get_model_state_dict(model, options=options)
+    return {key: value.detach().cpu() for key, value in state.items()}
+
+
+def write_back(trained: nn.Module, original: nn.Module, plan: ShardingPlan) -> None:
+    """Load the trained (sharded) copy's weights into the caller's module. A collective."""
+    state = full_model_state_dict(trained, plan)
+    with torch.no_grad():
+        original.load_state_dict(state)
+
+
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes this rank holds for parameters, gradients and optimizer state: the local shards of
+    sharded (DTensor) tensors, and only this rank's ZeroRedundancyOptimizer state."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+
+    def count(tensor: Any) -> None:
+        nonlocal total
+        if not isinstance(tensor, torch.Tensor) or tensor.is_meta:
+            return
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        nbytes = local.numel() * local.element_size()
+        key = (str(local.device), local.data_ptr())
+        if nbytes and key not in seen:
+            seen.add(key)
+            total += nbytes
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            count(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    for param in model.parameters():
+        count(param)
+        count(param.grad)
+    for state in local_optimizer(optimizer).state.values():
+        walk(state)
+    return total
