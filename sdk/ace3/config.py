@@ -9,13 +9,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ace3.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
 Parallelism = Literal["data", "model", "pipeline"]
 ShardingStrategy = Literal["layer", "tensor", "pipeline"]
+PipelineSchedule = Literal["gpipe", "1f1b"]
 Backend = Literal["auto", "nccl", "gloo"]
 OptimizerName = Literal["adamw", "adam", "sgd", "memory_efficient_adam", "adam8bit"]
 AmpDtype = Literal["auto", "float16", "bfloat16"]
@@ -73,7 +81,22 @@ class TrainingConfig(_Schema):
     num_stages: int | None = Field(
         None, ge=1, description="Pipeline stages (parallelism='pipeline')."
     )
-    micro_batch_size: int | None = Field(None, ge=1, description="Pipeline micro-batch size.")
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Pipeline micro-batch size: each batch_size batch runs as batch_size / "
+        "micro_batch_size micro-batches (default: num_stages micro-batches).",
+    )
+    pipeline_schedule: PipelineSchedule = Field(
+        "1f1b",
+        description="Pipeline schedule (torch.distributed.pipelining): gpipe (all forwards, then "
+        "all backwards) or 1f1b (one forward, one backward: fewer activations held).",
+    )
+    pipeline_split_points: list[int] | None = Field(
+        None,
+        description="Pipeline stages: indices of the nn.Sequential layers where stages 2..N "
+        "start (num_stages - 1 increasing indices); default: balanced by parameter count.",
+    )
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0,
         description="ZeRO sharding: 0 plain DDP; 1 optimizer state sharded (DDP + "
@@ -238,12 +261,29 @@ class TrainingConfig(_Schema):
 
         return training_config_from_deepspeed(ds_config, **fields)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pipeline_processes_default_to_stages(cls, data: Any) -> Any:
+        """``parallelism='pipeline'`` with ``num_stages`` and no ``num_gpus`` runs one process
+        per stage (the document's pipeline example gives only ``num_stages``)."""
+        if (
+            isinstance(data, Mapping)
+            and data.get("parallelism") == "pipeline"
+            and isinstance(data.get("num_stages"), int)
+            and data.get("num_gpus") is None
+            and data.get("num_nodes", 1) == 1
+        ):
+            return {**data, "num_gpus": data["num_stages"]}
+        return data
+
     # Field validators (not a model validator) so that a refused assignment keeps the old value
     # and the error names the field; each sees the other fields already set.
     @field_validator("batch_size")
     @classmethod
     def _batch_splits_across_processes(cls, batch_size: int, info: ValidationInfo) -> int:
-        _check_batch_split(batch_size, info.data.get("num_gpus", 1), info.data.get("num_nodes", 1))
+        if info.data.get("parallelism", "data") == "data":  # model parallel: every rank sees it
+            nodes = info.data.get("num_nodes", 1)
+            _check_batch_split(batch_size, info.data.get("num_gpus", 1), nodes)
         return batch_size
 
     @field_validator("betas")
@@ -273,7 +313,8 @@ class TrainingConfig(_Schema):
     @field_validator("num_gpus", "num_nodes")
     @classmethod
     def _processes_split_the_batch(cls, value: int, info: ValidationInfo) -> int:
-        if "batch_size" in info.data:  # an assignment; at construction batch_size checks itself
+        # An assignment (at construction batch_size checks itself); data parallel only.
+        if "batch_size" in info.data and info.data.get("parallelism", "data") == "data":
             other = info.data["num_nodes" if info.field_name == "num_gpus" else "num_gpus"]
             _check_batch_split(info.data["batch_size"], value, other)
         return value
@@ -374,13 +415,7 @@ class ConfigProblem(BaseModel):
 
 
 # Settings the engine does not implement yet: the values it accepts, and why others are refused.
-_NOT_YET: dict[str, tuple[tuple[Any, ...], str]] = {
-    "parallelism": (("data",), "only parallelism='data' (DDP) runs in this version"),
-    "model_sharding_strategy": ((None,), "model parallelism is not implemented yet"),
-    "num_stages": ((None,), "pipeline parallelism is not implemented yet"),
-    "micro_batch_size": ((None,), "pipeline micro-batches are not implemented yet"),
-    "num_nodes": ((1,), "multi-node jobs are not implemented yet: use num_nodes=1"),
-}
+_NOT_YET: dict[str, tuple[tuple[Any, ...], str]] = {}
 
 
 # Optimizers whose update math does not run on FSDP's sharded (DTensor) parameters yet.
@@ -394,7 +429,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         value = getattr(config, field)
         if value not in accepted:
             problems.append(ConfigProblem(field=field, reason=f"{field}={value!r}: {reason}"))
-    return problems + _unsupported_with_zero(config)
+    return problems + _unsupported_with_zero(config) + _model_parallel_problems(config)
 
 
 def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
@@ -406,6 +441,16 @@ def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
     how = "offload (which runs ZeRO-3)" if implied else f"zero_stage={stage}"
     plain = "turn offload off" if implied else "zero_stage=0"
     problems = []
+    if config.num_nodes > 1:
+        problems.append(
+            ConfigProblem(
+                field="num_nodes",
+                reason=f"num_nodes={config.num_nodes} with {how}: sharded checkpoints are "
+                "written by every rank and packed on rank 0, which needs one filesystem across "
+                "the nodes; multi-node ZeRO is not implemented yet: use data parallelism "
+                "across nodes, or " + plain,
+            )
+        )
     if config.mixed_precision and config.amp_level in ("O2", "O3"):
         problems.append(
             ConfigProblem(
@@ -436,4 +481,99 @@ def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
                 + (" or turn offload off" if implied else " or use zero_stage 0 or 1"),
             )
         )
+    return problems
+
+
+def pipeline_layout(config: TrainingConfig) -> tuple[int, int, str] | None:
+    """(stages, micro-batches per batch, schedule) for a job that runs a pipeline
+    (``parallelism='pipeline'``, or ``'model'`` with strategy ``layer`` or ``pipeline``); None
+    otherwise. ``layer`` is a pipeline with one micro-batch (GPipe: no overlap)."""
+    strategy = config.model_sharding_strategy
+    if config.parallelism == "pipeline" or (
+        config.parallelism == "model" and strategy in ("layer", "pipeline")
+    ):
+        stages = config.num_stages or config.world_size
+        if strategy == "layer":
+            return stages, 1, "gpipe"
+        micro = config.micro_batch_size or max(config.batch_size // stages, 1)
+        return stages, max(config.batch_size // micro, 1), config.pipeline_schedule
+    return None
+
+
+def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
+    """Settings that do not fit the parallelism chosen (data, model or pipeline)."""
+    problems: list[ConfigProblem] = []
+
+    def refuse(field: str, reason: str) -> None:
+        problems.append(ConfigProblem(field=field, reason=f"{field}: {reason}"))
+
+    mode, strategy = config.parallelism, config.model_sharding_strategy
+    pipeline_fields = ("num_stages", "micro_batch_size", "pipeline_split_points")
+    if mode == "data":
+        for name in ("model_sharding_strategy", *pipeline_fields):
+            if getattr(config, name) is not None:
+                refuse(name, f"only used with parallelism='model' or 'pipeline'; got "
+                       f"{getattr(config, name)!r} with parallelism='data': remove it")  # fmt: skip
+        return problems
+    if mode == "model" and strategy is None:
+        refuse("model_sharding_strategy", "parallelism='model' needs one of 'layer', 'tensor', "
+               "'pipeline' (e.g. model_sharding_strategy='layer')")  # fmt: skip
+        return problems
+    if mode == "pipeline" and strategy not in (None, "pipeline"):
+        refuse("model_sharding_strategy", f"{strategy!r} is for parallelism='model'; "
+               "parallelism='pipeline' needs none")  # fmt: skip
+    if config.effective_zero_stage:
+        refuse("zero_stage", f"ZeRO sharding with parallelism={mode!r} is not implemented: use "
+               "zero_stage=0 and no offload")  # fmt: skip
+    if config.mixed_precision and config.amp_level in ("O2", "O3"):
+        refuse("amp_level", f"{config.amp_level!r} with parallelism={mode!r} is not implemented: "
+               "use amp_level='O1' (autocast) or mixed_precision=False")  # fmt: skip
+    if config.gradient_checkpointing:
+        refuse("gradient_checkpointing", f"not implemented with parallelism={mode!r}: turn it "
+               "off")  # fmt: skip
+    board = config.tensorboard
+    if board is not None and (board.log_graph or board.log_histograms):
+        refuse("tensorboard", f"log_graph and log_histograms are not implemented with "
+               f"parallelism={mode!r} (each rank holds part of the model): turn them off")  # fmt: skip
+    if strategy == "tensor":
+        for name in pipeline_fields:
+            if getattr(config, name) is not None:
+                refuse(name, "a pipeline setting; model_sharding_strategy='tensor' does not use "
+                       "it: remove it")  # fmt: skip
+        if config.optimizer in _PLAIN_TENSOR_OPTIMIZERS:
+            refuse("optimizer", f"{config.optimizer!r} on tensor-parallel (DTensor) parameters "
+                   "is not implemented: use adamw, adam or sgd")  # fmt: skip
+        return problems
+    layout = pipeline_layout(config)
+    assert layout is not None
+    stages, micro_batches, schedule = layout
+    world = config.world_size
+    if config.num_stages is not None and config.num_stages != world:
+        refuse("num_stages", f"{config.num_stages} stages need one process each: set num_gpus * "
+               f"num_nodes = {config.num_stages} (it is {world}); data parallel x pipeline is "
+               "not implemented")  # fmt: skip
+    if strategy == "layer":
+        for name in ("micro_batch_size", "num_stages"):
+            if getattr(config, name) is not None:
+                refuse(name, "model_sharding_strategy='layer' runs one micro-batch on one stage "
+                       "per process: remove it, or use model_sharding_strategy='pipeline'")  # fmt: skip
+    micro = config.micro_batch_size or config.batch_size // stages
+    if strategy != "layer" and (micro < 1 or config.batch_size % micro):
+        field = "micro_batch_size" if config.micro_batch_size else "batch_size"
+        refuse(field, f"batch_size ({config.batch_size}) must be a multiple of the micro-batch "
+               f"({micro if micro >= 1 else 'batch_size / num_stages'}): set micro_batch_size to "
+               "a divisor of batch_size")  # fmt: skip
+    elif schedule == "1f1b" and micro_batches < stages:
+        refuse("micro_batch_size", f"the 1f1b schedule needs at least one micro-batch per stage: "
+               f"batch_size {config.batch_size} / micro_batch_size {micro} = {micro_batches} < "
+               f"{stages} stages; use a smaller micro_batch_size or pipeline_schedule='gpipe'")  # fmt: skip
+    points = config.pipeline_split_points
+    if points is not None and (
+        len(points) != stages - 1 or any(b <= a for a, b in zip([0, *points], points, strict=False))
+    ):
+        refuse("pipeline_split_points", f"{points} must be {stages - 1} increasing layer indices "
+               "above 0 (where stages 2.. start)")  # fmt: skip
+    if config.mixed_precision and config.amp_dtype == "float16":
+        refuse("amp_dtype", "float16 loss scaling across pipeline stages is not implemented: use "
+               "amp_dtype='bfloat16'")  # fmt: skip
     return problems

@@ -309,13 +309,25 @@ class DataParallelTrainer(Trainer):
 
 
 class ModelParallelTrainer(Trainer):
-    """Model parallel: the model is split across devices (not implemented by the engine yet)."""
+    """Model parallel (``parallelism='model'``): the model is split across the job's processes.
+
+    ``model_sharding_strategy``: ``'layer'`` (consecutive layers on different processes, one
+    micro-batch: a pipeline without overlap), ``'pipeline'`` (the same with micro-batches and
+    a schedule, as :class:`PipelineParallelTrainer`) or ``'tensor'`` (linear layers sharded
+    over all processes with torch's tensor-parallel APIs: an automatic plan for Linear pairs,
+    or ``tensor_parallel_plan(model)`` from the model file). Every process reads the same
+    batches. See docs/parallelism.md."""
 
     parallelism = "model"
 
 
 class PipelineParallelTrainer(Trainer):
-    """Pipeline parallel: stages across devices (not implemented by the engine yet)."""
+    """Pipeline parallel (``parallelism='pipeline'``): one stage of the model per process
+    (``num_stages``; ``num_gpus`` defaults to it), each batch cut into micro-batches of
+    ``micro_batch_size``, run on the ``pipeline_schedule`` (``'1f1b'`` or ``'gpipe'``) of
+    ``torch.distributed.pipelining``. The model must be an ``nn.Sequential`` (split balanced by
+    parameter count, or at ``pipeline_split_points``) or its file must define
+    ``pipeline_stages(model, num_stages)``. See docs/parallelism.md."""
 
     parallelism = "pipeline"
 

@@ -43,19 +43,6 @@ def test_zero_stages_and_the_cpu_offloading_snippet_run_as_is() -> None:
 @pytest.mark.parametrize(
     ("config", "refused"),
     [
-        (
-            dict(parallelism="model", num_gpus=4, model_sharding_strategy="layer"),
-            {"parallelism", "model_sharding_strategy"},
-        ),
-        (
-            dict(
-                parallelism="pipeline",
-                num_stages=4,
-                micro_batch_size=8,
-                gradient_accumulation_steps=16,
-            ),
-            {"parallelism", "num_stages", "micro_batch_size"},
-        ),
         (dict(zero_stage=3, mixed_precision=True, amp_level="O2"), {"amp_level"}),
         (
             dict(cpu_offload=True, offload_optimizer=True, optimizer="adam8bit"),
@@ -71,7 +58,7 @@ def test_settings_the_engine_lacks_are_refused_with_a_reason(
     assert all("not implemented" in p.reason or "only" in p.reason for p in problems)
 
 
-def test_multi_node_snippet_is_accepted_but_refused_until_multi_node_lands() -> None:
+def test_multi_node_snippet_is_accepted() -> None:
     config = ace3.DistributedConfig(
         num_gpus=4,
         num_nodes=4,
@@ -80,7 +67,9 @@ def test_multi_node_snippet_is_accepted_but_refused_until_multi_node_lands() -> 
         master_port=29500,
         backend="nccl",
     ).to_training_config()
-    assert _refused(config) == {"num_nodes"}
+    assert _refused(config) == set()
+    zero = config.model_copy(update={"zero_stage": 3})
+    assert _refused(zero) == {"num_nodes"}  # multi-node ZeRO is refused, with its reason
 
 
 def test_troubleshooting_assignments_are_validated() -> None:

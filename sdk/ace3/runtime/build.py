@@ -82,6 +82,9 @@ class Components:
     # ZeRO-2/3 in process: the caller's module, which gets the trained weights at the end
     # (``model`` is then a sharded copy of it).
     write_back_to: nn.Module | None = None
+    # Model-parallel / pipeline jobs: ace3.runtime.model_parallel.ModelParallelRun (``model``
+    # and ``ddp`` are then this rank's stage, or the tensor-parallel model).
+    model_parallel: Any = None
 
 
 def check_config(config: TrainingConfig, ctx: DistContext) -> int:
@@ -218,6 +221,12 @@ def assemble(
     """Dropout override, device, precision, checkpointing, optimizer, schedule, resume, DDP
     (or ZeRO sharding). ``live_module``: the caller keeps using ``model`` (an in-process run),
     so ZeRO-2/3 shard a copy and write the trained weights back at the end."""
+    if config.parallelism != "data":  # pipeline, layer or tensor parallel
+        from ace3.runtime.model_parallel import assemble_model_parallel
+
+        return assemble_model_parallel(
+            config, ctx, user, model, train_set, validation_set, ckpt, resume_label
+        )
     per_rank_batch = check_config(config, ctx)
     changed = override_dropout(model, config.dropout)
     if ctx.is_main and config.dropout is not None:

@@ -20,6 +20,7 @@ from ace3.runtime.checkpointing import (
     save_atomic,
 )
 from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.model_parallel import checkpoint_payload as model_parallel_payload
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import capture_rng
 from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint, sharded_checkpoint_name
@@ -69,7 +70,11 @@ def save_job_checkpoint(
     gathered = gather_rng(ctx)
     state = parts.state
     saved = None
-    if parts.sharding is not None:
+    if parts.model_parallel is not None:  # gathered on rank 0 into the plain format
+        payload = model_parallel_payload(parts, ctx, gathered)
+        if payload is not None:
+            saved = save_atomic(payload, directory / checkpoint_name(state.step))
+    elif parts.sharding is not None:
         path = directory / sharded_checkpoint_name(state.step)
         saved = save_sharded_checkpoint(parts, ctx, path, config, gathered)
     elif ctx.is_main:

@@ -81,7 +81,12 @@ class StepRunner:
         self.parts, self.ctx, self.config = parts, ctx, config
         self.split = 1  # each loader batch runs as this many micro-batches
         self.fsdp = parts.sharding is not None and parts.sharding.fsdp
-        self.manual_sync = bool(config.dynamic_batch_size) and not self.fsdp
+        # Tensor parallel: no DDP; every rank runs the same batch and the sharded layers'
+        # collectives run inside the forward and backward passes (no OOM recovery either).
+        self.tensor_parallel = getattr(parts, "model_parallel", None) is not None
+        self.manual_sync = (
+            bool(config.dynamic_batch_size) and not self.fsdp and not self.tensor_parallel
+        )
         self.last_step_skipped = False  # the loss scaler skipped the last step (overflow)
 
     # -- gradients ----------------------------------------------------------------------------
@@ -133,6 +138,8 @@ class StepRunner:
             if self.fsdp:
                 set_gradient_sync(parts.ddp, final)
                 sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+            elif self.tensor_parallel:
+                sync = contextlib.nullcontext()
             elif self.manual_sync or not final:
                 sync = parts.ddp.no_sync()  # type: ignore[operator]
             else:
@@ -178,7 +185,12 @@ class StepRunner:
             clipped = (
                 trainable(parts.model) if self.fsdp else precision.clip_parameters(parts.model)
             )
-            torch.nn.utils.clip_grad_norm_(clipped, config.max_grad_norm)
+            if self.tensor_parallel:  # DTensor and plain gradients together
+                from ace3.runtime.tensor_parallel import clip_mixed_grad_norm
+
+                clip_mixed_grad_norm(clipped, config.max_grad_norm)
+            else:
+                torch.nn.utils.clip_grad_norm_(clipped, config.max_grad_norm)
         scale = parts.scaler.get_scale()
         parts.scaler.step(parts.optimizer)
         self.last_step_skipped = bool(parts.scaler.last_step_skipped)

@@ -32,6 +32,9 @@ from ace3.runtime.memory_meter import (
     training_state_bytes,
 )
 from ace3.runtime.metric_window import MetricWindow
+from ace3.runtime.model_parallel import PipelineStepRunner, evaluate_pipeline, full_state
+from ace3.runtime.model_parallel import checkpoint_payload as mp_checkpoint_payload
+from ace3.runtime.model_parallel import rng_states as mp_rng_states
 from ace3.runtime.optim import current_learning_rate
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import rank_seed
@@ -70,13 +73,20 @@ class Trainer:
         self.hooks = hooks or HookList()
         self.events = events or EventWriter(place.output_dir / "events.jsonl", enabled=ctx.is_main)
         self.memory = memory
-        self.steps = StepRunner(parts, ctx, parts.config)
-        self.sampler = train_sampler(parts.train_set, ctx.rank, ctx.world_size, self.config.seed)
+        # Model-parallel / pipeline jobs: every rank reads the same batches (one data replica).
+        self.model_parallel = parts.model_parallel
+        data_rank, data_world = (0, 1) if self.model_parallel else (ctx.rank, ctx.world_size)
+        self.steps: Any = (
+            PipelineStepRunner(parts, ctx, parts.config)
+            if self.model_parallel is not None and self.model_parallel.is_pipeline
+            else StepRunner(parts, ctx, parts.config)
+        )
+        self.sampler = train_sampler(parts.train_set, data_rank, data_world, self.config.seed)
         self.batches_per_epoch = batches_per_epoch(self.sampler, parts.per_rank_batch)
         self.val_loader = None
         if parts.validation_set is not None:
             self.val_loader = validation_loader(
-                parts.validation_set, ctx.rank, ctx.world_size, parts.per_rank_batch,
+                parts.validation_set, data_rank, data_world, parts.per_rank_batch,
                 self.config.num_workers, pin_memory=ctx.device.type == "cuda",
                 collate_fn=parts.collate_fn,
             )  # fmt: skip
@@ -131,7 +141,16 @@ class Trainer:
             # Not "train_loss": metrics are keyed by (step, name), and an interval report can
             # share this step.
             values["epoch_train_loss"], _ = self.epoch_window.reduce(self.ctx.world_size)
-        if self.val_loader is not None:
+        if self.val_loader is not None and self.model_parallel is not None:
+            if self.model_parallel.is_pipeline:
+                values.update(evaluate_pipeline(self.parts, self.val_loader, self.ctx))
+            else:  # tensor parallel: every rank evaluates the same batches (means unchanged)
+                parts = self.parts
+                values.update(
+                    evaluate(parts.model, self.val_loader, self.ctx.device, parts.precision,
+                             parts.user)
+                )  # fmt: skip
+        elif self.val_loader is not None:
             parts = self.parts
             if self.ctx.world_size > 1:
                 # Every rank validates with rank 0's buffers (BatchNorm statistics): the ones the
@@ -173,6 +192,16 @@ class Trainer:
         writes its full checkpoint sharded (a ``.dcp.tar`` archive, whatever ``path`` is
         called) and gathers the weights for ``weights_only``."""
         parts = self.parts
+        if self.model_parallel is not None:  # gathered on rank 0, the plain formats
+            if weights_only:
+                state, _ = full_state(parts, self.ctx)
+                payload = state if self.ctx.is_main else None
+            else:
+                payload = mp_checkpoint_payload(parts, self.ctx, mp_rng_states(self.ctx))
+            if self.ctx.is_main:
+                save_atomic(payload, path)
+            barrier(self.ctx)
+            return
         if parts.sharding is not None:
             if weights_only:
                 state = full_model_state_dict(parts.model, parts.sharding, everywhere=False)
@@ -238,6 +267,8 @@ class Trainer:
             state.batch_in_epoch += group
             if parts.scheduler is not None:
                 parts.scheduler.after_optimizer_step()
+            if self.model_parallel is not None and not self.ctx.is_main:
+                samples = 0  # every rank ran the same samples: count them once
             self.window.add(step_loss, samples)
             self.epoch_window.add(step_loss, samples)
             if hooks.wants_batch_logs:
@@ -371,7 +402,7 @@ class Trainer:
         assert self.memory is not None
         reading = max_over_ranks(self.memory.reading(), self.ctx.device)
         parts = self.parts
-        if parts.sharding is not None:  # this rank's shards, not the whole model
+        if parts.sharding is not None or self.model_parallel is not None:  # this rank's part
             state_bytes = local_state_bytes(parts.model, parts.optimizer)
         else:
             state_bytes = training_state_bytes(parts.model, parts.optimizer)

@@ -185,13 +185,16 @@ def test_unsupported_base_config_is_refused_before_any_request(api, refs):
         "num_stages",
         "optimizer",
     }
-    assert "pipeline parallelism is not implemented yet" in str(caught.value)
+    assert "only used with parallelism='model' or 'pipeline'" in str(caught.value)
     assert api.requests == []
 
 
 def test_unsupported_or_invalid_searched_values_are_refused_before_any_request(api, refs):
     model, dataset = refs
-    unsupported = ace3.HPConfig(search_space={"num_nodes": ace3.hp.choice([1, 2, 4])})
+    unsupported = ace3.HPConfig(
+        search_space={"num_nodes": ace3.hp.choice([1, 2, 4])},
+        base_config=ace3.TrainingConfig(zero_stage=3, batch_size=64),
+    )
     with pytest.raises(ace3.UnsupportedFeatureError, match="search_space: num_nodes=2") as c:
         ace3.hyperparameter_search(model, dataset, unsupported)
     assert [p.field for p in c.value.problems] == ["search_space.num_nodes"] * 2
