@@ -94,7 +94,12 @@ def refuse_unsupported(config: TrainingConfig, *, what: str = "this config") -> 
 
 def without_rendezvous(config: TrainingConfig, *, stacklevel: int = 3) -> TrainingConfig:
     """``config`` without the local-launch rendezvous settings (with a warning when any was
-    set): the service assigns ranks and the rendezvous address itself."""
+    set): the service assigns ranks and the rendezvous address itself.
+
+    ``num_nodes`` is kept: the service runs the job on that many workers, which meet through
+    torchrun's c10d rendezvous at an address the first of them picks. ``node_rank``,
+    ``master_addr`` and ``master_port`` describe one machine of a launch the user runs by hand
+    (``torchrun --node-rank ... --master-addr ...``), so a remote job has no use for them."""
     rendezvous = [name for name in RENDEZVOUS_FIELDS if getattr(config, name) is not None]
     if not rendezvous:
         return config

@@ -1,12 +1,13 @@
 """Which workers can run a job: the fit rules shared by admission, the reconciler and the worker.
 
-A job runs all its processes on one worker (``num_gpus`` per node; multi-node jobs are refused
-elsewhere). A worker advertises a device kind (``cuda`` or ``cpu``) and a device count: its GPUs,
-or on a CPU worker the processes it may run (``ACE3_WORKER_CPU_PROCESSES``). A job fits a worker
-when the worker has at least as many devices as the job has processes, and, for
-``backend='nccl'``, is a CUDA worker. ``backend='auto'`` (nccl on CUDA workers, gloo on CPU
-workers) and ``'gloo'`` fit either kind. A worker never runs a job with fewer processes than it
-asked for: a job that fits no worker waits, or is refused.
+Each node of a job runs on one worker: ``num_gpus`` processes per node, and a job with
+``num_nodes = N`` needs N different workers (one node each). A worker advertises a device kind
+(``cuda`` or ``cpu``) and a device count: its GPUs, or on a CPU worker the processes it may run
+(``ACE3_WORKER_CPU_PROCESSES``). A node fits a worker when the worker has at least as many
+devices as the node has processes, and, for ``backend='nccl'``, is a CUDA worker.
+``backend='auto'`` (nccl on CUDA workers, gloo on CPU workers) and ``'gloo'`` fit either kind.
+A worker never runs a node with fewer processes than it asked for, and a multi-node job never
+starts on fewer workers than it asked for: a job that fits nowhere waits, or is refused.
 """
 
 from __future__ import annotations
@@ -44,24 +45,37 @@ class Capacity:
 
 @dataclass(frozen=True)
 class JobNeeds:
-    """What a job asks of the one worker that runs it."""
+    """What a job asks of each worker that runs one of its nodes: ``processes`` per node, on
+    ``nodes`` different workers."""
 
     processes: int
     backend: str = "auto"
+    nodes: int = 1
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any) -> JobNeeds:
         """From a TrainingConfig, or its stored JSON (a job row's ``config``)."""
         if isinstance(config, Mapping):
-            return cls(int(config.get("num_gpus", 1)), str(config.get("backend", "auto")))
-        return cls(int(config.num_gpus), str(config.backend))
+            return cls(
+                int(config.get("num_gpus", 1)),
+                str(config.get("backend", "auto")),
+                int(config.get("num_nodes", 1) or 1),
+            )
+        return cls(int(config.num_gpus), str(config.backend), int(config.num_nodes))
+
+    @classmethod
+    def from_job(cls, num_processes: int, config: Mapping[str, Any] | None) -> JobNeeds:
+        """From a job row: its ``num_processes`` (every node's together) and stored config."""
+        config = config or {}
+        nodes = max(1, int(config.get("num_nodes", 1) or 1))
+        return cls(max(1, int(num_processes) // nodes), str(config.get("backend", "auto")), nodes)
 
 
 @dataclass(frozen=True)
 class ClusterProblem:
     """Why no live worker can run a job: the config field to change and the message."""
 
-    field: str  # "num_gpus" or "backend"
+    field: str  # "num_gpus", "backend" or "num_nodes"
     message: str
 
 
@@ -78,8 +92,9 @@ def fit_problem(needs: JobNeeds, worker: HasCapacity) -> str | None:
     if needs.backend == "nccl" and worker.device_kind != "cuda":
         return f"backend='nccl' needs a CUDA worker, and this worker has {describe(worker)}"
     if needs.processes > worker.device_count:
+        where = "one worker" if needs.nodes == 1 else "each of its workers"
         return (
-            f"the job runs {needs.processes} processes on one worker, and this worker has "
+            f"the job runs {needs.processes} processes on {where}, and this worker has "
             f"{describe(worker)}"
         )
     return None
@@ -106,8 +121,11 @@ def cluster_problem(needs: JobNeeds, workers: Sequence[HasCapacity]) -> ClusterP
                 f"({_summary(workers)}): use backend='auto' (gloo on CPU workers) or "
                 "backend='gloo', or add a CUDA worker",
             )
-    if any(worker.device_count >= needs.processes for worker in candidates):
+    fitting = [worker for worker in candidates if worker.device_count >= needs.processes]
+    if len(fitting) >= needs.nodes:
         return None
+    if fitting:
+        return _too_few_workers(needs, fitting, workers)
     largest = max(candidates, key=lambda worker: worker.device_count)
     kind = "CUDA worker" if needs.backend == "nccl" else "worker"
     fix = (
@@ -119,4 +137,19 @@ def cluster_problem(needs: JobNeeds, workers: Sequence[HasCapacity]) -> ClusterP
         "num_gpus",
         f"num_gpus={needs.processes} runs {needs.processes} processes on one worker, and the "
         f"largest live {kind} has {describe(largest)} ({_summary(workers)}): {fix}",
+    )
+
+
+def _too_few_workers(
+    needs: JobNeeds, fitting: Sequence[HasCapacity], workers: Sequence[HasCapacity]
+) -> ClusterProblem:
+    """A multi-node job: some workers fit one node, but fewer than ``num_nodes`` of them."""
+    count = len(fitting)
+    kind = "CUDA worker" if needs.backend == "nccl" else "worker"
+    return ClusterProblem(
+        "num_nodes",
+        f"num_nodes={needs.nodes} runs on {needs.nodes} different workers with "
+        f"{needs.processes} process{'' if needs.processes == 1 else 'es'} each, and only "
+        f"{count} live {kind}{'' if count == 1 else 's'} fit{'s' if count == 1 else ''} one node "
+        f"({_summary(workers)}): use num_nodes <= {count}, or add workers",
     )

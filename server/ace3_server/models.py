@@ -205,6 +205,48 @@ class Worker(Base):
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
+class NodeState(enum.StrEnum):
+    """Where one node of a multi-node attempt is (``job_nodes.state``)."""
+
+    WAITING = "waiting"  # claimed: the worker waits for the rest of the gang
+    RUNNING = "running"  # the gang is complete and this node's torchrun was launched
+    EXITED = "exited"  # its torchrun ended: exit_code, error and stopped say how
+    LEFT = "left"  # released without running (the gang never completed, cancel, attempt over)
+
+
+class JobNode(Base):
+    """One node of one attempt of a multi-node job (``num_nodes > 1``): the worker that holds
+    it and what that worker reports. ``node_rank`` 0 is the leader: it claimed the job, hosts
+    torchrun's c10d rendezvous (``endpoint``, set once every node is claimed) and writes the
+    job's state; every node heartbeats its row. A worker holds at most one node of an attempt.
+    """
+
+    __tablename__ = "job_nodes"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "worker_id", name="uq_job_nodes_job_attempt_worker"),
+    )
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The worker registry id (one Celery worker, whatever its slots), and its supervisor
+    # process (``host:pid``) for messages.
+    worker_id: Mapped[str] = mapped_column(String(200))
+    process: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default=NodeState.WAITING)
+    endpoint: Mapped[str | None] = mapped_column(String(300), default=None)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    # Why the service stopped this node's processes (cancel, a peer's failure, a lost lease);
+    # None when they ended by themselves. A stopped node's exit code is not the root cause.
+    stopped: Mapped[str | None] = mapped_column(Text, default=None)
+    final_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class JobMetric(Base):
     __tablename__ = "job_metrics"
     __table_args__ = (

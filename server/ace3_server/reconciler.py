@@ -70,8 +70,8 @@ async def reconcile_once(
 
 async def fail_unschedulable(session: AsyncSession, settings: Settings, now: datetime) -> None:
     """Fail queued jobs that waited ``unschedulable_after_seconds`` while live workers exist and
-    none of them can run the job (too few devices, or nccl without a CUDA worker). With no live
-    worker at all nothing is failed: the job waits for one."""
+    none of them can run the job (too few devices, nccl without a CUDA worker, or fewer fitting
+    workers than ``num_nodes``). With no live worker at all nothing is failed: the job waits."""
     waited_since = now - timedelta(seconds=settings.unschedulable_after_seconds)
     waiting = (
         await session.execute(
@@ -84,7 +84,7 @@ async def fail_unschedulable(session: AsyncSession, settings: Settings, now: dat
         return
     workers = await worker_registry.live_workers(session, settings, now)
     for job_id, config, num_processes in waiting:
-        needs = JobNeeds(int(num_processes), str((config or {}).get("backend", "auto")))
+        needs = JobNeeds.from_job(int(num_processes), config)
         problem = cluster_problem(needs, workers)
         if problem is None:
             continue

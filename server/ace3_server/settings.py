@@ -8,6 +8,7 @@ Defaults are the embedded single-machine setup (SQLite, a filesystem broker, sto
 from __future__ import annotations
 
 import os
+import socket
 from functools import lru_cache
 from pathlib import Path
 
@@ -94,6 +95,19 @@ class Settings(BaseSettings):
         description="A worker that cannot run a queued job hands it back to the queue, delayed by "
         "this long.",
     )
+    gang_wait_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="How long the workers that claimed nodes of a multi-node job wait for the "
+        "rest of its num_nodes workers before the job fails (each holds a slot meanwhile).",
+    )
+    worker_advertise_host: str | None = Field(
+        None,
+        min_length=1,
+        description="The address other workers reach this one at: the rendezvous endpoint of "
+        "the multi-node jobs it leads, and torchrun's --local-addr. Default: the address this "
+        "machine's hostname resolves to (127.0.0.1 when it does not resolve).",
+    )
     search_tick_seconds: float = Field(
         1.0, gt=0, description="How often the API advances active hyperparameter searches."
     )
@@ -120,6 +134,16 @@ class Settings(BaseSettings):
     @property
     def resolved_worker_stale_after_seconds(self) -> float:
         return self.worker_stale_after_seconds or 3 * self.heartbeat_seconds
+
+    @property
+    def resolved_worker_advertise_host(self) -> str:
+        """ACE3_WORKER_ADVERTISE_HOST, else the address the hostname resolves to."""
+        if self.worker_advertise_host:
+            return self.worker_advertise_host
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
 
     @property
     def broker_dir(self) -> Path:

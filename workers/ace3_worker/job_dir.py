@@ -65,8 +65,12 @@ def prepare_job_directory(
     dataset: StoredDataset,
     validation_dataset: StoredDataset | None,
     resume_from: JobCheckpoint | None,
+    node_rank: int | None = None,
 ) -> JobDirectory:
-    directory = JobDirectory(work_dir / job.id / f"attempt-{attempt}")
+    """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
+    (workers on one machine may share a work directory)."""
+    name = f"attempt-{attempt}" if node_rank is None else f"attempt-{attempt}-node-{node_rank}"
+    directory = JobDirectory(work_dir / job.id / name)
     if directory.root.exists():
         shutil.rmtree(directory.root)
     directory.output_dir.mkdir(parents=True)

@@ -42,14 +42,21 @@ def rank_environment(
     return env
 
 
-def torchrun_command(job_file: Path, nproc_per_node: int) -> list[str]:
-    """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
-    wrapper = []
+def _wrapper() -> list[str]:
     if sys.platform.startswith("linux"):
         # torchrun is SIGKILLed by the kernel if this supervisor dies (see ace3.runtime.parent_death).
-        wrapper = [sys.executable, "-m", "ace3.runtime.parent_death", str(os.getpid())]
+        return [sys.executable, "-m", "ace3.runtime.parent_death", str(os.getpid())]
+    return []
+
+
+def _runtime(job_file: Path) -> list[str]:
+    return ["-m", "ace3.runtime", "--job", str(job_file)]
+
+
+def torchrun_command(job_file: Path, nproc_per_node: int) -> list[str]:
+    """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
     return [
-        *wrapper,
+        *_wrapper(),
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -57,8 +64,38 @@ def torchrun_command(job_file: Path, nproc_per_node: int) -> list[str]:
         "--nnodes=1",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
+        *_runtime(job_file),
+    ]
+
+
+def multinode_torchrun_command(
+    job_file: Path,
+    nproc_per_node: int,
+    *,
+    nnodes: int,
+    endpoint: str,
+    rendezvous_id: str,
+    is_host: bool,
+    local_addr: str,
+    join_timeout: float,
+) -> list[str]:
+    """One node of a multi-node launch: the nodes meet through torchrun's c10d rendezvous at
+    ``endpoint`` (``host:port``), whose store the leader's torchrun hosts (``is_host``; the
+    others connect to it). c10d assigns the global ranks (``--node-rank`` is only read by the
+    static backend); ``local_addr`` is the address the other nodes reach this one at."""
+    conf = f"is_host={'true' if is_host else 'false'},join_timeout={max(1, round(join_timeout))}"
+    return [
+        *_wrapper(),
+        sys.executable,
         "-m",
-        "ace3.runtime",
-        "--job",
-        str(job_file),
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rendezvous_id}",
+        f"--rdzv-conf={conf}",
+        f"--local-addr={local_addr}",
+        "--max-restarts=0",
+        *_runtime(job_file),
     ]

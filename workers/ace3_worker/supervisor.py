@@ -9,6 +9,13 @@ group is always killed before the attempt is recorded, so no process outlives it
 Before claiming, the supervisor checks the job fits this worker (``ace3_server.capacity``: enough
 GPUs or CPU processes, a CUDA worker for nccl). One that does not is handed back to the queue,
 delayed, for a worker that can run it: a job never runs with fewer processes than it asked for.
+
+A multi-node job (``num_nodes > 1``) runs one node per worker (``ace3_worker.gang``): this
+supervisor takes a node slot, waits for the whole gang, launches its node's torchrun against the
+leader's c10d rendezvous, and watches the other nodes as well as its own processes. Every node
+stores its ranks' log lines; the node that hosts global rank 0 (c10d assigns the ranks) also
+stores the metrics and checkpoints and syncs the artifacts; the leader (node 0) records the
+job's outcome from every node's report.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -33,7 +41,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ace3_server import job_transitions
+from ace3_server import job_nodes, job_transitions
 from ace3_server.capacity import JobNeeds, fit_problem
 from ace3_server.db import make_sync_engine, sync_session_factory
 from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
@@ -43,8 +51,9 @@ from ace3_server.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.device import local_capacity, worker_device
+from ace3_worker.gang import GangMember, NodeSeat
 from ace3_worker.job_dir import JobDirectory, prepare_job_directory
-from ace3_worker.launcher import rank_environment, torchrun_command
+from ace3_worker.launcher import multinode_torchrun_command, rank_environment, torchrun_command
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +74,15 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def registered_worker_id() -> str | None:
+    """The registry id of the Celery worker this process serves (inherited from the worker's
+    main process, so all its slots share it); None outside a Celery worker."""
+    module = sys.modules.get("ace3_worker.celery_app")
+    registration = getattr(module, "_registration", None) if module is not None else None
+    worker_id = getattr(registration, "worker_id", None)
+    return worker_id if isinstance(worker_id, str) else None
+
+
 @dataclass
 class AttemptWatch:
     """What the supervisor tracks while the ranks run."""
@@ -78,6 +96,11 @@ class AttemptWatch:
     launcher_stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES))
     cancel_requested: bool = False
     lease_lost: bool = False
+    # Multi-node: why another node made this one stop (its failure, its silence).
+    peer_trouble: str | None = None
+    # Whether this worker syncs the artifacts: the node that hosts rank 0 (the only one on a
+    # single-node job; on a multi-node job, the node whose torchrun prints rank 0's lines).
+    syncs_artifacts: bool = True
     terminate_sent_at: float | None = None
     killed: bool = False
     # Drained but not yet stored (the database was unreachable): retried on the next pass.
@@ -98,11 +121,19 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
 
 
 class Supervisor:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, node_id: str | None = None) -> None:
+        """``node_id`` names this worker in multi-node gangs (one node per worker per attempt):
+        by default the worker's registry id, shared by its slots."""
         self.settings = settings
         self.sessions = _sessions(settings.resolved_database_url)
         self.store = LocalArtifactStore(settings.resolved_storage_dir)
         self.worker_id = worker_identity()
+        self.gang = GangMember(
+            settings,
+            self.sessions,
+            worker_id=node_id or registered_worker_id() or self.worker_id,
+            process=self.worker_id,
+        )
 
     # -- claim and prepare -----------------------------------------------------------------------
     def claim(self, job_id: str) -> int | None:
@@ -113,7 +144,9 @@ class Supervisor:
             session.commit()
         return None if row is None else int(row.attempt)
 
-    def prepare(self, job_id: str, attempt: int) -> tuple[Job, JobDirectory]:
+    def prepare(
+        self, job_id: str, attempt: int, node_rank: int | None = None
+    ) -> tuple[Job, JobDirectory]:
         with self.sessions() as session:
             job = session.get(Job, job_id)
             assert job is not None
@@ -136,6 +169,7 @@ class Supervisor:
                 dataset,
                 validation,
                 resume_from,
+                node_rank,
             )
             if resume_from is not None:
                 logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)
@@ -156,16 +190,28 @@ class Supervisor:
         return sync
 
     def unfit_reason(self, job_id: str) -> str | None:
-        """Why this worker cannot run the queued job (None: it can, or the job is not queued,
-        which the claim then finds out)."""
+        """Why this worker cannot run the queued job, or a node of the multi-node job that
+        assembles its gang (None: it can, or there is nothing to take, which the claim then
+        finds out)."""
+        return self._unfit(self._shape(job_id))
+
+    def _unfit(self, shape: tuple[str, JobNeeds] | None) -> str | None:
+        if shape is None:
+            return None
+        state, needs = shape
+        if state != JobState.QUEUED and not (state == JobState.STARTING and needs.nodes > 1):
+            return None
+        return fit_problem(needs, local_capacity(self.settings))
+
+    def _shape(self, job_id: str) -> tuple[str, JobNeeds] | None:
+        """The job's state and what each of its nodes needs."""
         with self.sessions() as session:
             row = session.execute(
                 select(Job.state, Job.num_processes, Job.config).where(Job.id == job_id)
             ).first()
-        if row is None or row.state != JobState.QUEUED:
+        if row is None:
             return None
-        needs = JobNeeds(int(row.num_processes), str((row.config or {}).get("backend", "auto")))
-        return fit_problem(needs, local_capacity(self.settings))
+        return str(row.state), JobNeeds.from_job(int(row.num_processes), row.config)
 
     def hand_back(self, job_id: str, reason: str) -> None:
         """Publish a job this worker cannot run again, delayed by ``unfit_republish_seconds``,
@@ -201,10 +247,17 @@ class Supervisor:
             publisher.close()
 
     def run(self, job_id: str) -> None:
-        reason = self.unfit_reason(job_id)
+        shape = self._shape(job_id)
+        reason = self._unfit(shape)
         if reason is not None:
             # Never run a job with fewer processes than it asked for, nor nccl without a GPU.
-            self.hand_back(job_id, reason)
+            if shape is not None and shape[0] == JobState.STARTING:
+                self.gang.pass_on(job_id, f"a node of it does not fit this worker ({reason})")
+            else:
+                self.hand_back(job_id, reason)
+            return
+        if shape is not None and shape[1].nodes > 1:
+            self.run_node(job_id)
             return
         attempt = self.claim(job_id)
         if attempt is None:
@@ -231,12 +284,74 @@ class Supervisor:
         finally:
             shutil.rmtree(directory.root, ignore_errors=True)
 
+    def run_node(self, job_id: str) -> None:
+        """One node of a multi-node job: take a slot, wait for the gang, run, report."""
+        seat = self.gang.take(job_id)
+        if seat is None or not self.gang.assemble(seat):
+            return
+        try:
+            with self.gang.keep_alive(seat):
+                job, directory = self.prepare(job_id, seat.attempt, node_rank=seat.node_rank)
+                device = worker_device(self.settings.worker_device)
+        except Exception as exc:
+            logger.exception("job %s: could not prepare node %d", job_id, seat.node_rank)
+            self._node_failed_outside_torchrun(seat, f"could not prepare the job: {exc}")
+            return
+        try:
+            self._launch_and_watch(job, seat.attempt, directory, device, seat)
+        except Exception as exc:
+            logger.exception("job %s: the supervisor failed on node %d", job_id, seat.node_rank)
+            self._node_failed_outside_torchrun(seat, f"the worker could not run the job: {exc}")
+        finally:
+            shutil.rmtree(directory.root, ignore_errors=True)
+
+    def _node_failed_outside_torchrun(self, seat: NodeSeat, error: str) -> None:
+        """This node cannot run: report it (the other nodes stop), and as the leader decide."""
+        try:
+            self.gang.report(
+                seat,
+                exit_code=1,
+                error=f"node {seat.node_rank}: {error}",
+                stopped=None,
+                final_metrics=None,
+            )
+            if seat.is_leader:
+                verdict = self.gang.collect(seat)
+                if verdict is not None:
+                    self._apply_verdict(seat, verdict)
+        except Exception:
+            logger.exception("job %s: could not report node %d", seat.job_id, seat.node_rank)
+            if seat.is_leader:
+                self._record(seat.job_id, seat.attempt, JobState.FAILED, error=error)
+
     def _launch_and_watch(
-        self, job: Job, attempt: int, directory: JobDirectory, device: str
+        self,
+        job: Job,
+        attempt: int,
+        directory: JobDirectory,
+        device: str,
+        seat: NodeSeat | None = None,
     ) -> None:
-        artifacts = self.artifact_sync(job, attempt, directory)
-        nproc = int(job.num_processes)
-        command = torchrun_command(directory.job_file, nproc)
+        if seat is None:
+            artifacts = self.artifact_sync(job, attempt, directory)
+        else:
+            with self.gang.keep_alive(seat):  # (restoring large artifacts takes a while)
+                artifacts = self.artifact_sync(job, attempt, directory)
+        nproc = int(job.num_processes) // (seat.nodes if seat is not None else 1)
+        if seat is None:
+            command = torchrun_command(directory.job_file, nproc)
+        else:
+            assert seat.endpoint is not None
+            command = multinode_torchrun_command(
+                directory.job_file,
+                nproc,
+                nnodes=seat.nodes,
+                endpoint=seat.endpoint,
+                rendezvous_id=seat.rendezvous_id,
+                is_host=seat.is_leader,
+                local_addr=self.gang.host,
+                join_timeout=self.settings.gang_wait_seconds,
+            )
         process = subprocess.Popen(
             command,
             cwd=directory.root,
@@ -253,25 +368,31 @@ class Supervisor:
         ]
         for pump in pumps:
             pump.start()
-        watch = AttemptWatch(job.id, attempt)
+        watch = AttemptWatch(job.id, attempt, syncs_artifacts=seat is None)
         events = reports.EventTail(directory.events_file)
-        with self.sessions() as session:
-            session.execute(job_transitions.mark_running(job.id, attempt))
-            session.commit()
+        if seat is None:  # (the leader of a multi-node job marked it running at the go)
+            with self.sessions() as session:
+                session.execute(job_transitions.mark_running(job.id, attempt))
+                session.commit()
+
+        def beat() -> None:
+            if seat is None:
+                self._heartbeat(watch, process)
+            else:
+                self._node_heartbeat(seat, watch, process)
+
         next_heartbeat = next_artifact_sync = 0.0
         try:
             while True:
                 exited = process.poll() is not None
                 if time.monotonic() >= next_heartbeat:
-                    self._tolerating_database_errors(
-                        watch, process, lambda: self._heartbeat(watch, process)
-                    )
+                    self._tolerating_database_errors(watch, process, beat)
                     next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
                 self._escalate(watch, process)
                 self._tolerating_database_errors(
                     watch, process, lambda: self._ingest(job, watch, lines, events)
                 )
-                if time.monotonic() >= next_artifact_sync and not exited:
+                if time.monotonic() >= next_artifact_sync and not exited and watch.syncs_artifacts:
                     self._tolerating_database_errors(
                         watch, process, lambda: self._sync_artifacts(artifacts, lines)
                     )
@@ -285,10 +406,18 @@ class Supervisor:
             process.wait()
             for pump in pumps:
                 pump.join(timeout=10)
-        if not watch.lease_lost:
-            self._final_artifact_sync(artifacts, lines)
-        self._ingest(job, watch, lines, events)
-        self._record_outcome(job, watch, process.returncode, events)
+        if seat is None:
+            if not watch.lease_lost:
+                self._final_artifact_sync(artifacts, lines)
+            self._ingest(job, watch, lines, events)
+            self._record_outcome(job, watch, process.returncode, events)
+            return
+        with self.gang.keep_alive(seat):
+            if not watch.lease_lost and watch.syncs_artifacts:
+                self._final_artifact_sync(artifacts, lines)
+            self._ingest(job, watch, lines, events)
+            self._report_node(seat, watch, process.returncode, events)
+        self._decide_attempt(seat, watch)
 
     def _sync_artifacts(self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]) -> None:
         """One artifact pass; what it has to tell the user goes to the job's log. A problem
@@ -368,6 +497,38 @@ class Supervisor:
             _signal_group(process, signal.SIGTERM)
             watch.terminate_sent_at = time.monotonic()
 
+    def _node_heartbeat(
+        self, seat: NodeSeat, watch: AttemptWatch, process: subprocess.Popen[bytes]
+    ) -> None:
+        """A multi-node heartbeat: this node's row (and, on the leader, the job's lease), the
+        cancel flag, and the other nodes: one that failed or went silent stops this one too."""
+        beat = self.gang.beat(seat)
+        if beat.owned:
+            watch.lease_renewed_at = time.monotonic()
+        elif not watch.lease_lost:
+            logger.error(
+                "job %s attempt %d is no longer this attempt's: stopping node %d",
+                seat.job_id,
+                seat.attempt,
+                seat.node_rank,
+            )
+            watch.lease_lost = True
+        if beat.owned and beat.cancel_requested:
+            watch.cancel_requested = True
+        if beat.owned and beat.trouble and watch.peer_trouble is None:
+            logger.warning(
+                "job %s attempt %d: stopping node %d: %s",
+                seat.job_id,
+                seat.attempt,
+                seat.node_rank,
+                beat.trouble,
+            )
+            watch.peer_trouble = beat.trouble
+        stop = watch.lease_lost or watch.cancel_requested or watch.peer_trouble is not None
+        if stop and watch.terminate_sent_at is None:
+            _signal_group(process, signal.SIGTERM)
+            watch.terminate_sent_at = time.monotonic()
+
     def _escalate(self, watch: AttemptWatch, process: subprocess.Popen[bytes]) -> None:
         if watch.terminate_sent_at is None or watch.killed or process.poll() is not None:
             return
@@ -389,6 +550,8 @@ class Supervisor:
             except queue.Empty:
                 break
         for item in batch:
+            if item.rank == 0:
+                watch.syncs_artifacts = True  # rank 0 (which writes the artifacts) is here
             if item.stream != "stderr":
                 continue
             if item.rank is None:
@@ -465,6 +628,59 @@ class Supervisor:
                 final_metrics=final_metrics,
             )
 
+    def _report_node(
+        self, seat: NodeSeat, watch: AttemptWatch, returncode: int, events: reports.EventTail
+    ) -> None:
+        """Report how this node's torchrun ended, and why the service stopped it if it did."""
+        if watch.cancel_requested:
+            stopped: str | None = "the job was cancelled"
+        elif watch.peer_trouble is not None:
+            stopped = watch.peer_trouble
+        elif watch.lease_lost:
+            stopped = "the attempt no longer owns the job"
+        else:
+            stopped = None
+        self.gang.report(
+            seat,
+            exit_code=returncode,
+            error=failure_message(returncode, watch) if returncode != 0 else None,
+            stopped=stopped,
+            final_metrics=_final_metrics(events.summary),
+        )
+
+    def _decide_attempt(self, seat: NodeSeat, watch: AttemptWatch) -> None:
+        """The leader waits for every node's report (or its silence) and records the attempt."""
+        if not seat.is_leader or watch.lease_lost:
+            return
+        verdict = self.gang.collect(seat)
+        if verdict is None:
+            logger.warning(
+                "job %s attempt %d: lease lost while collecting", seat.job_id, seat.attempt
+            )
+            return
+        self._apply_verdict(seat, verdict)
+
+    def _apply_verdict(self, seat: NodeSeat, verdict: job_nodes.Verdict) -> None:
+        if verdict.outcome == "retry":
+            reason = verdict.error or "a node of the attempt was lost"
+            if not self._retry(seat.job_id, seat.attempt, reason):
+                self._record(
+                    seat.job_id,
+                    seat.attempt,
+                    JobState.FAILED,
+                    exit_code=verdict.exit_code,
+                    error=reason + "; no retries left",
+                )
+            return
+        self._record(
+            seat.job_id,
+            seat.attempt,
+            JobState(verdict.outcome),
+            exit_code=verdict.exit_code,
+            error=verdict.error,
+            final_metrics=verdict.final_metrics,
+        )
+
     def _retry(self, job_id: str, attempt: int, reason: str) -> bool:
         with self.sessions() as session:
             result = session.execute(job_transitions.requeue_for_retry(job_id, attempt, reason))
@@ -532,5 +748,5 @@ def _final_metrics(summary: dict[str, Any] | None) -> dict[str, Any] | None:
     return dict(summary.get("final_metrics") or {}) if summary is not None else None
 
 
-def run_job(job_id: str) -> None:
-    Supervisor(get_settings()).run(job_id)
+def run_job(job_id: str, node_id: str | None = None) -> None:
+    Supervisor(get_settings(), node_id).run(job_id)

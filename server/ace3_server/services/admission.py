@@ -1,10 +1,15 @@
 """Admission: refuse a job (or a search's base config) that no live worker could ever run.
 
-``POST /v1/jobs`` and ``POST /v1/searches`` answer 422 naming ``num_gpus`` or ``backend`` when
-the live workers (``worker_registry``) have room for it nowhere; with no worker registered at
-all the job is accepted and waits (workers may start later; the embedded ``ace3 up`` starts its
-worker after the API), and the reconciler fails it if it is still unschedulable after
-``ACE3_UNSCHEDULABLE_AFTER_SECONDS``.
+``POST /v1/jobs`` and ``POST /v1/searches`` answer 422 naming ``num_gpus``, ``backend`` or
+``num_nodes`` when the live workers (``worker_registry``) have room for it nowhere (a job with
+``num_nodes = N`` needs N different live workers that each fit ``num_gpus``); with no worker
+registered at all the job is accepted and waits (workers may start later; the embedded
+``ace3 up`` starts its worker after the API), and the reconciler fails it if it is still
+unschedulable after ``ACE3_UNSCHEDULABLE_AFTER_SECONDS``.
+
+Multi-node jobs with ZeRO sharding (``zero_stage`` >= 1, or ``offload``) are refused too: every
+rank writes its shard of a sharded checkpoint into the job's checkpoint directory, which is one
+directory only when the nodes share a filesystem, and workers do not.
 """
 
 from __future__ import annotations
@@ -30,7 +35,29 @@ async def capacity_problems(
 ) -> list[dict[str, Any]]:
     """One 422 entry at ``loc + [field]`` when no live worker can run ``config``; fields in
     ``searched`` (a search varies them per trial, and checks each trial) are not refused."""
+    problems = multinode_problems(config, loc)
     problem = cluster_problem(JobNeeds.from_config(config), await live_workers(session, settings))
     if problem is None or problem.field in searched:
+        return problems
+    return [
+        *problems,
+        {"loc": [*loc, problem.field], "msg": problem.message, "type": "unschedulable"},
+    ]
+
+
+def multinode_problems(config: TrainingConfig, loc: list[str | int]) -> list[dict[str, Any]]:
+    """What a multi-node job may not combine: ZeRO sharding (its checkpoint shards would land
+    on different machines)."""
+    stage = config.effective_zero_stage
+    if config.num_nodes == 1 or stage == 0:
         return []
-    return [{"loc": [*loc, problem.field], "msg": problem.message, "type": "unschedulable"}]
+    how = f"zero_stage={stage}" if stage == config.zero_stage else "offload (which runs ZeRO-3)"
+    return [
+        {
+            "loc": [*loc, "num_nodes"],
+            "msg": f"num_nodes={config.num_nodes} with {how}: sharded checkpoints need a "
+            "filesystem every node shares, which workers do not have; multi-node ZeRO is not "
+            "implemented yet: use num_nodes=1, or zero_stage=0 without offload",
+            "type": "unsupported",
+        }
+    ]

@@ -260,11 +260,12 @@ def test_a_setting_the_engine_lacks_is_refused_not_ignored(
     owner: httpx.Client, uploaded: dict[str, str]
 ) -> None:
     response = owner.post(
-        "/v1/jobs", json={**uploaded, "config": {"num_nodes": 2, "num_stages": 4}}
+        "/v1/jobs",
+        json={**uploaded, "config": {"zero_stage": 2, "optimizer": "adam8bit"}},
     )
     assert response.status_code == 422
     errors = {e["loc"][-1]: e for e in response.json()["detail"]}
-    assert set(errors) == {"num_nodes", "num_stages"}
+    assert set(errors) == {"optimizer"}
     assert all(
         e["type"] == "unsupported" and "not implemented" in e["msg"] for e in errors.values()
     )
@@ -413,9 +414,9 @@ def _search_body(uploaded: dict[str, str], **config: object) -> dict[str, object
         (
             {"search_space": {"num_stages": {"type": "choice", "options": [2, 4]}}},
             ["search_space", "num_stages"],
-            "not implemented",
+            "only used with parallelism",
         ),
-        ({"base_config": {"num_nodes": 2}}, ["base_config", "num_nodes"], "not implemented"),
+        ({"base_config": {"num_nodes": 2}}, ["base_config", "num_nodes"], "different workers"),
         (
             {
                 "search_space": {"batch_size": {"type": "choice", "options": [16, 33]}},

@@ -1,0 +1,217 @@
+"""Gang scheduling of multi-node jobs against a real database (SQLite) and the embedded broker:
+workers take node slots (one per worker), the leader launches only a full gang, and a gang that
+never completes fails the job with a clear message, never starting part of it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from ace3_server import job_transitions
+from ace3_server.job_nodes import drop_silent_waiting, members
+from ace3_server.migrations_check import upgrade
+from ace3_server.models import Job, JobNode, utcnow
+from ace3_server.settings import Settings
+from ace3_worker import gang as gang_module
+from ace3_worker.gang import GangMember, NodeSeat, rendezvous_endpoint
+from ace3_worker.supervisor import Supervisor
+from tests.conftest import insert_job
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    settings = Settings(
+        data_dir=tmp_path,
+        queue_name="gang-test",
+        worker_device="cpu",
+        worker_cpu_processes=2,
+        worker_advertise_host="127.0.0.1",
+        gang_wait_seconds=30,
+        heartbeat_seconds=0.2,
+        lease_seconds=5,
+        unfit_republish_seconds=30,
+    )
+    upgrade(settings.resolved_database_url)
+    gang_module._passed_on.clear()
+    return settings
+
+
+def _member(settings: Settings, name: str) -> GangMember:
+    supervisor = Supervisor(settings, node_id=f"worker-{name}")
+    return supervisor.gang
+
+
+def _job(settings: Settings, nodes: int) -> str:
+    sessions = Supervisor(settings).sessions
+    with sessions() as session:
+        job = insert_job(session, num_processes=nodes, config={"num_gpus": 1, "num_nodes": nodes})
+        return str(job.id)
+
+
+def _job_row(settings: Settings, job_id: str) -> Job:
+    with Supervisor(settings).sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def _nodes(settings: Settings, job_id: str, attempt: int = 1) -> list[JobNode]:
+    with Supervisor(settings).sessions() as session:
+        return list(session.scalars(members(job_id, attempt)))
+
+
+def _messages(settings: Settings) -> list[dict[str, Any]]:
+    folder = settings.broker_dir / "out"
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*"))]
+
+
+def test_each_worker_takes_one_slot_and_spare_copies_do_nothing(settings: Settings) -> None:
+    job_id = _job(settings, 3)
+    first, second, third, fourth = (_member(settings, name) for name in "abcd")
+
+    lead = first.take(job_id)
+    assert lead is not None and (lead.node_rank, lead.attempt, lead.is_leader) == (0, 1, True)
+    assert _job_row(settings, job_id).state == "starting"
+    published = _messages(settings)
+    assert len(published) == 2, "one message per missing node"
+    assert all(job_id in message["headers"]["argsrepr"] for message in published)
+
+    joined = second.take(job_id)
+    assert joined is not None and joined.node_rank == 1 and not joined.is_leader
+    # The same worker (another of its slots) never holds a second node: it passes the copy on.
+    again = Supervisor(settings, node_id="worker-b").gang
+    assert again.take(job_id) is None
+    handed = _messages(settings)[2:]
+    assert len(handed) == 1 and handed[0]["headers"]["eta"], "passed on with a delay"
+
+    third_seat = third.take(job_id)
+    assert third_seat is not None and third_seat.node_rank == 2
+    assert fourth.take(job_id) is None, "every slot is taken"
+    rows = _nodes(settings, job_id)
+    assert [(row.node_rank, row.worker_id, row.state) for row in rows] == [
+        (0, "worker-a", "waiting"),
+        (1, "worker-b", "waiting"),
+        (2, "worker-c", "waiting"),
+    ]
+
+
+def test_a_full_gang_gets_one_endpoint_and_the_job_runs(settings: Settings) -> None:
+    job_id = _job(settings, 2)
+    leader, follower = _member(settings, "a"), _member(settings, "b")
+    lead = leader.take(job_id)
+    assert lead is not None
+    results: dict[str, bool] = {}
+    thread = threading.Thread(target=lambda: results.update(lead=leader.assemble(lead)))
+    thread.start()
+    time.sleep(0.3)
+    assert _job_row(settings, job_id).state == "starting", "no go before the gang is complete"
+    seat = follower.take(job_id)
+    assert seat is not None
+    assert follower.assemble(seat) is True
+    thread.join(timeout=10)
+    assert results == {"lead": True}
+    assert lead.endpoint == seat.endpoint
+    assert seat.endpoint is not None and seat.endpoint.startswith("127.0.0.1:")
+    assert _job_row(settings, job_id).state == "running"
+    assert [row.state for row in _nodes(settings, job_id)] == ["running", "running"]
+
+
+def test_a_gang_that_never_completes_fails_the_job_clearly(settings: Settings) -> None:
+    settings = settings.model_copy(update={"gang_wait_seconds": 1.0})
+    job_id = _job(settings, 2)
+    started = time.monotonic()
+    Supervisor(settings, node_id="worker-a").run(job_id)
+    assert time.monotonic() - started < 5
+    job = _job_row(settings, job_id)
+    assert job.state == "failed" and job.started_at is None, "torchrun never started"
+    assert job.error is not None
+    assert job.error.startswith("needed 2 workers for num_nodes=2, only 1 came within 1 s")
+    assert [row.state for row in _nodes(settings, job_id)] == ["left"]
+    # A worker that comes later finds nothing to join.
+    assert _member(settings, "b").take(job_id) is None
+
+
+def test_a_waiting_follower_leaves_when_the_job_is_cancelled(settings: Settings) -> None:
+    job_id = _job(settings, 3)
+    leader, follower = _member(settings, "a"), _member(settings, "b")
+    lead = leader.take(job_id)
+    seat = follower.take(job_id)
+    assert lead is not None and seat is not None
+    with Supervisor(settings).sessions() as session:
+        session.execute(job_transitions.request_cancel(job_id))
+        session.commit()
+    assert follower.assemble(seat) is False
+    assert leader.assemble(lead) is False
+    job = _job_row(settings, job_id)
+    assert job.state == "cancelled" and "waiting for the workers" in (job.error or "")
+    assert [row.state for row in _nodes(settings, job_id)] == ["left", "left"]
+
+
+def test_a_silent_waiting_follower_frees_its_slot(settings: Settings) -> None:
+    job_id = _job(settings, 2)
+    lead = _member(settings, "a").take(job_id)
+    seat = _member(settings, "b").take(job_id)
+    assert lead is not None and seat is not None
+    sessions = Supervisor(settings).sessions
+    with sessions() as session:
+        session.execute(
+            update(JobNode)
+            .where(JobNode.node_rank == 1)
+            .values(heartbeat_at=utcnow() - timedelta(seconds=60))
+        )
+        session.execute(drop_silent_waiting(job_id, 1, utcnow() - timedelta(seconds=5)))
+        session.commit()
+        assert list(session.scalars(select(JobNode.node_rank))) == [0]
+    replacement = _member(settings, "c").take(job_id)
+    assert replacement is not None and replacement.node_rank == 1
+    # The dropped worker notices at its next heartbeat and leaves.
+    dropped = _member(settings, "b")
+    assert dropped.assemble(NodeSeat(job_id, 1, 1, 2)) is False
+
+
+def test_the_rendezvous_endpoint_brackets_an_ipv6_host() -> None:
+    assert rendezvous_endpoint("10.0.0.5", 29400) == "10.0.0.5:29400"
+    assert rendezvous_endpoint("node-a.cluster", 29400) == "node-a.cluster:29400"
+    assert rendezvous_endpoint("fd00::5", 29400) == "[fd00::5]:29400"
+
+
+def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
+    tmp_path: Path,
+) -> None:
+    from ace3_worker.launcher import multinode_torchrun_command
+
+    def command(is_host: bool) -> list[str]:
+        return multinode_torchrun_command(
+            tmp_path / "job.json",
+            4,
+            nnodes=2,
+            endpoint="10.0.0.5:29400",
+            rendezvous_id="job-3",
+            is_host=is_host,
+            local_addr="10.0.0.6",
+            join_timeout=300,
+        )
+
+    leader, follower = command(True), command(False)
+    run = leader.index("torch.distributed.run")
+    assert leader[run + 1 : run + 10] == [
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.5:29400",
+        "--rdzv-id=job-3",
+        "--rdzv-conf=is_host=true,join_timeout=300",
+        "--local-addr=10.0.0.6",
+        "--max-restarts=0",
+        "-m",
+    ]
+    assert "--rdzv-conf=is_host=false,join_timeout=300" in follower
+    assert leader[-3:] == ["ace3.runtime", "--job", str(tmp_path / "job.json")]
+    assert not any(arg.startswith(("--standalone", "--node-rank")) for arg in leader)

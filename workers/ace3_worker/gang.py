@@ -1,0 +1,484 @@
+"""A worker's part in a multi-node job: take a node slot, wait for the whole gang, heartbeat and
+watch the other nodes while torchrun runs, and report how this node's torchrun ended.
+
+The rows and the decisions are in ``ace3_server.job_nodes``; this module runs them against the
+database from one supervisor process. The leader (node 0, the worker that claimed the queued job)
+publishes one message per missing node, renews the job's lease while it waits, and after
+``ACE3_GANG_WAIT_SECONDS`` without a full gang fails the job (never starting torchrun on part of
+it). A joining worker holds its slot by heartbeating it until the leader's go (the rendezvous
+endpoint on node 0's row, the job ``running``), or leaves when the attempt ends. Each waiting
+node keeps its Celery slot meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from ace3_server import job_nodes, job_transitions
+from ace3_server.models import ACTIVE_STATES, Job, JobNode, JobState, NodeState, utcnow
+from ace3_server.queue import JobPublisher
+from ace3_server.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.5
+
+# job id -> when this process last passed a copy of its message on (time.monotonic()).
+_passed_on: dict[str, float] = {}
+
+
+@dataclass
+class NodeSeat:
+    """The node slot this worker holds in one attempt of a multi-node job."""
+
+    job_id: str
+    attempt: int
+    node_rank: int
+    nodes: int
+    endpoint: str | None = None
+    taken_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node_rank == 0
+
+    @property
+    def rendezvous_id(self) -> str:
+        return f"{self.job_id}-{self.attempt}"
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    """What one heartbeat of a running node learned."""
+
+    owned: bool  # the attempt still owns the job
+    cancel_requested: bool
+    trouble: str | None  # why another node makes this one stop
+
+
+def free_port() -> int:
+    """A TCP port free on every interface right now (torchrun's rendezvous store binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def rendezvous_endpoint(host: str, port: int) -> str:
+    """``host:port`` as torchrun reads it (an IPv6 address in brackets)."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+class GangMember:
+    """One supervisor process acting for its worker (``worker_id``, the registry id shared by
+    the worker's slots) in multi-node jobs."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        *,
+        worker_id: str,
+        process: str,
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.worker_id = worker_id
+        self.process = process
+        self.host = settings.resolved_worker_advertise_host
+
+    @property
+    def lost_after(self) -> float:
+        """A node silent this long is gone (its worker died)."""
+        return self.settings.lease_seconds
+
+    # -- taking a slot ---------------------------------------------------------------------------
+    def take(self, job_id: str) -> NodeSeat | None:
+        """Claim the queued job as its leader, or join the attempt that assembles its gang.
+        None: nothing to do (a spare copy of the message, or this worker is in the gang)."""
+        with self.sessions() as session:
+            job = session.execute(
+                select(Job.state, Job.attempt, Job.cancel_requested, Job.config).where(
+                    Job.id == job_id
+                )
+            ).first()
+        if job is None:
+            return None
+        nodes = job_nodes.nodes_of(job.config)
+        if job.state == JobState.QUEUED:
+            return self._lead(job_id, nodes)
+        if job.state == JobState.STARTING and not job.cancel_requested:
+            return self._join(job_id, int(job.attempt), nodes)
+        logger.info("job %s is %s: a spare copy of its message; nothing to do", job_id, job.state)
+        return None
+
+    def _lead(self, job_id: str, nodes: int) -> NodeSeat | None:
+        with self.sessions() as session:
+            row = session.execute(
+                job_transitions.claim(job_id, self.process, self.settings.lease_seconds)
+            ).first()
+            if row is None:
+                session.rollback()
+                return None
+            attempt = int(row.attempt)
+            session.execute(self._add(session, job_id, attempt, 0))
+            session.commit()
+        logger.info(
+            "job %s attempt %d: leading a gang of %d nodes; waiting up to %g s for %d more "
+            "worker(s)",
+            job_id,
+            attempt,
+            nodes,
+            self.settings.gang_wait_seconds,
+            nodes - 1,
+        )
+        self.publish_copies(job_id, nodes - 1)
+        return NodeSeat(job_id, attempt, 0, nodes)
+
+    def _join(self, job_id: str, attempt: int, nodes: int) -> NodeSeat | None:
+        with self.sessions() as session:
+            held = session.scalar(job_nodes.slot_of(job_id, attempt, self.worker_id))
+            if held is not None:
+                session.rollback()
+                self.pass_on(job_id, f"this worker holds node {held} of it already")
+                return None
+            for rank in range(1, nodes):
+                if not session.execute(self._add(session, job_id, attempt, rank)).rowcount:
+                    continue
+                if session.execute(job_nodes.hold_starting(job_id, attempt)).first() is None:
+                    session.rollback()  # the leader launched, gave up, or the job was cancelled
+                    return None
+                session.commit()
+                logger.info("job %s attempt %d: joined as node %d", job_id, attempt, rank)
+                return NodeSeat(job_id, attempt, rank, nodes)
+            session.rollback()
+        logger.info("job %s attempt %d: every node is taken; a spare copy", job_id, attempt)
+        return None
+
+    def _add(self, session: Session, job_id: str, attempt: int, rank: int) -> Any:
+        return job_nodes.add_node(
+            session.get_bind().dialect.name,
+            job_id=job_id,
+            attempt=attempt,
+            node_rank=rank,
+            worker_id=self.worker_id,
+            process=self.process,
+            host=self.host,
+        )
+
+    # -- messages --------------------------------------------------------------------------------
+    def publish_copies(self, job_id: str, count: int, countdown: float | None = None) -> None:
+        """One message per node still missing: each finds a worker that takes one slot."""
+        if count <= 0:
+            return
+        publisher = JobPublisher(self.settings)
+        try:
+            for _ in range(count):
+                publisher.publish(job_id, countdown=countdown)
+        except Exception:
+            logger.exception("job %s: could not publish for its missing nodes; retrying", job_id)
+        finally:
+            publisher.close()
+
+    def pass_on(self, job_id: str, reason: str) -> None:
+        """Hand a copy this worker cannot use back to the queue, delayed by
+        ``unfit_republish_seconds``, for another worker; a second copy within half that interval
+        is dropped (the leader publishes again for slots still missing)."""
+        delay = self.settings.unfit_republish_seconds
+        now = time.monotonic()
+        for stale in [key for key, at in _passed_on.items() if now - at >= delay / 2]:
+            del _passed_on[stale]
+        if job_id in _passed_on:
+            return
+        _passed_on[job_id] = now
+        logger.info("job %s: %s; passing its message on in %g s", job_id, reason, delay)
+        self.publish_copies(job_id, 1, countdown=delay)
+
+    # -- assembling the gang ---------------------------------------------------------------------
+    def assemble(self, seat: NodeSeat) -> bool:
+        """Wait until every node is taken and the leader gave the go (True: launch torchrun
+        against ``seat.endpoint``), or until the attempt ends without running (False; the leader
+        records why)."""
+        if seat.is_leader:
+            return self._lead_assembly(seat)
+        return self._await_go(seat)
+
+    def _lead_assembly(self, seat: NodeSeat) -> bool:
+        deadline = seat.taken_at + self.settings.gang_wait_seconds
+        next_publish = time.monotonic() + self.settings.republish_after_seconds
+        while True:
+            now = utcnow()
+            with self.sessions() as session:
+                lease = session.execute(
+                    job_transitions.renew_lease(
+                        seat.job_id, seat.attempt, self.settings.lease_seconds
+                    )
+                ).first()
+                if lease is None:
+                    session.commit()
+                    logger.warning("job %s: lost its lease while assembling", seat.job_id)
+                    return False
+                if lease.cancel_requested:
+                    session.execute(job_nodes.leave_all(seat.job_id, seat.attempt))
+                    session.execute(
+                        job_transitions.finish(
+                            seat.job_id,
+                            seat.attempt,
+                            JobState.CANCELLED,
+                            error="cancelled while waiting for the workers of its nodes",
+                        )
+                    )
+                    session.commit()
+                    return False
+                session.execute(job_nodes.touch(seat.job_id, seat.attempt, 0, self.worker_id))
+                session.execute(
+                    job_nodes.drop_silent_waiting(
+                        seat.job_id, seat.attempt, now - timedelta(seconds=self.lost_after)
+                    )
+                )
+                came = self._waiting(session, seat)
+                expired = time.monotonic() >= deadline
+                if came >= seat.nodes or expired:
+                    decided = self._close_gang(session, seat, expired)
+                    if decided is not None:
+                        return decided
+                session.commit()
+            if time.monotonic() >= next_publish:
+                self.publish_copies(seat.job_id, seat.nodes - came)
+                next_publish = time.monotonic() + self.settings.republish_after_seconds
+            time.sleep(POLL_SECONDS)
+
+    def _close_gang(self, session: Session, seat: NodeSeat, expired: bool) -> bool | None:
+        """With the job's row locked (a join in flight commits before or after), count again:
+        a full gang gets the go (True); past the wait, a partial one is given up (False). None:
+        keep waiting. Commits when it decides."""
+        if session.execute(job_nodes.hold_starting(seat.job_id, seat.attempt)).first() is None:
+            return None  # cancelled or re-queued meanwhile: the next pass sees which
+        came = self._waiting(session, seat)
+        if came >= seat.nodes:
+            seat.endpoint = rendezvous_endpoint(self.host, free_port())
+            session.execute(job_nodes.open_rendezvous(seat.job_id, seat.attempt, seat.endpoint))
+            session.execute(job_transitions.mark_running(seat.job_id, seat.attempt))
+            session.commit()
+            logger.info(
+                "job %s attempt %d: all %d nodes are here; rendezvous at %s",
+                seat.job_id,
+                seat.attempt,
+                seat.nodes,
+                seat.endpoint,
+            )
+            return True
+        if expired:
+            self._give_up(session, seat, came)
+            return False
+        return None
+
+    def _waiting(self, session: Session, seat: NodeSeat) -> int:
+        rows = session.scalars(job_nodes.members(seat.job_id, seat.attempt)).all()
+        return job_nodes.waiting_count([job_nodes.NodeReport.of(row) for row in rows])
+
+    def _give_up(self, session: Session, seat: NodeSeat, came: int) -> None:
+        error = job_nodes.gang_timeout_error(seat.nodes, came, self.settings.gang_wait_seconds)
+        session.execute(job_nodes.leave_all(seat.job_id, seat.attempt))
+        session.execute(
+            job_transitions.finish(seat.job_id, seat.attempt, JobState.FAILED, error=error)
+        )
+        session.commit()
+        logger.warning("job %s attempt %d: %s", seat.job_id, seat.attempt, error)
+
+    def _await_go(self, seat: NodeSeat) -> bool:
+        # The leader decides; this bound only frees the slot if the leader vanished unnoticed.
+        deadline = seat.taken_at + self.settings.gang_wait_seconds + self.lost_after
+        next_touch = 0.0
+        while True:
+            with self.sessions() as session:
+                if time.monotonic() >= next_touch:
+                    touched = session.execute(
+                        job_nodes.touch(seat.job_id, seat.attempt, seat.node_rank, self.worker_id)
+                    ).first()
+                    if touched is None:
+                        session.commit()
+                        logger.warning("job %s: node %d was dropped", seat.job_id, seat.node_rank)
+                        return False
+                    next_touch = time.monotonic() + self.settings.heartbeat_seconds
+                job = session.execute(
+                    select(Job.state, Job.attempt, Job.cancel_requested).where(
+                        Job.id == seat.job_id
+                    )
+                ).first()
+                endpoint = session.scalar(
+                    select(JobNode.endpoint).where(
+                        JobNode.job_id == seat.job_id,
+                        JobNode.attempt == seat.attempt,
+                        JobNode.node_rank == 0,
+                    )
+                )
+                ours = (
+                    job is not None
+                    and job.attempt == seat.attempt
+                    and job.state in (JobState.STARTING, JobState.RUNNING)
+                    and not job.cancel_requested
+                )
+                if ours and job is not None and job.state == JobState.RUNNING and endpoint:
+                    seat.endpoint = endpoint
+                    session.execute(
+                        job_nodes.mark_launched(
+                            seat.job_id, seat.attempt, seat.node_rank, self.worker_id
+                        )
+                    )
+                    session.commit()
+                    return True
+                if not ours or time.monotonic() >= deadline:
+                    session.execute(
+                        job_nodes.leave(seat.job_id, seat.attempt, seat.node_rank, self.worker_id)
+                    )
+                    session.commit()
+                    logger.info(
+                        "job %s attempt %d: node %d leaves (the attempt ended before it ran)",
+                        seat.job_id,
+                        seat.attempt,
+                        seat.node_rank,
+                    )
+                    return False
+                session.commit()
+            time.sleep(POLL_SECONDS)
+
+    # -- while torchrun runs ---------------------------------------------------------------------
+    def beat(self, seat: NodeSeat) -> NodeBeat:
+        """Heartbeat this node (the leader also renews the job's lease) and read the cancel
+        flag and the other nodes."""
+        now = utcnow()
+        with self.sessions() as session:
+            if seat.is_leader:
+                lease = session.execute(
+                    job_transitions.renew_lease(
+                        seat.job_id, seat.attempt, self.settings.lease_seconds
+                    )
+                ).first()
+                owned, cancel = lease is not None, bool(lease and lease.cancel_requested)
+            else:
+                job = session.execute(
+                    select(Job.state, Job.attempt, Job.cancel_requested).where(
+                        Job.id == seat.job_id
+                    )
+                ).first()
+                owned = (
+                    job is not None and job.attempt == seat.attempt and job.state in ACTIVE_STATES
+                )
+                cancel = bool(job is not None and job.cancel_requested)
+            session.execute(
+                job_nodes.touch(seat.job_id, seat.attempt, seat.node_rank, self.worker_id)
+            )
+            nodes = self._reports(session, seat)
+            session.commit()
+        trouble = job_nodes.peer_trouble(nodes, seat.node_rank, seat.nodes, now, self.lost_after)
+        return NodeBeat(owned, cancel, trouble)
+
+    @contextlib.contextmanager
+    def keep_alive(self, seat: NodeSeat) -> Iterator[None]:
+        """Heartbeat this node from a thread meanwhile (after torchrun exited, while the last
+        artifacts and checkpoints are stored and the exit reported, which may take longer than
+        the other nodes' patience)."""
+        stop = threading.Event()
+
+        def touch() -> None:
+            while not stop.wait(self.settings.heartbeat_seconds):
+                try:
+                    with self.sessions() as session:
+                        session.execute(
+                            job_nodes.touch(
+                                seat.job_id, seat.attempt, seat.node_rank, self.worker_id
+                            )
+                        )
+                        if seat.is_leader:
+                            session.execute(
+                                job_transitions.renew_lease(
+                                    seat.job_id, seat.attempt, self.settings.lease_seconds
+                                )
+                            )
+                        session.commit()
+                except Exception:
+                    logger.warning("job %s: node heartbeat failed; retrying", seat.job_id)
+
+        thread = threading.Thread(target=touch, name="ace3-node-keep-alive", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=self.settings.heartbeat_seconds + 10)
+
+    def _reports(self, session: Session, seat: NodeSeat) -> list[job_nodes.NodeReport]:
+        rows = session.scalars(job_nodes.members(seat.job_id, seat.attempt)).all()
+        return [job_nodes.NodeReport.of(row) for row in rows]
+
+    def report(
+        self,
+        seat: NodeSeat,
+        *,
+        exit_code: int,
+        error: str | None,
+        stopped: str | None,
+        final_metrics: dict[str, Any] | None,
+    ) -> None:
+        """Record how this node's torchrun ended (the leader reads it)."""
+        with self.sessions() as session:
+            session.execute(
+                job_nodes.report_exit(
+                    seat.job_id,
+                    seat.attempt,
+                    seat.node_rank,
+                    self.worker_id,
+                    exit_code=exit_code,
+                    error=error,
+                    stopped=stopped,
+                    final_metrics=final_metrics,
+                )
+            )
+            session.commit()
+
+    def collect(self, seat: NodeSeat) -> job_nodes.Verdict | None:
+        """The leader, after its own report: wait until every node reported or went silent
+        (renewing the lease), then decide the attempt. None: the lease was lost (a newer attempt
+        owns the job; nothing to record)."""
+        deadline = time.monotonic() + self.lost_after + self.settings.cancel_grace_seconds
+        next_renew = 0.0
+        cancel = False
+        while True:
+            now = utcnow()
+            with self.sessions() as session:
+                if time.monotonic() >= next_renew:
+                    lease = session.execute(
+                        job_transitions.renew_lease(
+                            seat.job_id, seat.attempt, self.settings.lease_seconds
+                        )
+                    ).first()
+                    if lease is None:
+                        session.commit()
+                        return None
+                    cancel = bool(lease.cancel_requested)
+                    next_renew = time.monotonic() + self.settings.heartbeat_seconds
+                nodes = self._reports(session, seat)
+                session.commit()
+            pending = [
+                node
+                for node in nodes
+                if node.state != NodeState.EXITED and not node.silent(now, self.lost_after)
+            ]
+            if not pending or time.monotonic() >= deadline:
+                return job_nodes.attempt_verdict(
+                    nodes, needed=seat.nodes, attempt=seat.attempt, cancel_requested=cancel
+                )
+            time.sleep(POLL_SECONDS)
