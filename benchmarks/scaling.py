@@ -95,9 +95,8 @@ def job_config(strategy: str, procs: int, args: argparse.Namespace) -> dict[str,
     }
     if procs > 1 or strategy not in SPLITS_THE_MODEL:
         config.update(STRATEGIES[strategy])
-        if strategy.startswith("pipeline") or strategy == "layer":
+        if strategy.startswith("pipeline"):  # layer parallel: one stage per process by itself
             config["num_stages"] = procs
-        if strategy.startswith("pipeline"):
             config["micro_batch_size"] = args.batch_size // (2 * procs)
     return config
 
