@@ -294,6 +294,8 @@ def training_state_bytes(model: Any, optimizer: Any = None) -> int:
         nonlocal total
         if not isinstance(tensor, torch.Tensor) or tensor.is_meta:
             return
+        # A sharded (DTensor) parameter or state counts its local shard: what this rank holds.
+        tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         nbytes = tensor.numel() * tensor.element_size()
         key = (str(tensor.device), tensor.data_ptr(), nbytes)
         if nbytes == 0 or key in seen:

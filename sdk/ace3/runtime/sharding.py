@@ -196,33 +196,6 @@ def write_back(trained: nn.Module, original: nn.Module, plan: ShardingPlan) -> N
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes this rank holds for parameters, gradients and optimizer state: the local shards of
     sharded (DTensor) tensors, and only this rank's ZeroRedundancyOptimizer state."""
-    seen: set[tuple[str, int]] = set()
-    total = 0
+    from ace3.runtime.memory_meter import training_state_bytes
 
-    def count(tensor: Any) -> None:
-        nonlocal total
-        if not isinstance(tensor, torch.Tensor) or tensor.is_meta:
-            return
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        nbytes = local.numel() * local.element_size()
-        key = (str(local.device), local.data_ptr())
-        if nbytes and key not in seen:
-            seen.add(key)
-            total += nbytes
-
-    def walk(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            count(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item)
-
-    for param in model.parameters():
-        count(param)
-        count(param.grad)
-    for state in local_optimizer(optimizer).state.values():
-        walk(state)
-    return total
+    return training_state_bytes(model, local_optimizer(optimizer))
