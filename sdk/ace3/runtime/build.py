@@ -87,11 +87,23 @@ class Components:
     model_parallel: Any = None
 
 
-def check_config(config: TrainingConfig, ctx: DistContext) -> int:
-    """Refuse settings the engine does not implement; return the per-rank micro-batch."""
+def refuse_unsupported(config: TrainingConfig) -> None:
+    """Raise with every reason when the config asks for something the engine cannot run."""
     problems = unsupported_settings(config)
     if problems:
         raise ValueError("unsupported settings: " + "; ".join(p.reason for p in problems))
+
+
+def apply_dropout_override(model: nn.Module, config: TrainingConfig, ctx: DistContext) -> None:
+    """``config.dropout`` on every dropout module of ``model``, said once in the log."""
+    changed = override_dropout(model, config.dropout)
+    if ctx.is_main and config.dropout is not None:
+        print(f"dropout override p={config.dropout} applied to {changed} module(s)")
+
+
+def check_config(config: TrainingConfig, ctx: DistContext) -> int:
+    """Refuse settings the engine does not implement; return the per-rank micro-batch."""
+    refuse_unsupported(config)
     if config.batch_size % ctx.world_size:
         raise ValueError(
             f"batch_size ({config.batch_size}) must be divisible by the {ctx.world_size} "
@@ -228,9 +240,7 @@ def assemble(
             config, ctx, user, model, train_set, validation_set, ckpt, resume_label
         )
     per_rank_batch = check_config(config, ctx)
-    changed = override_dropout(model, config.dropout)
-    if ctx.is_main and config.dropout is not None:
-        print(f"dropout override p={config.dropout} applied to {changed} module(s)")
+    apply_dropout_override(model, config, ctx)
     model.to(ctx.device)
     precision = resolve_precision(config, ctx.device)
     precision.prepare_model(model)

@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
-from ace3.config import TrainingConfig, pipeline_layout, unsupported_settings
-from ace3.runtime.build import Components, override_dropout
+from ace3.config import TrainingConfig, pipeline_layout
+from ace3.runtime.build import Components, apply_dropout_override, refuse_unsupported
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.optim import build_optimizer, build_scheduler
 from ace3.runtime.pipeline import PipelineRunner, broadcast_from_last, clip_global_norm
@@ -81,12 +81,8 @@ def assemble_model_parallel(
     resume_label: str | None,
 ) -> Components:
     """Components of a model-parallel or pipeline job (see the module docstring)."""
-    problems = unsupported_settings(config)
-    if problems:
-        raise ValueError("unsupported settings: " + "; ".join(p.reason for p in problems))
-    changed = override_dropout(model, config.dropout)
-    if ctx.is_main and config.dropout is not None:
-        print(f"dropout override p={config.dropout} applied to {changed} module(s)")
+    refuse_unsupported(config)
+    apply_dropout_override(model, config, ctx)
     if ckpt is not None:
         _check_resumable(ckpt)
         model.load_state_dict(ckpt["model"])  # before any split: the names are the model's
