@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -33,21 +34,50 @@ class _Dimension(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _is_finite(value: float) -> bool:
+    """Whether ``value`` is a finite float, or an integer a float can hold."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the float range
+        return False
+
+
 def _check_bounds(low: float, high: float, *, log: bool) -> None:
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise ValueError(f"bounds must be finite numbers, got low={low}, high={high}")
+    if not (_is_finite(low) and _is_finite(high)):
+        raise ValueError(
+            f"low and high must be finite numbers within +-{sys.float_info.max:.1e}, got "
+            f"low={_short(low)}, high={_short(high)}"
+        )
     if low >= high:
         raise ValueError(f"low ({low}) must be smaller than high ({high})")
     if log and low <= 0:
         raise ValueError(f"a log-scale range needs positive bounds, got low={low}")
 
 
-def _check_step(low: float, high: float, q: float) -> None:
-    if q <= 0:
-        raise ValueError(f"the step q must be positive, got {q}")
-    steps = (high - low) / q
+def _check_step(low: float, high: float, step: float, *, name: str = "q") -> None:
+    """``step`` must divide ``high - low`` into a finite whole number of steps; the error names
+    the field (``q``, or ``step`` for randint)."""
+    if not _is_finite(step):
+        raise ValueError(f"the step {name} must be a finite number, got {_short(step)}")
+    if step <= 0:
+        raise ValueError(f"the step {name} must be positive, got {step}")
+    try:
+        steps = (high - low) / step
+    except OverflowError:
+        steps = math.inf
+    if not math.isfinite(steps):
+        raise ValueError(
+            f"the step {name} ({step}) is too small for the range [{low}, {high}]: "
+            f"(high - low) / {name} must be a finite number of steps"
+        )
     if abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
-        raise ValueError(f"high - low ({high - low}) must be a multiple of q ({q})")
+        raise ValueError(f"{name}: high - low ({high - low}) must be a multiple of {name} ({step})")
+
+
+def _short(value: float) -> str:
+    """``value`` for a message: huge integers are not printed digit by digit."""
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:12]}...({len(text)} digits)"
 
 
 class Uniform(_Dimension):
@@ -117,7 +147,7 @@ class RandInt(_Dimension):
     @model_validator(mode="after")
     def _check(self) -> RandInt:
         _check_bounds(self.low, self.high, log=False)
-        _check_step(self.low, self.high, self.step)
+        _check_step(self.low, self.high, self.step, name="step")
         return self
 
 

@@ -10,19 +10,24 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy import text
 
 from ace3_server import __version__
+from ace3_server.api.error_handlers import install_error_handlers
 from ace3_server.api.routes.artifacts import datasets_router, models_router
 from ace3_server.api.routes.checkpoints import router as checkpoints_router
 from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.api.routes.workers import router as workers_router
+from ace3_server.api.routing import error_responses
 from ace3_server.db import async_session_factory, make_async_engine
-from ace3_server.middleware import RequestIdMiddleware, UploadSizeLimitMiddleware
+from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.queue import JobPublisher
 from ace3_server.reconciler import run_reconciler
 from ace3_server.searches.driver import run_search_driver
 from ace3_server.settings import Settings, get_settings
 from ace3_server.storage import LocalArtifactStore
+
+API_APPLICATION_NAME = "ace3-api"
+"""How the API's database connections name themselves (Postgres ``pg_stat_activity``)."""
 
 
 def create_app(settings: Settings | None = None, *, run_background_loops: bool = True) -> FastAPI:
@@ -31,7 +36,9 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ensure_migrated(settings.resolved_database_url)
-        engine = make_async_engine(settings.resolved_database_url)
+        engine = make_async_engine(
+            settings.resolved_database_url, application_name=API_APPLICATION_NAME
+        )
         app.state.settings = settings
         app.state.session_factory = async_session_factory(engine)
         app.state.store = LocalArtifactStore(settings.resolved_storage_dir)
@@ -67,12 +74,13 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(workers_router)
     app.include_router(v1)
 
-    @app.get("/healthz", tags=["health"], operation_id="health")
+    @app.get("/healthz", tags=["health"], operation_id="health", responses=error_responses(503))
     async def health() -> dict[str, str]:
         async with app.state.session_factory() as session:
             await session.execute(text("SELECT 1"))
         return {"status": "ok", "version": __version__}
 
-    app.add_middleware(UploadSizeLimitMiddleware, max_upload_bytes=settings.max_upload_bytes)
+    install_error_handlers(app)
+    app.add_middleware(UploadGuardMiddleware, max_upload_bytes=settings.max_upload_bytes)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 KEY_PREFIX = "ace3"
 LOOKUP_PREFIX_CHARS = 12
+_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ def parse_lookup_prefix(plaintext: str) -> str | None:
     """The lookup prefix of a well-formed key, or None (the caller answers 401 either way)."""
     parts = plaintext.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX or len(parts[1]) != LOOKUP_PREFIX_CHARS:
+        return None
+    if not _HEX_DIGITS.issuperset(parts[1]):
         return None
     return parts[1]
 

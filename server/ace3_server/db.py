@@ -7,6 +7,8 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -15,6 +17,15 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
+
+DATABASE_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError,
+    InterfaceError,
+    DisconnectionError,
+    PoolTimeoutError,
+    ConnectionError,
+)
+"""What a lost database raises: refused or dropped connections, an exhausted pool."""
 
 
 def _driver_url(url: str, *, is_async: bool) -> str:
@@ -56,8 +67,12 @@ def make_sync_engine(url: str, *, pooled: bool = True) -> Engine:
     return engine
 
 
-def make_async_engine(url: str) -> AsyncEngine:
-    engine = create_async_engine(async_url(url), pool_pre_ping=True)
+def make_async_engine(url: str, *, application_name: str | None = None) -> AsyncEngine:
+    """``application_name`` names the connections on Postgres (``pg_stat_activity``)."""
+    options: dict[str, Any] = {"pool_pre_ping": True}
+    if application_name and make_url(url).get_backend_name() == "postgresql":
+        options["connect_args"] = {"application_name": application_name}
+    engine = create_async_engine(async_url(url), **options)
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine

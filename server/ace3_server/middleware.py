@@ -1,4 +1,5 @@
-"""ASGI middleware: request ids on every response, and a byte cap on upload bodies."""
+"""ASGI middleware: request ids on every response, and uploads refused before their body is
+read (no valid API key, or more bytes than the cap)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import uuid
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ace3_server.api.deps import UNAUTHORIZED, owner_of_key
+from ace3_server.api.error_handlers import (
+    DATABASE_UNAVAILABLE_DETAIL,
+    RETRY_AFTER_SECONDS,
+    log_database_unavailable,
+)
+from ace3_server.db import DATABASE_UNAVAILABLE_ERRORS
 
 UPLOAD_PATHS = ("/v1/models", "/v1/datasets")
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
@@ -47,24 +56,54 @@ def _too_large_message(limit: int) -> str:
     return f"upload is larger than this server's limit of {limit} bytes (ACE3_MAX_UPLOAD_BYTES)"
 
 
-async def _send_413(send: Send, limit: int) -> None:
-    body = json.dumps({"detail": _too_large_message(limit)}).encode()
+async def _send_refusal(
+    send: Send, status: int, detail: str, headers: dict[str, str] | None = None
+) -> None:
+    """A JSON error sent before the body was read: the connection closes after it."""
+    body = json.dumps({"detail": detail}).encode()
+    extra = [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                *extra,
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
 
 
-class UploadSizeLimitMiddleware:
-    """Refuses upload bodies past the cap as they stream in, before they are spooled to disk."""
+async def _send_413(send: Send, limit: int) -> None:
+    await _send_refusal(send, 413, _too_large_message(limit))
+
+
+async def _authenticated(scope: Scope, headers: dict[bytes, bytes], send: Send) -> bool:
+    """Whether the request carries a valid API key; if not, the refusal was sent (401, or 503
+    when the database cannot be reached)."""
+    scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    try:
+        owner_id = None
+        if scheme.lower() == "bearer" and key:  # read as the route's HTTPBearer reads it
+            owner_id = await owner_of_key(scope["app"].state.session_factory, key)
+    except DATABASE_UNAVAILABLE_ERRORS as exc:
+        log_database_unavailable(exc)
+        retry_after = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        await _send_refusal(send, 503, DATABASE_UNAVAILABLE_DETAIL, retry_after)
+        return False
+    if owner_id is None:
+        await _send_refusal(send, 401, UNAUTHORIZED.detail, UNAUTHORIZED.headers)
+        return False
+    return True
+
+
+class UploadGuardMiddleware:
+    """Refuses uploads before their body is read when the API key is not valid (401) or the
+    declared length is past the cap (413), and past the cap as the bytes stream in, before they
+    are spooled to disk."""
 
     def __init__(self, app: ASGIApp, max_upload_bytes: int) -> None:
         self.app = app
@@ -80,6 +119,8 @@ class UploadSizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        if not await _authenticated(scope, headers, send):
+            return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await _send_413(send, self.max_upload_bytes)

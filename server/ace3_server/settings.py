@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     max_extracted_bytes: int = Field(
         4 << 30, ge=1, description="Largest total size an uploaded archive may extract to."
     )
+    max_archive_members: int = Field(
+        100_000, ge=1, description="Most files and directories an uploaded archive may hold."
+    )
     max_artifact_bytes: int = Field(
         2 << 30,
         ge=0,

@@ -1,4 +1,10 @@
-"""Typed FastAPI dependencies: the database session, the settings and the calling owner."""
+"""Typed FastAPI dependencies: the database session, the settings and the calling owner.
+
+No session outlives the route function: ``SessionDep`` is closed when the function returns,
+before a streamed response starts, and authentication uses a session of its own that is closed
+as soon as the key is checked. A long stream or a slow upload therefore holds no connection
+(and no transaction) while it waits.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_server.auth import key_matches, parse_lookup_prefix
 from ace3_server.models import ApiKey
@@ -44,26 +50,36 @@ def get_publisher(request: Request) -> JobPublisher:
     return request.app.state.publisher
 
 
-SessionDep = Annotated[AsyncSession, Depends(get_session)]
+SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[LocalArtifactStore, Depends(get_store)]
 PublisherDep = Annotated[JobPublisher, Depends(get_publisher)]
 
 
+async def owner_of_key(
+    session_factory: async_sessionmaker[AsyncSession], plaintext: str
+) -> str | None:
+    """The owner id of a valid, unrevoked API key, or None; the session is closed on return."""
+    prefix = parse_lookup_prefix(plaintext)
+    if prefix is None:
+        return None
+    async with session_factory() as session:
+        key = await session.scalar(select(ApiKey).where(ApiKey.lookup_prefix == prefix))
+    if key is None or key.revoked_at is not None or not key_matches(plaintext, key.key_hash):
+        return None
+    return key.owner_id
+
+
 async def get_owner_id(
-    session: SessionDep,
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise UNAUTHORIZED
-    plaintext = credentials.credentials
-    prefix = parse_lookup_prefix(plaintext)
-    if prefix is None:
+    owner_id = await owner_of_key(request.app.state.session_factory, credentials.credentials)
+    if owner_id is None:
         raise UNAUTHORIZED
-    key = await session.scalar(select(ApiKey).where(ApiKey.lookup_prefix == prefix))
-    if key is None or key.revoked_at is not None or not key_matches(plaintext, key.key_hash):
-        raise UNAUTHORIZED
-    return key.owner_id
+    return owner_id
 
 
 OwnerDep = Annotated[str, Depends(get_owner_id)]

@@ -21,10 +21,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
-from ace3_server.archives import UnsafeArchiveError, is_archive_name, safe_extract
+from ace3_server.archives import (
+    DEFAULT_MAX_MEMBERS,
+    UnsafeArchiveError,
+    is_archive_name,
+    safe_extract,
+)
 from ace3_server.errors import field_error
 from ace3_server.models import ACTIVE_STATES, Job, JobState, StoredDataset, StoredModel, utcnow
 from ace3_server.services.uploads import StagedUpload
+from ace3_server.storable import text_problem
 from ace3_server.storage import LocalArtifactStore
 
 DATASET_FILE_FORMATS = {".pt": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
@@ -43,16 +49,39 @@ class PreparedArtifact:
 
 def _safe_display_name(filename: str | None, fallback: str) -> str:
     name = Path(filename or fallback).name
+    problem = text_problem(name)
+    if problem is not None:
+        raise field_error(["body", "file"], f"the file name {problem}")
     return name[:255] or fallback
 
 
-def _extract_staged(staged: StagedUpload, filename: str, staging_dir: Path, max_bytes: int) -> Path:
+def _check_python_source(source: bytes, display: str) -> None:
+    """422 naming the file unless ``source`` parses as Python. Nesting deep enough to exhaust
+    the parser (RecursionError, or MemoryError from CPython's parser stack) is refused too."""
+    try:
+        ast.parse(source, filename=display)
+    except (SyntaxError, ValueError) as exc:
+        raise field_error(["body", "file"], f"{display} is not valid Python: {exc}") from exc
+    except (RecursionError, MemoryError) as exc:
+        raise field_error(
+            ["body", "file"],
+            f"{display} is not valid Python: it nests expressions too deeply for the parser",
+        ) from exc
+
+
+def _extract_staged(
+    staged: StagedUpload, filename: str, staging_dir: Path, max_bytes: int, max_members: int
+) -> Path:
     tree = Path(tempfile.mkdtemp(dir=staging_dir, prefix="tree-"))
     try:
-        safe_extract(staged.path, tree, filename=filename, max_total_bytes=max_bytes)
-    except UnsafeArchiveError as exc:
+        safe_extract(
+            staged.path, tree, filename=filename, max_total_bytes=max_bytes, max_members=max_members
+        )
+    except BaseException as exc:
         shutil.rmtree(tree, ignore_errors=True)
-        raise field_error(["body", "file"], str(exc)) from exc
+        if isinstance(exc, UnsafeArchiveError):
+            raise field_error(["body", "file"], str(exc)) from exc
+        raise
     return tree
 
 
@@ -65,6 +94,7 @@ def prepare_model(
     entry_module: str | None,
     staging_dir: Path,
     max_extracted_bytes: int,
+    max_archive_members: int = DEFAULT_MAX_MEMBERS,
 ) -> PreparedArtifact:
     display = _safe_display_name(filename, "model.py")
     if not _IDENTIFIER.match(factory):
@@ -75,11 +105,7 @@ def prepare_model(
     variant_digest = hashlib.sha256(variant.encode()).hexdigest()[:16]
     base_key = f"models/{owner_id}/{staged.sha256}-{variant_digest}"
     if display.endswith(".py"):
-        source = staged.path.read_bytes()
-        try:
-            ast.parse(source, filename=display)
-        except (SyntaxError, ValueError) as exc:
-            raise field_error(["body", "file"], f"{display} is not valid Python: {exc}") from exc
+        _check_python_source(staged.path.read_bytes(), display)
         fields = {"kind": "file", "entry_module": None, "variant": variant}
         return PreparedArtifact(
             staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged)
@@ -93,7 +119,7 @@ def prepare_model(
             ["body", "entry_module"],
             "an archive needs entry_module, the dotted module that defines the factory (e.g. mypkg.model)",
         )
-    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes)
+    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
     relative = Path(*entry_module.split("."))
     if not (
         (tree / relative).with_suffix(".py").is_file()
@@ -130,6 +156,7 @@ def prepare_dataset(
     kind: str,
     staging_dir: Path,
     max_extracted_bytes: int,
+    max_archive_members: int = DEFAULT_MAX_MEMBERS,
 ) -> PreparedArtifact:
     display = _safe_display_name(filename, "dataset")
     base_key = f"datasets/{owner_id}/{staged.sha256}"
@@ -152,7 +179,7 @@ def prepare_dataset(
         raise field_error(
             ["body", "file"], f"{display}: a directory is uploaded as a .tar.gz, .tar or .zip"
         )
-    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes)
+    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
     if not _has_data(tree):
         shutil.rmtree(tree, ignore_errors=True)
         expected = ", ".join(sorted(DATASET_FILE_FORMATS))

@@ -3,26 +3,37 @@
 The database is the only source: the stream polls it for the job's state, new metrics and new
 log lines, so any API replica can serve any client and a reconnecting client resumes exactly
 from its last event id (``"<metrics_after>:<logs_after>"``).
+
+Each poll opens a session and closes it before the stream waits: a follower holds no database
+connection between polls. If the database becomes unreachable the stream ends (with a
+``retry:`` hint) and the client reconnects, to a 503 until it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ace3_server.db import DATABASE_UNAVAILABLE_ERRORS
 from ace3_server.models import TERMINAL_STATES, Job, JobLog, JobMetric
 from ace3_server.schemas import JobOut, LogOut, MetricOut
+from ace3_server.storable import INT64_MAX
+
+logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.25
 KEEPALIVE_SECONDS = 15.0
 BATCH_ROWS = 500
+OUTAGE_RECONNECT_MILLISECONDS = 5000
 
 
 @dataclass
@@ -31,15 +42,32 @@ class Cursor:
     logs_after: int = 0
 
     @classmethod
-    def parse(cls, last_event_id: str | None, metrics_after: int, logs_after: int) -> Cursor:
-        if last_event_id:
-            metrics_text, _, logs_text = last_event_id.partition(":")
-            if metrics_text.isdigit() and logs_text.isdigit():
-                return cls(int(metrics_text), int(logs_text))
-        return cls(metrics_after, logs_after)
+    def from_event_id(cls, event_id: str) -> Cursor | None:
+        """The cursor of an event id ``"<metrics_after>:<logs_after>"``, or None if malformed."""
+        metrics_text, _, logs_text = event_id.partition(":")
+        numbers = []
+        for text in (metrics_text, logs_text):
+            if not (text.isascii() and text.isdigit() and len(text) <= 19):
+                return None
+            numbers.append(int(text))
+        if max(numbers) > INT64_MAX:  # metric and log ids are BIGINT
+            return None
+        return cls(*numbers)
 
     def event_id(self) -> str:
         return f"{self.metrics_after}:{self.logs_after}"
+
+
+async def until_database_outage(stream: AsyncGenerator[str, None]) -> AsyncIterator[str]:
+    """``stream``, ended cleanly when the database becomes unreachable: the client reconnects
+    after the ``retry:`` delay (and meets 503s until the database is back)."""
+    try:
+        async with contextlib.aclosing(stream):
+            async for chunk in stream:
+                yield chunk
+    except DATABASE_UNAVAILABLE_ERRORS as exc:
+        logger.warning("ending a live stream: database unavailable: %s", type(exc).__name__)
+        yield f"retry: {OUTAGE_RECONNECT_MILLISECONDS}\n\n"
 
 
 def format_event(event: str, data: Any, event_id: str) -> str:
@@ -82,7 +110,7 @@ async def job_events(
     job_id: str,
     cursor: Cursor,
     is_disconnected: Callable[[], Any],
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     last_signature: tuple[Any, ...] | None = None
     last_sent = time.monotonic()
     while True:

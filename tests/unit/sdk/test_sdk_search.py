@@ -60,11 +60,28 @@ def refs(api: MockAPI) -> tuple[ModelRef, DatasetRef]:
         (lambda: ace3.hp.qloguniform(0, 64, 8), "positive bounds"),
         (lambda: ace3.hp.quniform(0.0, 1.0, 0.3), "multiple of q"),
         (lambda: ace3.hp.quniform(0.0, 1.0, 0.0), "q must be positive"),
-        (lambda: ace3.hp.randint(0, 10, 3), "multiple of q"),
+        (lambda: ace3.hp.randint(0, 10, 3), "multiple of step"),
         (lambda: ace3.hp.randint(5, 5), "smaller than high"),
     ],
 )
 def test_bad_dimensions_fail_when_written(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ace3.hp.quniform(0.0, 1.0, 5e-324), r"step q \(5e-324\) is too small"),
+        (lambda: ace3.hp.quniform(0.0, 1.0, math.inf), "step q must be a finite number"),
+        (lambda: ace3.hp.quniform(0.0, 1.0, math.nan), "step q must be a finite number"),
+        (lambda: ace3.hp.qloguniform(1, 10**400), "finite numbers"),
+        (lambda: ace3.hp.qloguniform(1, 2**70, 10**400), "step q must be a finite number"),
+        (lambda: ace3.hp.randint(0, 10**400), "finite numbers"),
+    ],
+)
+def test_steps_and_bounds_beyond_float_range_are_value_errors_naming_the_field(make, message):
+    """Never an OverflowError (which the service would answer with a 500)."""
     with pytest.raises(ValueError, match=message):
         make()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ace3_server import archives
 from ace3_server.archives import UnsafeArchiveError, safe_extract
 
 
@@ -86,3 +87,66 @@ def test_garbage_is_refused_as_unreadable(tmp_path: Path) -> None:
     junk.write_bytes(b"not an archive at all")
     with pytest.raises(UnsafeArchiveError, match="not a readable tar"):
         safe_extract(junk, tmp_path / "out", filename="junk.tar.gz", max_total_bytes=1000)
+
+
+def test_zips_written_by_python_writestr_are_accepted(tmp_path: Path) -> None:
+    """zipfile.writestr(name, data) leaves the member's file-type bits empty (mode 0o600)."""
+    archive = tmp_path / "pkg.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("pkg/__init__.py", "")
+        zipped.writestr("pkg/model.py", "x = 1\n")
+    dest = tmp_path / "out"
+    assert safe_extract(archive, dest, filename="pkg.zip", max_total_bytes=1000) == 6
+    assert (dest / "pkg" / "model.py").read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ".zip"])
+def test_archives_with_too_many_members_are_refused(tmp_path: Path, suffix: str) -> None:
+    archive = tmp_path / f"many{suffix}"
+    if suffix == ".zip":
+        with zipfile.ZipFile(archive, "w") as zipped:
+            for index in range(11):
+                zipped.writestr(f"f{index}.py", "")
+    else:
+        _tar(archive, [_file(f"f{index}.py", b"") for index in range(11)])
+    dest = tmp_path / "out"
+    with pytest.raises(UnsafeArchiveError, match="more than 10 members"):
+        safe_extract(archive, dest, filename=archive.name, max_total_bytes=1000, max_members=10)
+    assert not any(dest.rglob("*")), "a refused archive leaves nothing behind"
+
+
+def test_compression_bombs_stop_while_decompressing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member within the size budget, but compressed far past any honest ratio: extraction
+    stops after ratio x upload size, without decompressing the rest."""
+    monkeypatch.setattr(archives, "RATIO_FLOOR_BYTES", 1 << 20)
+    archive = tmp_path / "bomb.tar.gz"
+    info = tarfile.TarInfo("zeros.bin")
+    info.size = 32 << 20
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    assert archive.stat().st_size * archives.MAX_COMPRESSION_RATIO < info.size
+    dest = tmp_path / "out"
+    with pytest.raises(UnsafeArchiveError, match="compression bomb"):
+        safe_extract(archive, dest, filename="bomb.tar.gz", max_total_bytes=1 << 30)
+    assert not any(dest.rglob("*"))
+
+
+def test_oversized_tar_metadata_records_are_refused(tmp_path: Path) -> None:
+    """tarfile reads a pax header whole into memory: one of gigabytes would be read at once."""
+    archive = tmp_path / "pax.tar.gz"
+    data = b"x = 1\n"
+    info = tarfile.TarInfo("model.py")
+    info.size = len(data)
+    info.pax_headers = {"comment": "x" * (archives.MAX_TAR_HEADER_BYTES + 1)}
+    with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(UnsafeArchiveError, match="metadata record"):
+        safe_extract(archive, tmp_path / "out", filename="pax.tar.gz", max_total_bytes=1000)
+
+
+def test_a_member_colliding_with_another_is_refused(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "clash.tar.gz", [_file("pkg", b"a file"), _file("pkg/a.py", b"")])
+    with pytest.raises(UnsafeArchiveError, match="collides"):
+        safe_extract(archive, tmp_path / "out", filename="clash.tar.gz", max_total_bytes=1000)

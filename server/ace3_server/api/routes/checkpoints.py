@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 from sqlalchemy import select
 
 from ace3_server.api.deps import OwnerDep, SessionDep
+from ace3_server.api.routing import resource_router
 from ace3_server.models import Job, JobCheckpoint
 from ace3_server.schemas import CheckpointList
 
-router = APIRouter(prefix="/checkpoints", tags=["checkpoints"])
+router = resource_router("/checkpoints", "checkpoints")
 
 
 @router.get("", response_model=CheckpointList, operation_id="find_checkpoints")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
 from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
+from ace3_server.api.params import Int32, Int64, PageCursor, StoredText
+from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.errors import field_error, not_found
 from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, JobState
 from ace3_server.schemas import (
@@ -24,12 +26,13 @@ from ace3_server.schemas import (
 from ace3_server.services import events, job_artifacts, jobs
 from ace3_server.services.pagination import paginate
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = resource_router("/jobs", "jobs")
 
 IdempotencyKey = Annotated[
-    str | None,
+    StoredText | None,
     Header(max_length=200, description="Retries with the same key and body return the same job."),
 ]
+NOT_FOUND = error_responses(404)
 
 
 @router.post(
@@ -41,7 +44,8 @@ IdempotencyKey = Annotated[
         200: {
             "model": JobOut,
             "description": "Replay of an earlier request with this Idempotency-Key.",
-        }
+        },
+        **error_responses(400, 409),
     },
 )
 async def create_job(
@@ -71,7 +75,7 @@ async def list_jobs(
     owner_id: OwnerDep,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: str | None = None,
+    cursor: PageCursor = None,
 ) -> dict[str, object]:
     stmt = select(Job).where(Job.owner_id == owner_id)
     if state is not None:
@@ -82,24 +86,35 @@ async def list_jobs(
     return {"data": rows, "next_cursor": next_cursor}
 
 
-@router.get("/{job_id}", response_model=JobOut, operation_id="get_job")
-async def get_job(job_id: str, session: SessionDep, owner_id: OwnerDep) -> Job:
+@router.get("/{job_id}", response_model=JobOut, operation_id="get_job", responses=NOT_FOUND)
+async def get_job(job_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> Job:
     return await jobs.get_owned_job(session, owner_id, job_id)
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut, status_code=202, operation_id="cancel_job")
-async def cancel_job(job_id: str, session: SessionDep, owner_id: OwnerDep) -> Job:
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    status_code=202,
+    operation_id="cancel_job",
+    responses=NOT_FOUND,
+)
+async def cancel_job(job_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> Job:
     job = await jobs.get_owned_job(session, owner_id, job_id)
     return await jobs.cancel_job(session, job)
 
 
-@router.get("/{job_id}/metrics", response_model=MetricList, operation_id="list_job_metrics")
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricList,
+    operation_id="list_job_metrics",
+    responses=NOT_FOUND,
+)
 async def list_metrics(
-    job_id: str,
+    job_id: StoredText,
     session: SessionDep,
     owner_id: OwnerDep,
-    since_step: Annotated[int | None, Query(ge=0, description="Only steps >= this.")] = None,
-    name: Annotated[str | None, Query(max_length=200)] = None,
+    since_step: Annotated[Int32 | None, Query(ge=0, description="Only steps >= this.")] = None,
+    name: Annotated[StoredText | None, Query(max_length=200)] = None,
 ) -> dict[str, object]:
     await jobs.get_owned_job(session, owner_id, job_id)
     stmt = select(JobMetric).where(JobMetric.job_id == job_id)
@@ -111,12 +126,14 @@ async def list_metrics(
     return {"data": rows}
 
 
-@router.get("/{job_id}/logs", response_model=LogList, operation_id="list_job_logs")
+@router.get(
+    "/{job_id}/logs", response_model=LogList, operation_id="list_job_logs", responses=NOT_FOUND
+)
 async def list_logs(
-    job_id: str,
+    job_id: StoredText,
     session: SessionDep,
     owner_id: OwnerDep,
-    after: Annotated[int, Query(ge=0, description="Only lines with seq > after.")] = 0,
+    after: Annotated[Int64, Query(ge=0, description="Only lines with seq > after.")] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> dict[str, object]:
     await jobs.get_owned_job(session, owner_id, job_id)
@@ -131,10 +148,13 @@ async def list_logs(
 
 
 @router.get(
-    "/{job_id}/checkpoints", response_model=CheckpointList, operation_id="list_job_checkpoints"
+    "/{job_id}/checkpoints",
+    response_model=CheckpointList,
+    operation_id="list_job_checkpoints",
+    responses=NOT_FOUND,
 )
 async def list_checkpoints(
-    job_id: str, session: SessionDep, owner_id: OwnerDep
+    job_id: StoredText, session: SessionDep, owner_id: OwnerDep
 ) -> dict[str, object]:
     await jobs.get_owned_job(session, owner_id, job_id)
     stmt = select(JobCheckpoint).where(JobCheckpoint.job_id == job_id).order_by(JobCheckpoint.step)
@@ -145,10 +165,14 @@ async def list_checkpoints(
     "/{job_id}/checkpoints/{checkpoint_id}/content",
     operation_id="download_job_checkpoint",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND},
 )
 async def download_checkpoint(
-    job_id: str, checkpoint_id: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+    job_id: StoredText,
+    checkpoint_id: StoredText,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    store: StoreDep,
 ) -> StreamingResponse:
     await jobs.get_owned_job(session, owner_id, job_id)
     checkpoint = await session.get(JobCheckpoint, checkpoint_id)
@@ -169,9 +193,14 @@ async def download_checkpoint(
     )
 
 
-@router.get("/{job_id}/artifacts", response_model=ArtifactList, operation_id="list_job_artifacts")
+@router.get(
+    "/{job_id}/artifacts",
+    response_model=ArtifactList,
+    operation_id="list_job_artifacts",
+    responses=error_responses(400, 404),
+)
 async def list_artifacts(
-    job_id: str,
+    job_id: StoredText,
     session: SessionDep,
     owner_id: OwnerDep,
     prefix: Annotated[
@@ -190,10 +219,10 @@ async def list_artifacts(
     "/{job_id}/artifacts/{path:path}",
     operation_id="download_job_artifact",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(400, 404)},
 )
 async def download_artifact(
-    job_id: str, path: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+    job_id: StoredText, path: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
 ) -> StreamingResponse:
     await jobs.get_owned_job(session, owner_id, job_id)
     artifact, handle = await job_artifacts.open_artifact(session, store, job_id, path)
@@ -213,23 +242,34 @@ async def download_artifact(
     "/{job_id}/events",
     operation_id="stream_job_events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
 )
 async def stream_events(
-    job_id: str,
+    job_id: StoredText,
     request: Request,
     session: SessionDep,
     owner_id: OwnerDep,
-    metrics_after: Annotated[int, Query(ge=0)] = 0,
-    logs_after: Annotated[int, Query(ge=0)] = 0,
+    metrics_after: Annotated[Int64, Query(ge=0)] = 0,
+    logs_after: Annotated[Int64, Query(ge=0)] = 0,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
+    """Server-sent events: ``state``, ``metric``, ``log`` and a final ``end``. The stream holds
+    no database connection while it waits (each poll uses a short session of its own)."""
     await jobs.get_owned_job(session, owner_id, job_id)
-    if last_event_id is not None and events.Cursor.parse(last_event_id, -1, -1).metrics_after < 0:
-        raise field_error(["header", "last-event-id"], "expected '<metrics_after>:<logs_after>'")
-    cursor = events.Cursor.parse(last_event_id, metrics_after, logs_after)
-    stream = events.job_events(
-        request.app.state.session_factory, job_id, cursor, request.is_disconnected
+    cursor = events.Cursor(metrics_after, logs_after)
+    if last_event_id is not None:
+        resumed = events.Cursor.from_event_id(last_event_id)
+        if resumed is None:
+            raise field_error(
+                ["header", "last-event-id"],
+                "expected '<metrics_after>:<logs_after>', two integers from 0 to 2**63-1 (the "
+                "id of the last event received)",
+            )
+        cursor = resumed
+    stream = events.until_database_outage(
+        events.job_events(
+            request.app.state.session_factory, job_id, cursor, request.is_disconnected
+        )
     )
     return StreamingResponse(
         stream,

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep
+from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routes.jobs import IdempotencyKey
+from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.models import Search, SearchState, SearchTrial
 from ace3_server.schemas import Page, SearchCreate, SearchOut, SearchTrialList, SearchTrialOut
 from ace3_server.services import searches
-from ace3_server.services.events import KEEPALIVE_SECONDS, format_event
+from ace3_server.services.events import KEEPALIVE_SECONDS, format_event, until_database_outage
 from ace3_server.services.pagination import paginate
 
-router = APIRouter(prefix="/searches", tags=["searches"])
+router = resource_router("/searches", "searches")
+NOT_FOUND = error_responses(404)
 
 POLL_SECONDS = 0.5
 
@@ -34,7 +37,8 @@ POLL_SECONDS = 0.5
         200: {
             "model": SearchOut,
             "description": "Replay of an earlier request with this Idempotency-Key.",
-        }
+        },
+        **error_responses(400, 409),
     },
 )
 async def create_search(
@@ -62,7 +66,7 @@ async def list_searches(
     owner_id: OwnerDep,
     state: SearchState | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: str | None = None,
+    cursor: PageCursor = None,
 ) -> dict[str, object]:
     stmt = select(Search).where(Search.owner_id == owner_id)
     if state is not None:
@@ -74,16 +78,24 @@ async def list_searches(
     return {"data": data, "next_cursor": next_cursor}
 
 
-@router.get("/{search_id}", response_model=SearchOut, operation_id="get_search")
-async def get_search(search_id: str, session: SessionDep, owner_id: OwnerDep) -> SearchOut:
+@router.get(
+    "/{search_id}", response_model=SearchOut, operation_id="get_search", responses=NOT_FOUND
+)
+async def get_search(search_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> SearchOut:
     search = await searches.get_owned_search(session, owner_id, search_id)
     return searches.search_out(search, await searches.trials_of(session, search.id))
 
 
 @router.post(
-    "/{search_id}/cancel", response_model=SearchOut, status_code=202, operation_id="cancel_search"
+    "/{search_id}/cancel",
+    response_model=SearchOut,
+    status_code=202,
+    operation_id="cancel_search",
+    responses=NOT_FOUND,
 )
-async def cancel_search(search_id: str, session: SessionDep, owner_id: OwnerDep) -> SearchOut:
+async def cancel_search(
+    search_id: StoredText, session: SessionDep, owner_id: OwnerDep
+) -> SearchOut:
     search = await searches.cancel_search(
         session, await searches.get_owned_search(session, owner_id, search_id)
     )
@@ -91,9 +103,14 @@ async def cancel_search(search_id: str, session: SessionDep, owner_id: OwnerDep)
 
 
 @router.get(
-    "/{search_id}/trials", response_model=SearchTrialList, operation_id="list_search_trials"
+    "/{search_id}/trials",
+    response_model=SearchTrialList,
+    operation_id="list_search_trials",
+    responses=NOT_FOUND,
 )
-async def list_trials(search_id: str, session: SessionDep, owner_id: OwnerDep) -> dict[str, object]:
+async def list_trials(
+    search_id: StoredText, session: SessionDep, owner_id: OwnerDep
+) -> dict[str, object]:
     await searches.get_owned_search(session, owner_id, search_id)
     return {"data": await searches.trials_of(session, search_id)}
 
@@ -112,8 +129,9 @@ async def search_events(
     session_factory: async_sessionmaker[AsyncSession],
     search_id: str,
     is_disconnected: Callable[[], Any],
-) -> AsyncIterator[str]:
-    """state / trial events whenever something changes, then end; the database is polled."""
+) -> AsyncGenerator[str, None]:
+    """state / trial events whenever something changes, then end; the database is polled, each
+    poll with a session of its own that is closed before the stream waits."""
     sent_search: dict[str, Any] | None = None
     sent_trials: dict[str, tuple[Any, ...]] = {}
     counter = 0
@@ -156,13 +174,15 @@ async def search_events(
     "/{search_id}/events",
     operation_id="stream_search_events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
 )
 async def stream_events(
-    search_id: str, request: Request, session: SessionDep, owner_id: OwnerDep
+    search_id: StoredText, request: Request, session: SessionDep, owner_id: OwnerDep
 ) -> StreamingResponse:
     await searches.get_owned_search(session, owner_id, search_id)
-    stream = search_events(request.app.state.session_factory, search_id, request.is_disconnected)
+    stream = until_database_outage(
+        search_events(request.app.state.session_factory, search_id, request.is_disconnected)
+    )
     return StreamingResponse(
         stream,
         media_type="text/event-stream",

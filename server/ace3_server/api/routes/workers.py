@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep
+from ace3_server.api.routing import resource_router
 from ace3_server.schemas import WorkerList
 from ace3_server.worker_registry import live_workers
 
-router = APIRouter(prefix="/workers", tags=["workers"])
+router = resource_router("/workers", "workers")
 
 
 @router.get("", response_model=WorkerList, operation_id="list_workers")
