@@ -25,6 +25,8 @@ one situation::
     ├── ChecksumMismatchError           a downloaded file's sha256 is not the one announced
     ├── JobFailedError                  the training job failed: .job, .logs_tail
     ├── JobCancelledError               the training job was cancelled: .job
+    ├── NonFiniteLossError              the training loss became NaN or infinite: .step (where
+    │                                   it began), .reported_at_step, .value
     ├── SearchFailedError               the hyperparameter search failed: .search, .trials
     └── SearchCancelledError            the hyperparameter search was cancelled: .search,
                                         .trials, .best_params (the best trial so far)
@@ -51,6 +53,7 @@ __all__ = [
     "InternalServerError",
     "JobCancelledError",
     "JobFailedError",
+    "NonFiniteLossError",
     "NotFoundError",
     "PackingError",
     "PayloadTooLargeError",
@@ -278,6 +281,33 @@ class JobCancelledError(ACE3Error):
     def __init__(self, job: Any):
         self.job = job
         super().__init__(f"job {getattr(job, 'id', '?')} was cancelled")
+
+
+class NonFiniteLossError(ACE3Error):
+    """The training loss became NaN or infinite, and the run stopped.
+
+    Raised by the training engine on every rank (an in-process ``Trainer.train`` raises it;
+    a job fails with its message). ``step`` is the first optimizer step whose loss was not
+    finite, ``reported_at_step`` the step at which the run noticed (losses are read at metric
+    reports, not after every step), ``value`` ``"nan"``, ``"inf"`` or ``"-inf"``. Steps that
+    the float16 loss scaler skips for inf/NaN *gradients* do not raise it.
+    """
+
+    def __init__(
+        self, step: int, reported_at_step: int, value: str, metric: str = "train_loss"
+    ) -> None:
+        self.step = step
+        self.reported_at_step = reported_at_step
+        self.value = value
+        self.metric = metric
+        name = "training loss" if metric == "train_loss" else metric
+        super().__init__(
+            f"{name} became {value} at step {step} (reported at step {reported_at_step}); "
+            "lower the learning rate, enable gradient clipping (max_grad_norm) or loss scaling"
+        )
+
+    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+        return (type(self), (self.step, self.reported_at_step, self.value, self.metric))
 
 
 # -- search outcomes ------------------------------------------------------------------------

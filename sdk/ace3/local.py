@@ -21,10 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.config import TrainingConfig
 from ace3.results import MetricsView
 from ace3.runtime.build import build_local
-from ace3.runtime.checkpointing import CHECKPOINT_RE, load_checkpoint
+from ace3.runtime.checkpointing import load_checkpoint
 from ace3.runtime.dataset_files import make_dataset
 from ace3.runtime.datasets import DEFAULT_VALIDATION_SPLIT, load_dataset, split_holdout
 from ace3.runtime.distributed import destroy_distributed, init_distributed
@@ -153,7 +154,7 @@ def latest_checkpoint_in(directory: Path) -> Path | None:
     if not directory.is_dir():
         return None
     found = [
-        (int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_RE.match(p.name))
+        (int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_NAME_RE.match(p.name))
     ]
     return max(found)[1] if found else None
 

@@ -11,13 +11,13 @@ job's trace and memory figures.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
 from ace3.packing import sha256_file
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 SYNC_EVERY_S = 2.0
 # The engine's checkpoint names: step-XXXXXXXX.pt, or step-XXXXXXXX.dcp.tar for sharded jobs.
-CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.(?:pt|dcp\.tar)$")
 
 
 class RemotePlan:
@@ -118,7 +117,7 @@ def _resume_checkpoint(trainer: Trainer, client: Client, resume: bool) -> str | 
         files = sorted(
             (int(m.group(1)), path)
             for path in directory.iterdir()
-            if (m := CHECKPOINT_NAME.match(path.name))
+            if (m := CHECKPOINT_NAME_RE.match(path.name))
         )
         if files:
             found = client.checkpoints.find(sha256=sha256_file(files[-1][1]))

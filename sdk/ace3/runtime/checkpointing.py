@@ -15,16 +15,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-
-# step-XXXXXXXX.pt (plain) or step-XXXXXXXX.dcp.tar (sharded): what the engine writes.
-CHECKPOINT_RE = re.compile(r"^step-(\d{8,})\.(?:pt|dcp\.tar)$")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The rank-0 event log ``output_dir/events.jsonl``: one JSON object a line, appended, flushed.
 
-Non-finite floats (a diverged loss) are written as ``null`` so every line stays valid JSON.
-On other ranks the writer is a no-op.
+Records: ``start`` (the run's plan), ``metrics``, ``checkpoint``, ``nonfinite_loss`` (the
+training loss became NaN or infinite; the run then stops) and ``summary``; docs/runtime.md
+gives their fields. Non-finite floats (a diverged loss) are written as ``null`` so every line
+stays valid JSON. On other ranks the writer is a no-op.
 """
 
 from __future__ import annotations
@@ -51,8 +53,45 @@ class EventWriter:
         self._handle.write(line + "\n")
         self._handle.flush()
 
+    def start(
+        self,
+        total_steps: int,
+        steps_per_epoch: int,
+        epochs: int,
+        world_size: int,
+        resumed_from_step: int,
+    ) -> None:
+        """The run's plan, before its first step: ``total_steps`` counts from step 0 and is an
+        upper bound no step of the run exceeds."""
+        self.write(
+            {
+                "type": "start",
+                "total_steps": total_steps,
+                "steps_per_epoch": steps_per_epoch,
+                "epochs": epochs,
+                "world_size": world_size,
+                "resumed_from_step": resumed_from_step,
+            }
+        )
+
     def metrics(self, step: int, epoch: int, values: dict[str, Any]) -> None:
         self.write({"type": "metrics", "step": step, "epoch": epoch, "values": values})
+
+    def nonfinite_loss(
+        self, step: int, reported_at_step: int, epoch: int, metric: str, value: str
+    ) -> None:
+        """``metric`` became ``value`` (``"nan"``, ``"inf"`` or ``"-inf"``: strings, so the line
+        stays strict JSON) at ``step``; the run noticed at ``reported_at_step``."""
+        self.write(
+            {
+                "type": "nonfinite_loss",
+                "step": step,
+                "reported_at_step": reported_at_step,
+                "epoch": epoch,
+                "metric": metric,
+                "value": value,
+            }
+        )
 
     def close(self) -> None:
         if self._handle is not None:

@@ -5,6 +5,12 @@ the last group of an epoch), run by :class:`ace3.runtime.steps.StepRunner` (loss
 clipping, out-of-memory recovery). Training metrics go out at step 1 and every
 ``log_interval`` steps; after every epoch, its mean loss (``epoch_train_loss``) with the
 validation metrics; checkpoints every ``save_interval`` steps and at the end; a summary last.
+Before the first step, a ``start`` record gives the plan (:func:`planned_total_steps`).
+
+A NaN or infinite training loss stops the run: the loss window watches for it on the device
+and reports it with the sums it already reduces (at every metrics report and before every
+save, never a host read per step); then rank 0 writes a ``nonfinite_loss`` record and every
+rank raises :class:`ace3.errors.NonFiniteLossError` at the same point.
 Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
 any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
 """
@@ -19,8 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ace3.checkpoint_names import CHECKPOINT_NAME_RE
+from ace3.errors import NonFiniteLossError
 from ace3.runtime.build import Components
-from ace3.runtime.checkpointing import CHECKPOINT_RE, save_atomic
+from ace3.runtime.checkpointing import save_atomic
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.hooks import HookList, RunContext
@@ -31,7 +39,7 @@ from ace3.runtime.memory_meter import (
     memory_summary,
     training_state_bytes,
 )
-from ace3.runtime.metric_window import MetricWindow
+from ace3.runtime.metric_window import MetricWindow, NonFiniteLoss
 from ace3.runtime.model_parallel import PipelineStepRunner, evaluate_pipeline, full_state
 from ace3.runtime.model_parallel import checkpoint_payload as mp_checkpoint_payload
 from ace3.runtime.model_parallel import rng_states as mp_rng_states
@@ -42,6 +50,7 @@ from ace3.runtime.saving import checkpoint_payload, gather_rng, save_job_checkpo
 from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint, shared_temp_dir
 from ace3.runtime.sharding import full_model_state_dict, local_state_bytes, write_back
 from ace3.runtime.steps import StepRunner
+from ace3.runtime.train_state import TrainState
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,8 @@ class Trainer:
                 self.config.num_workers, pin_memory=ctx.device.type == "cuda",
                 collate_fn=parts.collate_fn,
             )  # fmt: skip
-        self.window = MetricWindow(ctx.device, ctx.rank)  # since the last metrics event
+        # Since the last metrics event; every step passes through it, so it watches the loss.
+        self.window = MetricWindow(ctx.device, ctx.rank, watch_nonfinite=True)
         self.epoch_window = MetricWindow(ctx.device, ctx.rank)  # since the epoch began
         self.window.set_carry(*self.state.carry.get("interval", (0.0, 0.0)))
         self.epoch_window.set_carry(*self.state.carry.get("epoch", (0.0, 0.0)))
@@ -112,7 +122,8 @@ class Trainer:
         self.hooks.on_metrics(self.state.step, self.state.display_epoch(), values)
 
     def _report_window(self) -> None:
-        train_loss, samples_per_sec = self.window.reduce(self.ctx.world_size)
+        report = self.window.reduce(self.ctx.world_size)
+        train_loss, samples_per_sec = report.loss, report.samples_per_sec
         lr = (
             self.step_lr
             if self.step_lr is not None
@@ -133,14 +144,27 @@ class Trainer:
             f"step {self.state.step} epoch {self.state.display_epoch()} "
             f"train_loss={train_loss:.5f} lr={lr:.3g}{speed}"
         )
+        if report.nonfinite is not None:
+            self._stop_on_nonfinite_loss(report.nonfinite)
         self.window.reset()
+
+    def _stop_on_nonfinite_loss(self, found: NonFiniteLoss) -> None:
+        """Record the first non-finite training loss and stop every rank (each one calls this
+        at the same reduction, so none is left waiting in a collective)."""
+        state = self.state
+        error = NonFiniteLossError(found.step, state.step, found.value)
+        self.events.nonfinite_loss(
+            found.step, state.step, state.display_epoch(), "train_loss", found.value
+        )
+        self._log(f"stopping at step {state.step}: {error}")
+        raise error
 
     def _validate(self, label: str, with_epoch_loss: bool) -> dict[str, float]:
         values: dict[str, float] = {}
         if with_epoch_loss and self.epoch_window.has_data:
             # Not "train_loss": metrics are keyed by (step, name), and an interval report can
             # share this step.
-            values["epoch_train_loss"], _ = self.epoch_window.reduce(self.ctx.world_size)
+            values["epoch_train_loss"] = self.epoch_window.reduce(self.ctx.world_size).loss
         if self.val_loader is not None and self.model_parallel is not None:
             if self.model_parallel.is_pipeline:
                 values.update(evaluate_pipeline(self.parts, self.val_loader, self.ctx))
@@ -174,8 +198,13 @@ class Trainer:
     # -- saving -------------------------------------------------------------------------------
     def _save(self) -> None:
         interval = self.window.global_sums(self.ctx.world_size)
+        if interval.nonfinite is not None:  # never save the weights of a diverged run
+            self._stop_on_nonfinite_loss(interval.nonfinite)
         epoch = self.epoch_window.global_sums(self.ctx.world_size)
-        self.state.carry = {"interval": list(interval[:2]), "epoch": list(epoch[:2])}
+        self.state.carry = {
+            "interval": [interval.loss_sum, interval.steps],
+            "epoch": [epoch.loss_sum, epoch.steps],
+        }
         if self.place.checkpoint_dir is None:
             return
         saved = save_job_checkpoint(
@@ -269,8 +298,8 @@ class Trainer:
                 parts.scheduler.after_optimizer_step()
             if self.model_parallel is not None and not self.ctx.is_main:
                 samples = 0  # every rank ran the same samples: count them once
-            self.window.add(step_loss, samples)
-            self.epoch_window.add(step_loss, samples)
+            self.window.add(step_loss, samples, state.step)
+            self.epoch_window.add(step_loss, samples, state.step)
             if hooks.wants_batch_logs:
                 logs = {
                     "loss": float(step_loss.item()),
@@ -301,6 +330,18 @@ class Trainer:
             f"{self.batches_per_epoch} micro-batches of {parts.per_rank_batch} per rank "
             f"per epoch, {config.epochs} epoch(s), precision {parts.precision.describe()}"
         )
+        self.events.start(
+            total_steps=planned_total_steps(
+                self.batches_per_epoch, config.gradient_accumulation_steps, config.epochs,
+                config.max_steps, state,
+            ),
+            steps_per_epoch=steps_per_epoch(
+                self.batches_per_epoch, config.gradient_accumulation_steps
+            ),
+            epochs=config.epochs,
+            world_size=self.ctx.world_size,
+            resumed_from_step=state.step if self.place.resumed else 0,
+        )  # fmt: skip
         self.hooks.bind(
             RunContext(
                 model=parts.model,
@@ -409,13 +450,53 @@ class Trainer:
         return memory_summary(reading, state_bytes)
 
 
+def steps_per_epoch(batches_per_epoch: int, accumulation: int) -> int:
+    """Optimizer steps of a whole epoch: one per ``accumulation`` micro-batches, the last group
+    shorter."""
+    return -(-batches_per_epoch // accumulation)
+
+
+def planned_total_steps(
+    batches_per_epoch: int,
+    accumulation: int,
+    epochs: int,
+    max_steps: int | None,
+    state: TrainState,
+) -> int:
+    """The optimizer steps the run plans in all, counted from step 0 (a resumed run's earlier
+    steps included): an upper bound that ``state.step`` never exceeds.
+
+    It follows :meth:`Trainer._train_epoch`: an epoch's ``batches_per_epoch`` loader batches
+    (of one rank, or of the one data replica of a model- or pipeline-parallel job) run as
+    optimizer steps of ``accumulation`` batches each, the last group shorter, so a whole epoch takes ``ceil(batches_per_epoch / accumulation)`` steps. A resumed
+    run first finishes its epoch from ``batch_in_epoch``, grouped by the accumulation it runs
+    with now (``ceil((batches_per_epoch - batch_in_epoch) / accumulation)``, none when the
+    checkpoint closed the epoch or came from a run with more micro-batches per epoch), then runs
+    the remaining whole epochs. ``max_steps`` stops the loop once the step reaches it (never
+    below the step resumed from). Nothing else adds steps: out-of-memory recovery cuts the same
+    loader batches into more micro-batches inside the same optimizer step, and a pipeline step
+    takes the same group of batches; a callback's stop or ``max_steps`` only end the run
+    sooner.
+    """
+    remaining = 0
+    if state.epoch < epochs:
+        rest_of_epoch = max(0, batches_per_epoch - state.batch_in_epoch)
+        remaining = steps_per_epoch(rest_of_epoch, accumulation) + (
+            epochs - state.epoch - 1
+        ) * steps_per_epoch(batches_per_epoch, accumulation)
+    total = state.step + remaining
+    if max_steps is not None:
+        total = min(total, max(max_steps, state.step))
+    return total
+
+
 def prune_checkpoint_files(directory: Path, keep: int) -> list[Path]:
     """Delete all but the newest ``keep`` ``step-*.pt`` / ``step-*.dcp.tar`` files (never the
     newest one)."""
     found = sorted(
         (int(match.group(1)), path)
         for path in directory.iterdir()
-        if (match := CHECKPOINT_RE.match(path.name))
+        if (match := CHECKPOINT_NAME_RE.match(path.name))
     )
     doomed = [path for _, path in found[: max(0, len(found) - max(keep, 1))]]
     for path in doomed:

@@ -65,8 +65,21 @@ def test_k_micro_batches_equal_one_batch_of_k_times_b(
     assert accumulated.final_metrics["steps"] == whole.final_metrics["steps"]
 
 
+class _InfiniteGradient(torch.autograd.Function):
+    """The identity forward; inf/NaN gradients backward (a float16 overflow; the loss stays
+    finite, so the run goes on: a non-finite loss would stop it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * float("inf")
+
+
 class OverflowOnce(nn.Module):
-    """An MLP whose output becomes inf in the training forward passes of one optimizer step."""
+    """An MLP whose gradients overflow in the training backward pass of one optimizer step."""
 
     def __init__(self, bad_forward: int) -> None:
         super().__init__()
@@ -79,7 +92,7 @@ class OverflowOnce(nn.Module):
         if self.training:
             self.forwards += 1
             if self.forwards == self.bad_forward:
-                out = out * float("inf")
+                out = _InfiniteGradient.apply(out)
         return out
 
 

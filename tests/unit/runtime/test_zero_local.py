@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import ace3
-from ace3.runtime.checkpointing import CHECKPOINT_RE, load_checkpoint
+from ace3.checkpoint_names import CHECKPOINT_NAME_RE
+from ace3.runtime.checkpointing import load_checkpoint
 from ace3.runtime.sharded_checkpoint import read_train_state
 
 
@@ -48,7 +49,7 @@ def test_zero_3_in_process_trains_the_callers_module_and_resumes(tmp_path: Path)
     assert all(type(p) is nn.Parameter for p in module.parameters())
     assert first.model is module
     assert [p.name for p in first.checkpoints] == ["step-00000004.dcp.tar"]
-    assert CHECKPOINT_RE.match("step-00000004.dcp.tar")
+    assert CHECKPOINT_NAME_RE.match("step-00000004.dcp.tar")
     state = load_checkpoint(first.checkpoints[0])
     assert (state["step"], state["world_size"], state["zero_stage"]) == (4, 1, 3)
     # A new module resumes from the newest checkpoint of save_dir and ends where an
