@@ -5,6 +5,9 @@ FROM python:3.11-slim
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# bubblewrap: the job sandbox (setpriv and prlimit come with util-linux). docs/security.md
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap util-linux \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 RUN if [ -n "$TORCH_INDEX" ]; then pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX"; \
     else pip install "torch==${TORCH_VERSION}"; fi

@@ -10,6 +10,12 @@ mkdir -p "$ACE3_DATA_DIR"
 PORT=${ACE3_DEMO_PORT:-$($BIN/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export ACE3_BASE_URL="http://127.0.0.1:$PORT"
 SECONDS=0
+if [ -z "${ACE3_SANDBOX:-}" ] && ! command -v bwrap >/dev/null; then
+  # The demo trains our own example; a worker for other people's code needs the sandbox.
+  echo "note: bubblewrap is not installed, so this demo's jobs run unsandboxed (your own code only;"
+  echo "      install it for the job sandbox: sudo apt-get install bubblewrap; see docs/security.md)"
+  export ACE3_SANDBOX=none
+fi
 
 $BIN/ace3 up --port "$PORT" > "$ACE3_DATA_DIR/stack.log" 2>&1 &
 STACK_PID=$!

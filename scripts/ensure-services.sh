@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) answer; starts them if they are
-# installed but stopped, and says what to install if they are missing.
+# installed but stopped, and says what to install if they are missing. Also makes sure bubblewrap
+# (the job sandbox of the workers the tests start) is installed: installed here when the package
+# manager can, else it says what to install.
 set -euo pipefail
 
 PG_HOST=${ACE3_TEST_PG_HOST:-127.0.0.1}
@@ -41,3 +43,19 @@ if ! redis_up; then
   redis_up || { echo "ace3: Redis did not start on port $REDIS_PORT" >&2; exit 1; }
 fi
 echo "ace3: PostgreSQL and Redis are up"
+
+if ! command -v bwrap >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "ace3: installing bubblewrap (the job sandbox)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+  fi
+  if ! command -v bwrap >/dev/null; then
+    cat >&2 <<'MSG'
+ace3: the tests run jobs in the bubblewrap sandbox, which is not installed:
+  Debian/Ubuntu:  sudo apt-get install -y bubblewrap      Fedora: sudo dnf install bubblewrap
+MSG
+    exit 1
+  fi
+fi
+echo "ace3: bubblewrap $(bwrap --version | awk '{print $2}') is installed"

@@ -211,6 +211,8 @@ def stack(
         "ACE3_LOG_LEVEL": "info",
         "ACE3_SEARCH_TICK_SECONDS": "0.5",
         "ACE3_SEARCH_LEASE_SECONDS": "4",
+        # The sandbox's limits, small enough for the hostile-job tests to meet them.
+        "ACE3_JOB_MAX_PROCESSES": "512",
     }
     stack = Stack(base_url=f"http://127.0.0.1:{port}", port=port, env=env, root=root)
     stack.start_worker()

@@ -109,6 +109,14 @@ class TrainingConfig(_Schema):
     max_steps: int | None = Field(
         None, ge=1, description="Stop after this many optimizer steps, even mid-epoch."
     )
+    max_runtime_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=366 * 24 * 3600,
+        description="Wall-clock seconds one attempt of a job may run; the worker then stops "
+        "it (SIGTERM, then SIGKILL after the grace period) and the job fails, naming the limit. "
+        "Jobs on the service only (an in-process run is refused: stop it yourself).",
+    )
     batch_size: int = Field(
         32, ge=1, le=1_000_000, description="Global micro-batch, summed over all processes."
     )

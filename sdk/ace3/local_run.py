@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ace3.config import TrainingConfig
+from ace3.config import ConfigProblem, TrainingConfig
+from ace3.errors import UnsupportedFeatureError
 
 if TYPE_CHECKING:
     from ace3.trainers import Trainer
@@ -68,6 +69,13 @@ def run_locally(
     from ace3.local import train_in_process
     from ace3.profiling import MemoryProfiler, active_profilers
     from ace3.runtime.callback_hook import CallbackHook
+
+    if config.max_runtime_seconds is not None:
+        raise UnsupportedFeatureError(
+            "max_runtime_seconds is enforced by the service's workers, which stop a job that "
+            "runs too long; an in-process run is yours to stop: leave it unset here",
+            [ConfigProblem(field="max_runtime_seconds", reason="in-process runs have no worker")],
+        )
 
     checkpoint_dir = checkpoint_dir_of(trainer)
     resume_from = _resume_path(trainer, resume, checkpoint_dir)

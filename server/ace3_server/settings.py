@@ -111,6 +111,69 @@ class Settings(BaseSettings):
         "the multi-node jobs it leads, and torchrun's --local-addr. Default: the address this "
         "machine's hostname resolves to (127.0.0.1 when it does not resolve).",
     )
+    sandbox: str = Field(
+        "auto",
+        pattern="^(auto|bwrap|uid|none)$",
+        description="How a worker isolates the jobs it runs (docs/security.md). bwrap: "
+        "bubblewrap namespaces (own PID, mount, IPC and, single-node, network namespace; only the "
+        "job directory visible) and, for a worker running as root, a dedicated uid per job; uid: "
+        "only the dedicated uid, rlimits and file permissions (where namespaces are not "
+        "allowed; needs root); none: no isolation (your own code on your own machine only); "
+        "auto: bwrap when it works here, else uid when running as root, else the worker refuses "
+        "to start.",
+    )
+    sandbox_uid_base: int = Field(
+        61000,
+        ge=1000,
+        le=(1 << 31) - 2,
+        description="First of the uids (and gids) a root worker runs jobs as, one per running "
+        "job; no account of the machine may use them.",
+    )
+    sandbox_uid_count: int = Field(
+        64, ge=1, le=65536, description="How many uids from sandbox_uid_base jobs may use."
+    )
+    sandbox_lock_dir: Path = Field(
+        Path("/run/ace3-sandbox"),
+        description="Where workers on this machine take the locks that give each running job "
+        "its own uid (must be the same directory for every worker of the machine).",
+    )
+    job_memory_bytes: int | None = Field(
+        None,
+        ge=1 << 26,
+        description="Memory one process of a job may allocate (RLIMIT_DATA; also the size of "
+        "its /dev/shm); default: the machine's memory divided by the worker's slots.",
+    )
+    job_max_processes: int = Field(
+        4096,
+        ge=16,
+        description="Processes and threads a job's uid may run at once (RLIMIT_NPROC).",
+    )
+    job_cpu_seconds: int | None = Field(
+        None,
+        ge=1,
+        description="CPU seconds one process of a job may use (RLIMIT_CPU); default none.",
+    )
+    max_checkpoint_bytes: int = Field(
+        64 << 30, ge=1, description="Largest checkpoint file a job may hand the worker."
+    )
+    max_log_bytes_per_job: int = Field(
+        64 << 20,
+        ge=1024,
+        description="Log bytes one attempt of a job may store; past it lines are dropped and "
+        "counted.",
+    )
+    max_log_lines_per_second: float = Field(
+        500.0,
+        gt=0,
+        description="Sustained log lines per second one attempt may store (bursts of ten seconds' "
+        "worth pass); past it lines are dropped and counted.",
+    )
+    max_log_bytes_per_second: float = Field(
+        256 * 1024,
+        gt=0,
+        description="Sustained log bytes per second one attempt may store (bursts of ten "
+        "seconds' worth pass); past it lines are dropped and counted.",
+    )
     search_tick_seconds: float = Field(
         1.0, gt=0, description="How often the API advances active hyperparameter searches."
     )
@@ -133,6 +196,13 @@ class Settings(BaseSettings):
         if self.worker_cpu_processes is not None:
             return self.worker_cpu_processes
         return max(1, usable_cores())
+
+    @property
+    def resolved_job_memory_bytes(self) -> int:
+        """ACE3_JOB_MEMORY_BYTES, else the machine's memory shared by the worker's slots."""
+        if self.job_memory_bytes is not None:
+            return self.job_memory_bytes
+        return max(1 << 30, physical_memory_bytes() // self.worker_slots)
 
     @property
     def resolved_worker_stale_after_seconds(self) -> float:
@@ -168,6 +238,14 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def physical_memory_bytes() -> int:
+    """The machine's memory (what the sandbox's default per-process limit is derived from)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
 
 
 @lru_cache

@@ -20,17 +20,23 @@ def client(stack: Stack) -> Iterator[ace3.Client]:
         yield client
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line contains ``text`` (the job id is in every rank's job.json path)."""
+def processes_of_job(job_id: str) -> list[int]:
+    """PIDs of a job's processes: its sandbox (whose command line names the job's directory)
+    and everything inside it (the ranks and whatever they started inherit ``ACE3_JOB_ID``)."""
+    marker = f"ACE3_JOB_ID={job_id}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
             continue
-        if text in cmdline:
+        if state == "Z":
+            continue  # (exited, waiting for its parent to read its status)
+        if job_id.encode() in cmdline or marker in environ.split(b"\0"):
             found.append(int(entry.name))
     return found
 

@@ -1,17 +1,22 @@
 """A worker killed mid-job (SIGKILL, as the OOM killer would): its training processes die with it,
 the reconciler re-queues the job when its lease expires, and the next attempt resumes from the
-last verified checkpoint and finishes, with no metric step recorded twice."""
+last verified checkpoint and finishes, with no metric step recorded twice. A rank killed the same
+way is retried by its own worker, and the job ends with exactly the weights of a run that was
+never interrupted."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ace3
 from tests.conftest import DigitsFiles, Stack
-from tests.e2e.conftest import processes_mentioning, wait_for
+from tests.e2e.conftest import processes_of_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +34,10 @@ def test_a_killed_worker_s_job_resumes_from_its_checkpoint_on_the_next_worker(
         model, train_data, validation_dataset=val_data, epochs=25, wait=False
     )
     wait_for(lambda: len(client.jobs.checkpoints(handle.id)) >= 2, 120, "two checkpoints")
-    assert processes_mentioning(handle.id)
+    assert processes_of_job(handle.id)
 
     stack.kill_worker()
-    wait_for(lambda: not processes_mentioning(handle.id), 10, "the orphaned torchrun ranks to exit")
+    wait_for(lambda: not processes_of_job(handle.id), 10, "the orphaned torchrun ranks to exit")
     saved = client.jobs.checkpoints(handle.id)[-1]
     assert handle.refresh().state == "running", "nobody has noticed yet: the lease is still valid"
 
@@ -53,3 +58,58 @@ def test_a_killed_worker_s_job_resumes_from_its_checkpoint_on_the_next_worker(
         steps_per_epoch = -(-len(arrays["targets"]) // 32)
     assert job.final_metrics["steps"] == 25 * steps_per_epoch
     assert job.best_val_accuracy is not None and job.best_val_accuracy >= 0.9
+
+
+def _rank_pid(job_id: str, rank: int) -> int | None:
+    """The PID (here) of one rank of a running job: its environment names the job and the
+    rank; torchrun's agent has no RANK."""
+    wanted = {f"ACE3_JOB_ID={job_id}".encode(), f"RANK={rank}".encode()}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if wanted <= environ and b"ace3.runtime" in cmdline and b"torch.distributed" not in cmdline:
+            return int(entry.name)
+    return None
+
+
+def test_a_rank_killed_by_sigkill_is_retried_and_ends_with_the_same_weights(
+    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
+) -> None:
+    import torch
+
+    model = client.load_model(digits_files.model)
+    train_data = client.load_dataset(digits_files.train)
+    config = ace3.TrainingConfig(num_gpus=2, batch_size=64, save_interval=5, log_interval=5, seed=7)
+    trainer = ace3.DistributedTrainer(config)
+    reference = trainer.train(model, train_data, epochs=5, wait=False)
+    handle = trainer.train(model, train_data, epochs=5, wait=False)
+    wait_for(lambda: len(client.jobs.checkpoints(handle.id)) >= 2, 120, "two checkpoints")
+    victim = _rank_pid(handle.id, 1)
+    assert victim is not None, "rank 1 of the job runs"
+    os.kill(victim, signal.SIGKILL)
+
+    job = handle.wait(timeout=240).job
+    assert job.state == "succeeded" and job.attempt == 2, job.error
+    notices = [line.line for line in client.jobs.iter_logs(handle.id) if line.stream == "service"]
+    assert any("attempt 1 ended: training failed: rank 1 killed by SIGKILL" in n for n in notices)
+    assert any(
+        line.attempt == 2 and "resumed from" in line.line
+        for line in client.jobs.iter_logs(handle.id)
+    )
+    steps = [m.step for m in client.jobs.metrics(handle.id, name="train_loss")]
+    assert max(Counter(steps).values()) == 1, "no step is recorded twice"
+
+    finals = []
+    for job_id in (reference.wait(timeout=240).job.id, handle.id):
+        final = client.jobs.checkpoints(job_id)[-1]
+        target = tmp_path / f"{job_id}.pt"
+        client.jobs.download_checkpoint(job_id, final.id, target)
+        finals.append(torch.load(target, weights_only=True))
+    assert finals[0]["step"] == finals[1]["step"]
+    for name, weights in finals[0]["model"].items():
+        assert torch.equal(weights, finals[1]["model"][name]), f"{name} differs after the retry"

@@ -26,7 +26,7 @@ from ace3_server.models import Job, JobNode
 from ace3_server.queue import JobPublisher
 from ace3_server.settings import Settings
 from tests.conftest import DigitsFiles, Stack
-from tests.e2e.conftest import processes_mentioning, wait_for
+from tests.e2e.conftest import processes_of_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +161,7 @@ def test_cancelling_a_two_node_job_stops_both_nodes(
     wait_for(both_ranks_train, 120, "both nodes to train")
     client.jobs.cancel(handle.id)
     wait_for(lambda: handle.refresh().state == "cancelled", 60, "the job to be cancelled")
-    wait_for(lambda: not processes_mentioning(handle.id), 20, "every rank of both nodes to exit")
+    wait_for(lambda: not processes_of_job(handle.id), 20, "every rank of both nodes to exit")
     nodes = _nodes(database_url, handle.id)
     assert [node.state for node in nodes] == ["exited", "exited"]
     assert all(node.stopped for node in nodes), "the service stopped both nodes"
@@ -234,7 +234,7 @@ def test_a_gang_that_never_completes_fails_clearly_and_starts_nothing(
         )
         assert time.monotonic() - started >= GANG_WAIT_SECONDS - 1
         assert client.jobs.logs(job_id).data == [], "no torchrun was started"
-    assert not processes_mentioning(job_id)
+    assert not processes_of_job(job_id)
     assert [node.state for node in _nodes(database_url, job_id)] == ["left"]
     assert not Path(stack.root / "worker-lonely-jobs" / job_id).exists()
 
@@ -269,7 +269,7 @@ def test_a_failure_on_one_node_stops_the_other_and_fails_the_job(
     nodes = _nodes(database_url, job.id)
     assert [node.state for node in nodes] == ["exited", "exited"]
     assert all(node.exit_code != 0 for node in nodes)
-    wait_for(lambda: not processes_mentioning(job.id), 20, "every rank of both nodes to exit")
+    wait_for(lambda: not processes_of_job(job.id), 20, "every rank of both nodes to exit")
 
 
 def test_a_killed_node_ends_the_attempt_and_the_job_resumes_on_a_new_gang(

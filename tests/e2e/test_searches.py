@@ -14,7 +14,7 @@ import pytest
 import ace3
 from ace3_server.searches.space import grid_point
 from tests.conftest import DigitsFiles, Stack
-from tests.e2e.conftest import processes_mentioning, wait_for
+from tests.e2e.conftest import processes_of_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +173,7 @@ def test_cancelling_a_search_stops_its_running_trials(
     for trial in trials:
         assert client.jobs.retrieve(trial.job_id).state == "cancelled"
         wait_for(
-            lambda job_id=trial.job_id: not processes_mentioning(job_id),
+            lambda job_id=trial.job_id: not processes_of_job(job_id),
             15,
             "the trial's processes to exit",
         )

@@ -14,7 +14,7 @@ import pytest
 
 import ace3
 from tests.conftest import DigitsFiles, Stack
-from tests.e2e.conftest import processes_mentioning, wait_for
+from tests.e2e.conftest import processes_of_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,11 +81,11 @@ def test_cancelling_a_running_job_leaves_no_process(
         ace3.TrainingConfig(num_gpus=2, batch_size=16, log_interval=1)
     ).train(model, train_data, epochs=10_000, wait=False)
     wait_for(lambda: bool(client.jobs.metrics(handle.id)), 120, "the job's first metric")
-    assert processes_mentioning(handle.id), "torchrun and its ranks are running"
+    assert processes_of_job(handle.id), "torchrun and its ranks are running"
 
     handle.cancel()
     wait_for(lambda: handle.refresh().state == "cancelled", 60, "the job to be cancelled")
-    wait_for(lambda: not processes_mentioning(handle.id), 10, "every process of the job to exit")
+    wait_for(lambda: not processes_of_job(handle.id), 10, "every process of the job to exit")
     assert stack.worker_alive()
 
 
@@ -107,7 +107,7 @@ def test_a_model_that_raises_fails_its_job_and_the_worker_keeps_working(
     lines = [line.line for line in client.jobs.logs(job.id, limit=5000).data]
     assert any("Traceback" in line for line in lines)
     assert any("ValueError: boom from user code" in line for line in lines)
-    assert not processes_mentioning(job.id)
+    assert not processes_of_job(job.id)
 
     assert stack.worker_alive()
     after = ace3.Trainer(ace3.TrainingConfig(batch_size=64)).train(
@@ -153,3 +153,35 @@ trainer.train(model, dataset)
     client = namespace["client"]
     ranks = {line.rank for line in client.jobs.logs(job.id, limit=5000).data}  # type: ignore[attr-defined]
     assert {0, 1, 2, 3} <= ranks
+
+
+def test_a_nan_loss_fails_the_job_naming_the_step_where_it_began(
+    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
+) -> None:
+    diverging = tmp_path / "diverging_model.py"
+    diverging.write_text(
+        "import torch\n\n\n"
+        "class Diverging(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(64, 10)\n"
+        "        self.calls = 0\n\n"
+        "    def forward(self, x):\n"
+        "        self.calls += 1\n"
+        "        out = self.linear(x)\n"
+        "        return out * float('nan') if self.calls >= 3 and self.training else out\n\n\n"
+        "def build_model():\n"
+        "    return Diverging()\n"
+    )
+    with pytest.raises(ace3.JobFailedError) as failure:
+        ace3.Trainer(ace3.TrainingConfig(batch_size=64, log_interval=5)).train(
+            client.load_model(diverging),
+            client.load_dataset(digits_files.train),
+            epochs=1,
+            show_progress=False,
+        )
+    job = failure.value.job
+    assert job.state == "failed" and job.attempt == 1, "a diverged run is not retried"
+    assert "training loss became nan at step 3 (reported at step 5)" in (job.error or "")
+    notices = [line.line for line in client.jobs.iter_logs(job.id) if line.stream == "service"]
+    assert "ace3: train_loss became nan at step 3" in notices

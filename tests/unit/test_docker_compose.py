@@ -59,3 +59,15 @@ def test_services_share_one_database_and_broker(compose: dict) -> None:
     database_url, broker_url = urls.pop()
     assert database_url.startswith("postgresql://") and "@postgres:" in database_url
     assert broker_url.startswith("redis://redis:")
+
+
+def test_the_worker_gets_what_the_job_sandbox_needs_and_insists_on_it(compose: dict) -> None:
+    worker = compose["services"]["worker"]
+    assert worker["environment"]["ACE3_SANDBOX"] == "bwrap", "no silent fallback"
+    assert {"SYS_ADMIN", "NET_ADMIN"} <= set(worker["cap_add"])
+    assert "apparmor=unconfined" in worker["security_opt"]
+    assert "privileged" not in worker, "only what bubblewrap needs"
+    for name in ("api", "migrate"):
+        assert "cap_add" not in compose["services"][name]
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "bubblewrap" in dockerfile and "util-linux" in dockerfile

@@ -10,9 +10,12 @@ bytes again make no new version. A file deleted from the directory loses its row
 row of the job names any more are deleted from the store. Rows are written only while the attempt
 still owns the job (``job_transitions.hold_attempt`` in the same transaction).
 
-Skipped: symbolic links and anything else that is not a regular file (so nothing outside the
-directory is ever read), hidden temporary files of atomic writes (``.<name>.tmp...``), and names
-that are not UTF-8, hold control characters or are longer than 1024 characters. All the job's
+Skipped: symbolic links, files with other hard links and anything else that is not a regular
+file (every file is opened one path component at a time without following a link, so nothing
+outside the directory is ever read, even when the job swaps a directory for a link meanwhile),
+hidden temporary files of atomic writes (``.<name>.tmp...``), and names that are not UTF-8,
+hold control characters or are longer than 1024 characters; a directory holding more than
+``MAX_ENTRIES`` files and directories is synced only up to that many. All the job's
 artifacts together may hold ``ACE3_MAX_ARTIFACT_BYTES``: a file that would pass that cap is not
 synced (the worker's log and the job's log say so, once per file) until it fits.
 
@@ -37,10 +40,12 @@ from sqlalchemy.orm import Session
 from ace3_server import job_transitions
 from ace3_server.models import JobArtifact, utcnow
 from ace3_server.storage import LocalArtifactStore, StoredBlob
+from ace3_worker.job_files import UnsafeJobPathError, open_job_file
 
 logger = logging.getLogger(__name__)
 
 MAX_PATH_CHARS = 1024
+MAX_ENTRIES = 10_000  # files and directories under one job's artifacts directory
 
 
 def artifact_key(job_id: str, sha256: str) -> str:
@@ -154,7 +159,16 @@ class ArtifactSync:
             if self.root.is_symlink():
                 self._report_once("", "link", "the artifacts directory was replaced by a link")
             return found
-        for directory, _subdirectories, names in os.walk(self.root, followlinks=False):
+        seen = 0
+        for directory, subdirectories, names in os.walk(self.root, followlinks=False):
+            seen += len(names) + len(subdirectories)
+            if seen > MAX_ENTRIES:  # (a walk costs the worker time on every pass)
+                self._report_once(
+                    "",
+                    "entries",
+                    f"more than {MAX_ENTRIES} files and directories: the rest is not synced",
+                )
+                break
             for name in names:
                 if is_temporary(name):
                     continue
@@ -228,17 +242,17 @@ class ArtifactSync:
     # -- pieces ---------------------------------------------------------------------------------
     def _stage(self, path: str) -> _Staged | None:
         """Copy the file into the store (hashing it); None when it cannot be read right now."""
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            fd = os.open(self.root / path, flags)
+        try:  # (component by component, no links: the job may swap a directory for one)
+            fd = open_job_file(self.root, path)
+        except UnsafeJobPathError as exc:
+            self._report_once(path, "read", f"is not a plain file ({exc.strerror}): not synced")
+            return None
         except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ELOOP):
+            if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
                 self._report_once(path, "read", f"cannot be read ({exc.strerror}): not synced")
             return None
         with os.fdopen(fd, "rb") as handle:
             opened = os.fstat(handle.fileno())
-            if not stat.S_ISREG(opened.st_mode):
-                return None
             try:
                 blob = self.store.put_hashed(handle, lambda sha: artifact_key(self.job_id, sha))
             except OSError as exc:

@@ -14,6 +14,7 @@ from ace3_server.queue import make_celery
 from ace3_server.settings import get_settings
 from ace3_worker.device import local_capacity
 from ace3_worker.registration import Registration
+from ace3_worker.sandbox.plan import SandboxUnavailableError, sandbox_plan
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,11 @@ def _register(sender: Any = None, **_: Any) -> None:
     global _registration
     if getattr(sender, "app", None) is not app or _registration is not None:
         return
+    try:  # (decided here, before the pool forks: every child inherits it)
+        sandbox_plan(settings)
+    except SandboxUnavailableError as exc:
+        logger.critical("ace3 worker: %s", exc)
+        raise SystemExit(f"ace3 worker: {exc}") from exc
     # `ace3 worker --concurrency N` overrides ACE3_WORKER_SLOTS.
     concurrency = getattr(sender, "concurrency", None)
     slots = concurrency if isinstance(concurrency, int) and concurrency > 0 else None

@@ -1,25 +1,56 @@
 """Materialises a job attempt into its own directory: code, data, the job file, an output dir.
 
-The runtime reads only ``job.json``; every path in it points inside this directory (data and code
-are links into the artifact store, which workers share). The layout is documented in
-docs/runtime.md.
+The runtime reads only ``job.json``; every path in it is the path the job sees (``/job/...``
+inside the bubblewrap sandbox, the real path otherwise). Model code, data and the resume
+checkpoint are **copies** of the stored bytes, verified against their sha256 while they are
+copied, read-only and owned by the worker: nothing a job does can change what the store holds.
+The job writes only ``output/`` (events, checkpoints, artifacts), ``home/`` and ``tmp/``, which
+belong to its uid. The layout is documented in docs/runtime.md::
+
+    <work_dir>/<job id>/attempt-<n>[-node-<k>]/   root, mode 0750, group: the job's gid
+        job.json  code/  data/  resume/             read-only copies
+        etc/passwd  etc/group                       the job's /etc/passwd and /etc/group
+        output/  home/  tmp/                        the job's own (mode 0700)
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import shutil
+import stat
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ace3_server.models import Job, JobCheckpoint, StoredDataset, StoredModel
-from ace3_server.storage import LocalArtifactStore
+from ace3_server.storage import CHUNK_BYTES, LocalArtifactStore
+from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
+
+_READ_ONLY_FILE = 0o444
+_READ_ONLY_DIR = 0o555
+_PRIVATE_DIR = 0o700
+
+
+class InputCorruptedError(RuntimeError):
+    """A stored input's bytes no longer match the sha256 recorded when it was uploaded."""
+
+
+@dataclass(frozen=True)
+class JobOwner:
+    """Who the job's processes run as: its writable directories belong to them."""
+
+    uid: int
+    gid: int
+    user_name: str
 
 
 @dataclass
 class JobDirectory:
-    root: Path
+    root: Path  # the real path, on the worker
+    visible_root: PurePosixPath  # where the job sees ``root``
 
     @property
     def job_file(self) -> Path:
@@ -34,26 +65,115 @@ class JobDirectory:
         return self.output_dir / "events.jsonl"
 
     @property
+    def checkpoints_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+    @property
     def artifacts_dir(self) -> Path:
         """Files the job writes here are synced to the artifact store while it runs
         (``artifact://`` paths in the job config name this directory)."""
         return self.output_dir / "artifacts"
 
+    @property
+    def home_dir(self) -> Path:
+        return self.root / "home"
 
-def _link(target: Path, link: Path) -> Path:
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(target, target_is_directory=target.is_dir())
-    return link
+    @property
+    def tmp_dir(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def etc_dir(self) -> Path:
+        return self.root / "etc"
+
+    def visible(self, path: Path) -> PurePosixPath:
+        """Where the job sees ``path`` (a path inside this directory)."""
+        return self.visible_root / path.relative_to(self.root).as_posix()
 
 
-def _dataset_spec(store: LocalArtifactStore, dataset: StoredDataset, into: Path) -> dict[str, Any]:
+def _copy_verified(store: LocalArtifactStore, key: str, target: Path, sha256: str) -> None:
+    """Copy a stored file, hashing the bytes as they are copied; refuse a mismatch."""
+    digest = hashlib.sha256()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with store.open(key) as source, target.open("xb") as copy:
+        for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+            copy.write(chunk)
+    if digest.hexdigest() != sha256:
+        raise InputCorruptedError(
+            f"stored bytes of {key} do not match their recorded sha256 {sha256[:12]}: the "
+            "artifact store is corrupted; upload the file again"
+        )
+
+
+def _copy_stored(store: LocalArtifactStore, key: str, target: Path, sha256: str) -> Path:
+    """A stored file (verified) or an extracted directory tree (links copied as links)."""
+    source = store.path_for(key)
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True)
+    elif source.is_file():
+        _copy_verified(store, key, target, sha256)
+    else:
+        raise FileNotFoundError(f"{key} is missing from the artifact store")
+    return target
+
+
+def _freeze(path: Path) -> None:
+    """Make a copied input read-only (files 0444, directories 0555), links untouched."""
+    for directory, subdirectories, names in os.walk(path, topdown=False):
+        for name in names:
+            entry = Path(directory) / name
+            if not entry.is_symlink():
+                entry.chmod(_READ_ONLY_FILE)
+        for name in subdirectories:
+            entry = Path(directory) / name
+            if not entry.is_symlink():
+                entry.chmod(_READ_ONLY_DIR)
+    if path.is_dir():
+        path.chmod(_READ_ONLY_DIR)
+    elif not path.is_symlink():
+        path.chmod(_READ_ONLY_FILE)
+
+
+def _private_dir(path: Path, owner: JobOwner | None) -> Path:
+    path.mkdir(mode=_PRIVATE_DIR, parents=True, exist_ok=True)
+    if owner is not None:
+        os.chown(path, owner.uid, owner.gid)
+    path.chmod(_PRIVATE_DIR)
+    return path
+
+
+def _traversable_dir(path: Path) -> None:
+    """A directory job uids may pass through but not list (its entries have random names)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0 and stat.S_IMODE(path.stat().st_mode) != 0o711:
+        path.chmod(0o711)
+
+
+def _dataset_spec(
+    store: LocalArtifactStore, directory: JobDirectory, dataset: StoredDataset, into: Path
+) -> dict[str, Any]:
     source = store.path_for(dataset.storage_key)
     if not source.exists():
         raise FileNotFoundError(
             f"dataset {dataset.id} ({dataset.filename}) is missing from storage"
         )
     name = "tree" if dataset.kind == "directory" else f"data{source.suffix}"
-    return {"path": str(_link(source, into / name))}
+    copy = _copy_stored(store, dataset.storage_key, into / name, dataset.sha256)
+    return {"path": str(directory.visible(copy))}
+
+
+def _identity_files(directory: JobDirectory, owner: JobOwner | None) -> None:
+    """The job's /etc/passwd and /etc/group (root, and the job's own user), and the /etc/hosts
+    of a job on a network of its own."""
+    uid, gid, name = (owner.uid, owner.gid, owner.user_name) if owner else (65534, 65534, "job")
+    home = directory.visible(directory.home_dir)
+    directory.etc_dir.mkdir()
+    (directory.etc_dir / "passwd").write_text(
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{gid}::{home}:/usr/sbin/nologin\n"
+    )
+    (directory.etc_dir / "group").write_text(f"root:x:0:\n{name}:x:{gid}:\n")
+    (directory.etc_dir / "hosts").write_text(ISOLATED_HOSTS)
 
 
 def prepare_job_directory(
@@ -66,51 +186,90 @@ def prepare_job_directory(
     validation_dataset: StoredDataset | None,
     resume_from: JobCheckpoint | None,
     node_rank: int | None = None,
+    *,
+    visible_root: PurePosixPath | None = None,
+    owner: JobOwner | None = None,
 ) -> JobDirectory:
     """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
-    (workers on one machine may share a work directory)."""
-    name = f"attempt-{attempt}" if node_rank is None else f"attempt-{attempt}-node-{node_rank}"
-    directory = JobDirectory(work_dir / job.id / name)
-    if directory.root.exists():
-        shutil.rmtree(directory.root)
-    directory.output_dir.mkdir(parents=True)
-    directory.artifacts_dir.mkdir()
+    (workers on one machine may share a work directory). ``visible_root``: where the job sees
+    the directory (default: its real path); ``owner``: the uid the job runs as (None: this
+    process's own)."""
+    _traversable_dir(work_dir)
+    _traversable_dir(work_dir / job.id)
+    root = attempt_path(work_dir, job.id, attempt, node_rank)
+    directory = JobDirectory(root, visible_root or PurePosixPath(root))
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(mode=0o750)
+    if owner is not None:
+        os.chown(root, os.geteuid(), owner.gid)
+    root.chmod(0o750)
 
     model_source = store.path_for(model.storage_key)
     if not model_source.exists():
         raise FileNotFoundError(f"model {model.id} ({model.filename}) is missing from storage")
     code_name = "model.py" if model.kind == "file" else "package"
-    code_path = _link(model_source, directory.root / "code" / code_name)
+    code_path = _copy_stored(store, model.storage_key, root / "code" / code_name, model.sha256)
 
     resume_path = None
     if resume_from is not None:
-        resume_path = str(
-            _link(
-                store.path_for(resume_from.storage_key),
-                directory.root / "resume" / resume_from.name,
-            )
+        resume_path = _copy_stored(
+            store, resume_from.storage_key, root / "resume" / resume_from.name, resume_from.sha256
         )
-
     spec = {
         "job_id": job.id,
         "attempt": attempt,
         "config": job.config,
         "model": {
-            "path": str(code_path),
+            "path": str(directory.visible(code_path)),
             "kind": model.kind,
             "entry_module": model.entry_module,
             "factory": model.factory,
             "kwargs": job.model_kwargs,
         },
-        "dataset": _dataset_spec(store, dataset, directory.root / "data" / "train"),
+        "dataset": _dataset_spec(store, directory, dataset, root / "data" / "train"),
         "validation_dataset": (
-            _dataset_spec(store, validation_dataset, directory.root / "data" / "validation")
+            _dataset_spec(store, directory, validation_dataset, root / "data" / "validation")
             if validation_dataset is not None
             else None
         ),
-        "output_dir": str(directory.output_dir),
-        "resume_from": resume_path,
+        "output_dir": str(directory.visible(directory.output_dir)),
+        "resume_from": str(directory.visible(resume_path)) if resume_path is not None else None,
         "resume_sha256": resume_from.sha256 if resume_from is not None else None,
     }
     directory.job_file.write_text(json.dumps(spec, indent=2))
+    _identity_files(directory, owner)
+    for path in (directory.job_file, root / "code", root / "data", root / "resume"):
+        if path.exists():
+            _freeze(path)
+    _freeze(directory.etc_dir)
+    for path in (directory.output_dir, directory.artifacts_dir, directory.checkpoints_dir):
+        _private_dir(path, owner)
+    _private_dir(directory.home_dir, owner)
+    _private_dir(directory.tmp_dir, owner)
     return directory
+
+
+def attempt_path(work_dir: Path, job_id: str, attempt: int, node_rank: int | None = None) -> Path:
+    """Where an attempt's directory is (or will be)."""
+    name = f"attempt-{attempt}" if node_rank is None else f"attempt-{attempt}-node-{node_rank}"
+    return work_dir / job_id / name
+
+
+def remove_attempt_directory(root: Path) -> None:
+    """Remove an attempt's directory (whatever the job left in it: rmtree never follows a
+    link), and the job's directory once no attempt of it is left on this worker."""
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        root.parent.rmdir()  # (only when empty: another node or attempt may still be there)
+
+
+def hand_over(path: Path, owner: JobOwner | None) -> None:
+    """Give the job's uid what the worker wrote into one of its directories (restored
+    artifacts), without following links."""
+    if owner is None:
+        return
+    for directory, subdirectories, names in os.walk(path):
+        for name in [*subdirectories, *names]:
+            os.chown(Path(directory) / name, owner.uid, owner.gid, follow_symlinks=False)
+    os.chown(path, owner.uid, owner.gid, follow_symlinks=False)

@@ -1,22 +1,17 @@
-"""The torchrun command line and the environment the ranks get (no service credentials)."""
+"""The torchrun command line and the environment the ranks get (no service credentials).
+
+The command is what runs inside the job's sandbox (:mod:`ace3_worker.sandbox`), which wraps it;
+``job_file`` is the job file's path as the job sees it.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 # Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
-_PASSED_THROUGH = (
-    "PATH",
-    "HOME",
-    "LANG",
-    "TMPDIR",
-    "LD_LIBRARY_PATH",
-    "VIRTUAL_ENV",
-    "PYTHONPATH",
-    "TZ",
-)
+# PATH, HOME and TMPDIR are set by the sandbox to what the job sees.
+_PASSED_THROUGH = ("PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "TZ")
 _PASSED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "OMP_", "MKL_", "TORCH_", "GLOO_")
 
 
@@ -42,21 +37,13 @@ def rank_environment(
     return env
 
 
-def _wrapper() -> list[str]:
-    if sys.platform.startswith("linux"):
-        # torchrun is SIGKILLed by the kernel if this supervisor dies (see ace3.runtime.parent_death).
-        return [sys.executable, "-m", "ace3.runtime.parent_death", str(os.getpid())]
-    return []
+def _runtime(job_file: str) -> list[str]:
+    return ["-m", "ace3.runtime", "--job", job_file]
 
 
-def _runtime(job_file: Path) -> list[str]:
-    return ["-m", "ace3.runtime", "--job", str(job_file)]
-
-
-def torchrun_command(job_file: Path, nproc_per_node: int) -> list[str]:
+def torchrun_command(job_file: str, nproc_per_node: int) -> list[str]:
     """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
     return [
-        *_wrapper(),
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -69,7 +56,7 @@ def torchrun_command(job_file: Path, nproc_per_node: int) -> list[str]:
 
 
 def multinode_torchrun_command(
-    job_file: Path,
+    job_file: str,
     nproc_per_node: int,
     *,
     nnodes: int,
@@ -85,10 +72,9 @@ def multinode_torchrun_command(
     static backend); ``local_addr`` is the address the other nodes reach this one at."""
     conf = f"is_host={'true' if is_host else 'false'},join_timeout={max(1, round(join_timeout))}"
     return [
-        *_wrapper(),
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "ace3.runtime.torchrun",  # (torchrun, with node descriptors apart: ACE3_NODE_ID)
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",

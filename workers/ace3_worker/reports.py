@@ -9,24 +9,39 @@ never duplicates a point.
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3_server.db import insert_ignoring_duplicates
 from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, new_id, utcnow
-from ace3_server.storage import LocalArtifactStore, sha256_file
+from ace3_server.storage import LocalArtifactStore
+from ace3_worker.job_events import (
+    MAX_LINE_BYTES,
+    CheckpointRecord,
+    JobRecord,
+    MetricsRecord,
+    RefusedRecord,
+    StartRecord,
+    SummaryRecord,
+    parse_record,
+)
+from ace3_worker.job_files import open_job_file
 
 logger = logging.getLogger(__name__)
 
-_RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ?")
+# What the worker reads of one attempt's events file at most (the engine writes a few hundred
+# bytes a record).
+MAX_EVENTS_BYTES = 256 << 20
+_RANK_PREFIX = re.compile(r"^\[rank (\d{1,6})\] ?")
 MAX_LINE_CHARS = 8192
 
 
@@ -38,7 +53,9 @@ class LogLine:
 
 
 def parse_log_line(stream: str, raw: str) -> LogLine:
-    text = raw.rstrip("\r\n")
+    """A line as the job printed it; NUL bytes (which no database text column holds) become
+    U+FFFD, and the line is cut to ``MAX_LINE_CHARS``."""
+    text = raw.rstrip("\r\n").replace("\x00", "\ufffd")
     match = _RANK_PREFIX.match(text)
     if match:
         return LogLine(stream, int(match.group(1)), text[match.end() :][:MAX_LINE_CHARS])
@@ -66,56 +83,104 @@ def store_log_lines(session: Session, job_id: str, attempt: int, lines: list[Log
 
 @dataclass
 class EventTail:
-    """Reads complete new lines of the events file, remembering how far it got."""
+    """Reads complete new lines of the job's events file, remembering how far it got.
 
-    path: Path
+    The file is the job's: it is opened without following links (a link, FIFO or device in its
+    place is refused), at most ``max_bytes_per_read`` are read per pass (the rest waits for the
+    next pass) and ``max_total_bytes`` in all, and every line is validated
+    (:func:`ace3_worker.job_events.parse_record`). A line longer than the limit is refused and
+    skipped up to its end. The ``start`` record is the
+    attempt's plan (the smallest, if the job writes several); the last ``summary`` its outcome.
+    """
+
+    directory: Path  # the attempt's output directory (the worker's own)
+    name: str = "events.jsonl"
+    max_bytes_per_read: int = 1 << 20
+    max_total_bytes: int = MAX_EVENTS_BYTES
     offset: int = 0
-    summary: dict[str, Any] | None = None
+    has_more: bool = False  # the last pass stopped at max_bytes_per_read
+    summary: SummaryRecord | None = None
+    plan: StartRecord | None = None
     _partial: bytes = field(default=b"", repr=False)
+    _skipping_long_line: bool = field(default=False, repr=False)
+    _refused_file: bool = field(default=False, repr=False)
+    _read_total: int = field(default=0, repr=False)
 
-    def read_new(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
+    def read_new(self) -> list[JobRecord | RefusedRecord]:
+        try:
+            fd = open_job_file(self.directory, self.name)
+        except FileNotFoundError:
+            self.has_more = False
             return []
-        with self.path.open("rb") as handle:
+        except OSError as exc:
+            self.has_more = False
+            return self._refuse_file(f"the events file cannot be read ({exc})")
+        with os.fdopen(fd, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < self.offset:  # truncated or replaced: read it again from the start
+                self.offset, self._partial = 0, b""
+            budget = min(self.max_bytes_per_read, self.max_total_bytes - self._read_total)
+            if budget <= 0:
+                self.has_more = False
+                return self._refuse_file(
+                    f"the events file passed {self.max_total_bytes} bytes; the rest is ignored"
+                )
             handle.seek(self.offset)
-            data = handle.read()
+            data = handle.read(budget)
         self.offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
+        self._read_total += len(data)
+        self.has_more = len(data) == budget
+        return self._records(data)
+
+    def _refuse_file(self, reason: str) -> list[JobRecord | RefusedRecord]:
+        """Refuse the whole file, once."""
+        if self._refused_file:
+            return []
+        self._refused_file = True
+        return [RefusedRecord(reason=reason, excerpt="")]
+
+    def _records(self, data: bytes) -> list[JobRecord | RefusedRecord]:
+        lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        events = []
+        records: list[JobRecord | RefusedRecord] = []
+        if self._skipping_long_line and lines:
+            lines.pop(0)  # the end of a line already refused
+            self._skipping_long_line = False
+        if len(self._partial) > MAX_LINE_BYTES:
+            if not self._skipping_long_line:
+                records.append(
+                    RefusedRecord(
+                        reason=f"a line longer than {MAX_LINE_BYTES} bytes",
+                        excerpt=self._partial[:200].decode("utf-8", errors="replace"),
+                    )
+                )
+            self._partial, self._skipping_long_line = b"", True
         for line in lines:
             if not line.strip():
                 continue
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("skipping a malformed events line: %r", line[:200])
-        return events
+            record = parse_record(line)
+            if isinstance(record, StartRecord) and (
+                self.plan is None or record.total_steps < self.plan.total_steps
+            ):
+                self.plan = record  # (a second, larger plan never widens the first)
+            elif isinstance(record, SummaryRecord):
+                self.summary = record
+            records.append(record)
+        return records
 
 
-def _finite(value: Any) -> bool:
-    return (
-        isinstance(value, int | float)
-        and value == value
-        and value not in (float("inf"), float("-inf"))
-    )
-
-
-def store_metrics(session: Session, job_id: str, event: dict[str, Any]) -> None:
-    step = int(event["step"])
-    epoch = event.get("epoch")
+def store_metrics(session: Session, job_id: str, record: MetricsRecord) -> None:
     rows = [
         {
             "job_id": job_id,
-            "step": step,
-            "epoch": float(epoch) if epoch is not None else None,
-            "name": str(name)[:200],
-            "value": float(value),
+            "step": record.step,
+            "epoch": record.epoch,
+            "name": name,
+            "value": value,
             "created_at": utcnow(),
         }
-        for name, value in (event.get("values") or {}).items()
-        if _finite(value)
+        for name, value in record.values.items()
+        if value is not None
     ]
     if rows:
         session.execute(
@@ -123,38 +188,121 @@ def store_metrics(session: Session, job_id: str, event: dict[str, Any]) -> None:
         )
 
 
-def store_checkpoint(
+@dataclass(frozen=True)
+class StagedCheckpoint:
+    """A checkpoint's verified bytes, copied into the store, waiting for its row."""
+
+    record: CheckpointRecord
+    storage_key: str
+    size_bytes: int
+    fresh: bool  # the copy created the key (a refused row may delete it again)
+
+
+def checkpoint_problem(
+    record: CheckpointRecord, visible_checkpoints_dir: PurePosixPath, plan: StartRecord | None
+) -> str | None:
+    """Why the worker must not act on this checkpoint record, or None.
+
+    The file must be ``<the attempt's checkpoints directory>/<name>`` exactly (as the job sees
+    it), the name the engine's ``step-<step>.pt`` / ``.dcp.tar`` for the record's step, and the
+    step within the plan of the attempt's ``start`` record (which the engine writes before its
+    first step, so a checkpoint record before it is refused)."""
+    match = CHECKPOINT_NAME_RE.match(record.name)
+    if match is None:
+        return f"checkpoint name {record.name[:80]!r} is not step-<step>.pt or .dcp.tar"
+    if int(match.group(1)) != record.step:
+        return f"checkpoint {record.name} claims step {record.step}"
+    if record.path != str(visible_checkpoints_dir / record.name):
+        return (
+            f"checkpoint path {record.path[:200]!r} is not {visible_checkpoints_dir}/{record.name}"
+        )
+    if plan is None:
+        return f"checkpoint {record.name} comes before the run's start record"
+    if record.step > plan.total_steps:
+        return (
+            f"checkpoint step {record.step} is beyond the {plan.total_steps} steps the run planned"
+        )
+    return None
+
+
+def stage_checkpoint(
+    store: LocalArtifactStore,
+    job_id: str,
+    record: CheckpointRecord,
+    output_dir: Path,
+    max_bytes: int,
+) -> StagedCheckpoint | str:
+    """Copy the checkpoint file (opened safely under ``output_dir``) into the store while
+    hashing it; return the staged copy, or why it was refused. The job's file stays where it
+    is: the worker deletes nothing of the job's."""
+    try:
+        fd = open_job_file(output_dir, f"checkpoints/{record.name}")
+    except OSError as exc:
+        return f"checkpoint {record.name} cannot be read ({exc.strerror or exc})"
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > max_bytes:
+            return (
+                f"checkpoint {record.name} ({size} bytes) is larger than "
+                f"ACE3_MAX_CHECKPOINT_BYTES={max_bytes}"
+            )
+        if size != record.size_bytes:
+            return f"checkpoint {record.name} is {size} bytes, not the {record.size_bytes} claimed"
+        fresh: dict[str, bool] = {}
+
+        def key_for(sha256: str) -> str:
+            key = checkpoint_key(job_id, sha256, record.name)
+            fresh[key] = not store.exists(key)
+            return key
+
+        blob = store.put_hashed(_Capped(handle, max_bytes), key_for)
+    if blob.sha256 != record.sha256:
+        if fresh[blob.key]:
+            store.delete(blob.key)
+        return f"checkpoint {record.name} failed verification (its sha256 does not match)"
+    return StagedCheckpoint(record, blob.key, blob.size_bytes, fresh=fresh[blob.key])
+
+
+class _Capped:
+    """A reader that refuses to give more than ``limit`` bytes (the file may grow meanwhile)."""
+
+    def __init__(self, handle: Any, limit: int) -> None:
+        self.handle, self.left = handle, limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        chunk = self.handle.read(self.left if size < 0 else min(size, self.left))
+        self.left -= len(chunk)
+        return chunk
+
+
+def checkpoint_key(job_id: str, sha256: str, name: str) -> str:
+    """The hash in the key: a file rewritten under the same name never replaces stored bytes."""
+    return f"checkpoints/{job_id}/{sha256[:16]}-{name}"
+
+
+def record_checkpoint(
     session: Session,
     store: LocalArtifactStore,
     job_id: str,
     attempt: int,
-    event: dict[str, Any],
+    staged: StagedCheckpoint,
     max_checkpoints: int | None,
 ) -> list[str]:
-    """Verify, store and record a checkpoint; return storage keys to delete once committed."""
-    source = Path(event["path"])
-    name = Path(str(event["name"])).name
-    expected = str(event["sha256"])
-    # The hash in the key: a file rewritten under the same name can never replace stored bytes.
-    key = f"checkpoints/{job_id}/{expected[:16]}-{name}"
-    if source.is_file() and sha256_file(source) == expected:
-        store.put_file(key, source)
-        source.unlink()  # the store has it now: the job directory stays small
-    elif not (store.exists(key) and sha256_file(store.path_for(key)) == expected):
-        # (An event retried after a database error finds the file already moved to the store.)
-        logger.error("job %s: checkpoint %s failed verification; not recorded", job_id, name)
-        return []
+    """Record a staged checkpoint; return storage keys to delete once committed."""
+    record = staged.record
     row = {
         "id": new_id(),
         "job_id": job_id,
         "attempt": attempt,
-        "step": int(event["step"]),
-        "epoch": event.get("epoch"),
-        "name": name,
-        "sha256": expected,
-        "size_bytes": int(event.get("size_bytes") or source.stat().st_size),
-        "storage_key": key,
-        "metrics": {k: v for k, v in (event.get("metrics") or {}).items() if _finite(v)},
+        "step": record.step,
+        "epoch": record.epoch,
+        "name": record.name,
+        "sha256": record.sha256,
+        "size_bytes": staged.size_bytes,
+        "storage_key": staged.storage_key,
+        "metrics": {k: v for k, v in record.metrics.items() if v is not None},
         "created_at": utcnow(),
     }
     inserted = session.execute(
@@ -164,13 +312,11 @@ def store_checkpoint(
         recorded = session.scalar(
             select(JobCheckpoint.storage_key).where(
                 JobCheckpoint.job_id == job_id,
-                JobCheckpoint.step == row["step"],
-                JobCheckpoint.name == name,
+                JobCheckpoint.step == record.step,
+                JobCheckpoint.name == record.name,
             )
         )
-        if recorded != key:
-            store.delete(key)
-        return []
+        return [staged.storage_key] if recorded != staged.storage_key and staged.fresh else []
     return _prune_checkpoints(session, job_id, max_checkpoints) if max_checkpoints else []
 
 

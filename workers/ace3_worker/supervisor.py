@@ -16,19 +16,24 @@ leader's c10d rendezvous, and watches the other nodes as well as its own process
 stores its ranks' log lines; the node that hosts global rank 0 (c10d assigns the ranks) also
 stores the metrics and checkpoints and syncs the artifacts; the leader (node 0) records the
 job's outcome from every node's report.
+
+Every attempt runs in the worker's sandbox (:mod:`ace3_worker.sandbox`): its own uid (leased
+before the claim, released after everything of the attempt is dead), namespaces, rlimits; its
+directory holds copies of its inputs and is removed on every path. Everything the job writes is
+untrusted: log lines are rate-limited and capped (:mod:`ace3_worker.log_limits`), events are
+validated (:mod:`ace3_worker.job_events`) and a refused one becomes a warning in the job's log
+(stream ``service``, which a job cannot write), checkpoints are read only from the attempt's
+checkpoint directory and never deleted there. Each pass of the watch loop stores a bounded batch,
+so a job that prints without end cannot starve the heartbeat.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import queue
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -51,14 +56,40 @@ from ace3_server.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.device import local_capacity, worker_device
+from ace3_worker.failures import RankFailure, failure_message, root_cause
 from ace3_worker.gang import GangMember, NodeSeat
-from ace3_worker.job_dir import JobDirectory, prepare_job_directory
+from ace3_worker.job_dir import (
+    JobDirectory,
+    JobOwner,
+    attempt_path,
+    hand_over,
+    prepare_job_directory,
+    remove_attempt_directory,
+)
+from ace3_worker.job_events import (
+    CheckpointRecord,
+    JobRecord,
+    MetricsRecord,
+    NonFiniteLossRecord,
+    RefusedRecord,
+)
 from ace3_worker.launcher import multinode_torchrun_command, rank_environment, torchrun_command
+from ace3_worker.log_limits import LogLimiter
+from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError, lease_identity
+from ace3_worker.sandbox.launch import SandboxedProcess, launch, sandbox_environment
+from ace3_worker.sandbox.limits import JobLimits
+from ace3_worker.sandbox.plan import SandboxPlan, sandbox_plan
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.25
 ERROR_TAIL_LINES = 40
+# What one pass of the watch loop stores at most (the rest waits for the next pass).
+LINES_PER_PASS = 2000
+RECORDS_PER_PASS = 500
+# Lines read but not yet stored (the database may be down): past it, lines are dropped.
+MAX_QUEUED_LINES = 50_000
+SERVICE_STREAM = "service"  # the worker's own notices in a job's log (a job cannot write it)
 
 # job id -> when this process last handed it back (time.monotonic()); see Supervisor.hand_back.
 _handed_back: dict[str, float] = {}
@@ -84,6 +115,15 @@ def registered_worker_id() -> str | None:
 
 
 @dataclass
+class PendingRecord:
+    """An events record read but not yet stored, with what reading it decided."""
+
+    record: JobRecord | RefusedRecord
+    checkpoint: reports.StagedCheckpoint | None = None  # a valid checkpoint, copied to the store
+    notice: str | None = None  # the warning for the job's log
+
+
+@dataclass
 class AttemptWatch:
     """What the supervisor tracks while the ranks run."""
 
@@ -98,26 +138,42 @@ class AttemptWatch:
     lease_lost: bool = False
     # Multi-node: why another node made this one stop (its failure, its silence).
     peer_trouble: str | None = None
+    # Why the service stopped the attempt on its own (max_runtime_seconds).
+    stopped_for: str | None = None
     # Whether this worker syncs the artifacts: the node that hosts rank 0 (the only one on a
     # single-node job; on a multi-node job, the node whose torchrun prints rank 0's lines).
     syncs_artifacts: bool = True
+    started_at: float = field(default_factory=time.monotonic)
     terminate_sent_at: float | None = None
     killed: bool = False
     # Drained but not yet stored (the database was unreachable): retried on the next pass.
     pending_lines: list[reports.LogLine] = field(default_factory=list)
-    pending_events: list[dict[str, Any]] = field(default_factory=list)
+    pending_records: list[PendingRecord] = field(default_factory=list)
     lease_renewed_at: float = field(default_factory=time.monotonic)
 
 
-def _pump(stream: IO[bytes], name: str, lines: queue.Queue[reports.LogLine]) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.put(reports.parse_log_line(name, raw.decode("utf-8", errors="replace")))
+def _pump(
+    stream: IO[bytes], name: str, lines: queue.Queue[reports.LogLine], limiter: LogLimiter
+) -> None:
+    """Read one of torchrun's streams line by line (a line is cut at MAX_LINE_CHARS bytes and
+    its rest skipped), queueing what the limiter admits."""
+    limit = reports.MAX_LINE_CHARS
+    skipping = False  # the rest of a line already cut
+    for raw in iter(lambda: stream.readline(limit), b""):
+        complete = raw.endswith(b"\n")
+        if skipping:
+            skipping = not complete
+            continue
+        skipping = not complete and len(raw) >= limit
+        if lines.qsize() >= MAX_QUEUED_LINES:
+            limiter.drop("the database is not keeping up with the job's log")
+        elif limiter.admit(len(raw)):
+            lines.put(reports.parse_log_line(name, raw.decode("utf-8", errors="replace")))
     stream.close()
 
 
-def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
+def _service_line(text: str) -> reports.LogLine:
+    return reports.LogLine(SERVICE_STREAM, None, text[: reports.MAX_LINE_CHARS])
 
 
 class Supervisor:
@@ -128,12 +184,18 @@ class Supervisor:
         self.sessions = _sessions(settings.resolved_database_url)
         self.store = LocalArtifactStore(settings.resolved_storage_dir)
         self.worker_id = worker_identity()
+        self.limits = JobLimits.from_settings(settings)
         self.gang = GangMember(
             settings,
             self.sessions,
             worker_id=node_id or registered_worker_id() or self.worker_id,
             process=self.worker_id,
         )
+
+    @property
+    def plan(self) -> SandboxPlan:
+        """This worker's sandbox (decided and checked once per process)."""
+        return sandbox_plan(self.settings)
 
     # -- claim and prepare -----------------------------------------------------------------------
     def claim(self, job_id: str) -> int | None:
@@ -144,8 +206,21 @@ class Supervisor:
             session.commit()
         return None if row is None else int(row.attempt)
 
+    def lease_identity(self) -> JobIdentity | None:
+        """The uid the next attempt runs as (None: the worker's own; no dedicated uids)."""
+        if not self.plan.dedicated_uids:
+            return None
+        settings = self.settings
+        return lease_identity(
+            settings.sandbox_lock_dir, settings.sandbox_uid_base, settings.sandbox_uid_count
+        )
+
     def prepare(
-        self, job_id: str, attempt: int, node_rank: int | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        identity: JobIdentity | None = None,
+        node_rank: int | None = None,
     ) -> tuple[Job, JobDirectory]:
         with self.sessions() as session:
             job = session.get(Job, job_id)
@@ -170,13 +245,21 @@ class Supervisor:
                 validation,
                 resume_from,
                 node_rank,
+                visible_root=self.plan.visible_root,
+                owner=_owner(identity),
             )
             if resume_from is not None:
                 logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)
             return job, directory
 
     # -- the run ---------------------------------------------------------------------------------
-    def artifact_sync(self, job: Job, attempt: int, directory: JobDirectory) -> ArtifactSync:
+    def artifact_sync(
+        self,
+        job: Job,
+        attempt: int,
+        directory: JobDirectory,
+        identity: JobIdentity | None = None,
+    ) -> ArtifactSync:
         """The attempt's artifact sync, with the job's recorded artifacts restored into its
         (fresh) artifacts directory, so a re-queued attempt continues them."""
         sync = ArtifactSync(
@@ -186,6 +269,7 @@ class Supervisor:
             sync.load(session)
         if sync.recorded:
             restored = sync.restore()
+            hand_over(directory.artifacts_dir, _owner(identity))
             logger.info("job %s attempt %d: restored %d artifact(s)", job.id, attempt, restored)
         return sync
 
@@ -259,51 +343,86 @@ class Supervisor:
         if shape is not None and shape[1].nodes > 1:
             self.run_node(job_id)
             return
-        attempt = self.claim(job_id)
-        if attempt is None:
-            logger.info(
-                "job %s is not queued (a duplicate message, or cancelled): nothing to do", job_id
-            )
+        try:
+            identity = self.lease_identity()
+        except NoFreeIdentityError as exc:
+            self.hand_back(job_id, str(exc))
             return
         try:
-            job, directory = self.prepare(job_id, attempt)
-            device = worker_device(self.settings.worker_device)
-        except Exception as exc:
-            logger.exception("job %s: could not prepare attempt %d", job_id, attempt)
-            self._record(
-                job_id, attempt, JobState.FAILED, error=f"could not prepare the job: {exc}"
-            )
-            return
-        try:
-            self._launch_and_watch(job, attempt, directory, device)
-        except Exception as exc:
-            logger.exception("job %s: the supervisor failed during attempt %d", job_id, attempt)
-            self._record(
-                job_id, attempt, JobState.FAILED, error=f"the worker could not run the job: {exc}"
-            )
+            attempt = self.claim(job_id)
+            if attempt is None:
+                logger.info(
+                    "job %s is not queued (a duplicate message, or cancelled): nothing to do",
+                    job_id,
+                )
+                return
+            self._run_attempt(job_id, attempt, identity)
         finally:
-            shutil.rmtree(directory.root, ignore_errors=True)
+            if identity is not None:
+                identity.release()
+
+    def _run_attempt(self, job_id: str, attempt: int, identity: JobIdentity | None) -> None:
+        """Prepare, run and record one claimed attempt; its directory goes on every path."""
+        try:
+            try:
+                job, directory = self.prepare(job_id, attempt, identity)
+                device = worker_device(self.settings.worker_device)
+            except Exception as exc:
+                logger.exception("job %s: could not prepare attempt %d", job_id, attempt)
+                self._record_surviving_outage(
+                    job_id, attempt, JobState.FAILED, error=f"could not prepare the job: {exc}"
+                )
+                return
+            try:
+                self._launch_and_watch(job, attempt, directory, device, identity)
+            except Exception as exc:
+                logger.exception("job %s: the supervisor failed during attempt %d", job_id, attempt)
+                self._record_surviving_outage(
+                    job_id,
+                    attempt,
+                    JobState.FAILED,
+                    error=f"the worker could not run the job: {exc}",
+                )
+        finally:
+            remove_attempt_directory(attempt_path(self.settings.resolved_work_dir, job_id, attempt))
 
     def run_node(self, job_id: str) -> None:
         """One node of a multi-node job: take a slot, wait for the gang, run, report."""
-        seat = self.gang.take(job_id)
-        if seat is None or not self.gang.assemble(seat):
+        try:
+            identity = self.lease_identity()
+        except NoFreeIdentityError as exc:
+            self.gang.pass_on(job_id, str(exc))
             return
         try:
-            with self.gang.keep_alive(seat):
-                job, directory = self.prepare(job_id, seat.attempt, node_rank=seat.node_rank)
-                device = worker_device(self.settings.worker_device)
-        except Exception as exc:
-            logger.exception("job %s: could not prepare node %d", job_id, seat.node_rank)
-            self._node_failed_outside_torchrun(seat, f"could not prepare the job: {exc}")
-            return
-        try:
-            self._launch_and_watch(job, seat.attempt, directory, device, seat)
-        except Exception as exc:
-            logger.exception("job %s: the supervisor failed on node %d", job_id, seat.node_rank)
-            self._node_failed_outside_torchrun(seat, f"the worker could not run the job: {exc}")
+            seat = self.gang.take(job_id)
+            if seat is None or not self.gang.assemble(seat):
+                return
+            self._run_node_attempt(seat, identity)
         finally:
-            shutil.rmtree(directory.root, ignore_errors=True)
+            if identity is not None:
+                identity.release()
+
+    def _run_node_attempt(self, seat: NodeSeat, identity: JobIdentity | None) -> None:
+        job_id = seat.job_id
+        root = attempt_path(self.settings.resolved_work_dir, job_id, seat.attempt, seat.node_rank)
+        try:
+            try:
+                with self.gang.keep_alive(seat):
+                    job, directory = self.prepare(
+                        job_id, seat.attempt, identity, node_rank=seat.node_rank
+                    )
+                    device = worker_device(self.settings.worker_device)
+            except Exception as exc:
+                logger.exception("job %s: could not prepare node %d", job_id, seat.node_rank)
+                self._node_failed_outside_torchrun(seat, f"could not prepare the job: {exc}")
+                return
+            try:
+                self._launch_and_watch(job, seat.attempt, directory, device, identity, seat)
+            except Exception as exc:
+                logger.exception("job %s: the supervisor failed on node %d", job_id, seat.node_rank)
+                self._node_failed_outside_torchrun(seat, f"the worker could not run the job: {exc}")
+        finally:
+            remove_attempt_directory(root)
 
     def _node_failed_outside_torchrun(self, seat: NodeSeat, error: str) -> None:
         """This node cannot run: report it (the other nodes stop), and as the leader decide."""
@@ -330,20 +449,22 @@ class Supervisor:
         attempt: int,
         directory: JobDirectory,
         device: str,
+        identity: JobIdentity | None = None,
         seat: NodeSeat | None = None,
     ) -> None:
         if seat is None:
-            artifacts = self.artifact_sync(job, attempt, directory)
+            artifacts = self.artifact_sync(job, attempt, directory, identity)
         else:
             with self.gang.keep_alive(seat):  # (restoring large artifacts takes a while)
-                artifacts = self.artifact_sync(job, attempt, directory)
+                artifacts = self.artifact_sync(job, attempt, directory, identity)
         nproc = int(job.num_processes) // (seat.nodes if seat is not None else 1)
+        job_file = str(directory.visible(directory.job_file))
         if seat is None:
-            command = torchrun_command(directory.job_file, nproc)
+            command = torchrun_command(job_file, nproc)
         else:
             assert seat.endpoint is not None
             command = multinode_torchrun_command(
-                directory.job_file,
+                job_file,
                 nproc,
                 nnodes=seat.nodes,
                 endpoint=seat.endpoint,
@@ -352,24 +473,46 @@ class Supervisor:
                 local_addr=self.gang.host,
                 join_timeout=self.settings.gang_wait_seconds,
             )
-        process = subprocess.Popen(
+        env = sandbox_environment(
+            rank_environment(device, nproc, self.settings.worker_slots),
+            directory,
+            _owner(identity),
+            job.id,
+        )
+        if (
+            seat is not None
+        ):  # (unique among this machine's running nodes: see ace3.runtime.torchrun)
+            env["ACE3_NODE_ID"] = str(os.getpid())
+        process = launch(
+            self.plan,
+            directory,
+            identity,
             command,
-            cwd=directory.root,
-            env=rank_environment(device, nproc, self.settings.worker_slots),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+            env,
+            share_network=seat is not None,  # (the rendezvous crosses machines)
+            device=device,
+            limits=self.limits,
+        )
+        limiter = LogLimiter(
+            self.settings.max_log_lines_per_second,
+            self.settings.max_log_bytes_per_second,
+            self.settings.max_log_bytes_per_job,
         )
         lines: queue.Queue[reports.LogLine] = queue.Queue()
         pumps = [
-            threading.Thread(target=_pump, args=(process.stdout, "stdout", lines), daemon=True),
-            threading.Thread(target=_pump, args=(process.stderr, "stderr", lines), daemon=True),
+            threading.Thread(
+                target=_pump, args=(stream, name, lines, limiter), daemon=True, name=f"ace3-{name}"
+            )
+            for stream, name in (
+                (process.process.stdout, "stdout"),
+                (process.process.stderr, "stderr"),
+            )
         ]
         for pump in pumps:
             pump.start()
         watch = AttemptWatch(job.id, attempt, syncs_artifacts=seat is None)
-        events = reports.EventTail(directory.events_file)
+        events = reports.EventTail(directory.output_dir)
+        max_runtime = job.config.get("max_runtime_seconds")
         if seat is None:  # (the leader of a multi-node job marked it running at the go)
             with self.sessions() as session:
                 session.execute(job_transitions.mark_running(job.id, attempt))
@@ -381,6 +524,9 @@ class Supervisor:
             else:
                 self._node_heartbeat(seat, watch, process)
 
+        def ingest() -> None:
+            self._ingest(job, directory, watch, lines, events, limiter)
+
         next_heartbeat = next_artifact_sync = 0.0
         try:
             while True:
@@ -388,10 +534,10 @@ class Supervisor:
                 if time.monotonic() >= next_heartbeat:
                     self._tolerating_database_errors(watch, process, beat)
                     next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
+                if max_runtime and not exited:
+                    self._enforce_max_runtime(watch, process, float(max_runtime))
                 self._escalate(watch, process)
-                self._tolerating_database_errors(
-                    watch, process, lambda: self._ingest(job, watch, lines, events)
-                )
+                self._tolerating_database_errors(watch, process, ingest)
                 if time.monotonic() >= next_artifact_sync and not exited and watch.syncs_artifacts:
                     self._tolerating_database_errors(
                         watch, process, lambda: self._sync_artifacts(artifacts, lines)
@@ -402,22 +548,79 @@ class Supervisor:
                 time.sleep(POLL_SECONDS)
         finally:
             # Whatever happened, nothing of this attempt may outlive it.
-            _signal_group(process, signal.SIGKILL)
+            process.kill()
             process.wait()
             for pump in pumps:
                 pump.join(timeout=10)
+        returncode = process.returncode
+        assert returncode is not None
+
+        def drain() -> None:
+            while self._ingest(job, directory, watch, lines, events, limiter):
+                pass
+
         if seat is None:
             if not watch.lease_lost:
                 self._final_artifact_sync(artifacts, lines)
-            self._ingest(job, watch, lines, events)
-            self._record_outcome(job, watch, process.returncode, events)
+            self._through_outage(watch, beat, drain)
+            self._through_outage(
+                watch, beat, lambda: self._record_outcome(job, watch, returncode, events)
+            )
             return
         with self.gang.keep_alive(seat):
             if not watch.lease_lost and watch.syncs_artifacts:
                 self._final_artifact_sync(artifacts, lines)
-            self._ingest(job, watch, lines, events)
-            self._report_node(seat, watch, process.returncode, events)
+            self._through_outage(watch, beat, drain)
+            self._report_node(seat, watch, returncode, events)
         self._decide_attempt(seat, watch)
+
+    def _enforce_max_runtime(
+        self, watch: AttemptWatch, process: SandboxedProcess, max_runtime: float
+    ) -> None:
+        elapsed = time.monotonic() - watch.started_at
+        if elapsed <= max_runtime or watch.terminate_sent_at is not None:
+            return
+        watch.stopped_for = (
+            f"the attempt ran past max_runtime_seconds={max_runtime:g} (stopped after "
+            f"{elapsed:.0f} s)"
+        )
+        logger.warning("job %s attempt %d: %s", watch.job_id, watch.attempt, watch.stopped_for)
+        process.terminate()
+        watch.terminate_sent_at = time.monotonic()
+
+    def _through_outage(
+        self, watch: AttemptWatch, beat: Callable[[], None], action: Callable[[], None]
+    ) -> None:
+        """Run a last step of the attempt (store what is left, record the outcome) through a
+        database outage, as the watch loop does: retried with the heartbeat until it works, or
+        until the lease cannot be this attempt's any more (the reconciler then re-queues the
+        job, which resumes from its last stored checkpoint)."""
+        delay = POLL_SECONDS
+        while True:
+            try:
+                if time.monotonic() - watch.lease_renewed_at > self.settings.heartbeat_seconds:
+                    beat()
+                action()
+                return
+            except DBAPIError as exc:
+                waited = time.monotonic() - watch.lease_renewed_at
+                if watch.lease_lost or waited > self.settings.lease_seconds:
+                    logger.error(
+                        "job %s attempt %d: database unreachable for %.0f s after the run; "
+                        "giving the job up to the reconciler",
+                        watch.job_id,
+                        watch.attempt,
+                        waited,
+                    )
+                    watch.lease_lost = True
+                    return
+                logger.warning(
+                    "job %s: database unreachable (%s); retrying",
+                    watch.job_id,
+                    type(exc).__name__,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def _sync_artifacts(self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]) -> None:
         """One artifact pass; what it has to tell the user goes to the job's log. A problem
@@ -448,7 +651,7 @@ class Supervisor:
                 time.sleep(POLL_SECONDS * (attempt_number + 1))
 
     def _tolerating_database_errors(
-        self, watch: AttemptWatch, process: subprocess.Popen[bytes], action: Callable[[], None]
+        self, watch: AttemptWatch, process: SandboxedProcess, action: Callable[[], None]
     ) -> None:
         """Ride out a database outage: training goes on and the action is retried next pass.
         Once the lease cannot have been renewed in time, another worker may own the job: stop."""
@@ -470,10 +673,10 @@ class Supervisor:
             )
             watch.lease_lost = True
             if watch.terminate_sent_at is None:
-                _signal_group(process, signal.SIGTERM)
+                process.terminate()
                 watch.terminate_sent_at = time.monotonic()
 
-    def _heartbeat(self, watch: AttemptWatch, process: subprocess.Popen[bytes]) -> None:
+    def _heartbeat(self, watch: AttemptWatch, process: SandboxedProcess) -> None:
         with self.sessions() as session:
             row = session.execute(
                 job_transitions.renew_lease(
@@ -494,11 +697,11 @@ class Supervisor:
         elif row.cancel_requested:
             watch.cancel_requested = True
         if (watch.lease_lost or watch.cancel_requested) and watch.terminate_sent_at is None:
-            _signal_group(process, signal.SIGTERM)
+            process.terminate()
             watch.terminate_sent_at = time.monotonic()
 
     def _node_heartbeat(
-        self, seat: NodeSeat, watch: AttemptWatch, process: subprocess.Popen[bytes]
+        self, seat: NodeSeat, watch: AttemptWatch, process: SandboxedProcess
     ) -> None:
         """A multi-node heartbeat: this node's row (and, on the leader, the job's lease), the
         cancel flag, and the other nodes: one that failed or went silent stops this one too."""
@@ -526,29 +729,37 @@ class Supervisor:
             watch.peer_trouble = beat.trouble
         stop = watch.lease_lost or watch.cancel_requested or watch.peer_trouble is not None
         if stop and watch.terminate_sent_at is None:
-            _signal_group(process, signal.SIGTERM)
+            process.terminate()
             watch.terminate_sent_at = time.monotonic()
 
-    def _escalate(self, watch: AttemptWatch, process: subprocess.Popen[bytes]) -> None:
+    def _escalate(self, watch: AttemptWatch, process: SandboxedProcess) -> None:
         if watch.terminate_sent_at is None or watch.killed or process.poll() is not None:
             return
         if time.monotonic() - watch.terminate_sent_at >= self.settings.cancel_grace_seconds:
-            _signal_group(process, signal.SIGKILL)
+            process.kill()
             watch.killed = True
 
     def _ingest(
         self,
         job: Job,
+        directory: JobDirectory,
         watch: AttemptWatch,
         lines: queue.Queue[reports.LogLine],
         events: reports.EventTail,
-    ) -> None:
+        limiter: LogLimiter | None = None,
+    ) -> bool:
+        """Store one bounded batch of log lines and event records; return whether more were
+        waiting (the caller's next pass takes them). Nothing is lost when the database is down:
+        what was taken stays pending for the next pass."""
         batch: list[reports.LogLine] = []
-        while True:
+        while len(watch.pending_lines) + len(batch) < LINES_PER_PASS:
             try:
                 batch.append(lines.get_nowait())
             except queue.Empty:
                 break
+        more = not lines.empty()
+        if limiter is not None and (dropped := limiter.take_dropped()) is not None:
+            batch.append(_service_line(dropped))
         for item in batch:
             if item.rank == 0:
                 watch.syncs_artifacts = True  # rank 0 (which writes the artifacts) is here
@@ -559,34 +770,83 @@ class Supervisor:
             else:
                 watch.rank_stderr_tail.append((item.rank, item.line))
         watch.pending_lines += batch
-        watch.pending_events += events.read_new()
-        batch, new_events = watch.pending_lines, watch.pending_events
-        if not batch and not new_events:
-            return
+        if len(watch.pending_records) < RECORDS_PER_PASS:
+            watch.pending_records += [
+                self._take(job, directory, events, record) for record in events.read_new()
+            ]
+        taken = watch.pending_records[:RECORDS_PER_PASS]
+        more = more or events.has_more or len(watch.pending_records) > len(taken)
+        if not watch.pending_lines and not taken:
+            return more
+        notices = [_service_line(item.notice) for item in taken if item.notice is not None]
         stale_keys: list[str] = []
         with self.sessions() as session:
-            reports.store_log_lines(session, job.id, watch.attempt, batch)
-            for event in new_events:
-                kind = event.get("type")
-                if kind == "metrics":
-                    reports.store_metrics(session, job.id, event)
-                elif kind == "checkpoint":
-                    stale_keys += reports.store_checkpoint(
+            reports.store_log_lines(session, job.id, watch.attempt, watch.pending_lines + notices)
+            for item in taken:
+                if isinstance(item.record, MetricsRecord):
+                    reports.store_metrics(session, job.id, item.record)
+                elif item.checkpoint is not None:
+                    stale_keys += reports.record_checkpoint(
                         session,
                         self.store,
                         job.id,
                         watch.attempt,
-                        event,
+                        item.checkpoint,
                         job.config.get("max_checkpoints"),
                     )
-                elif kind == "summary":
-                    events.summary = event
             session.commit()
-        watch.pending_lines, watch.pending_events = [], []
+        watch.pending_lines = []
+        del watch.pending_records[: len(taken)]
         for key in stale_keys:
             self.store.delete(key)
+        return more
+
+    def _take(
+        self,
+        job: Job,
+        directory: JobDirectory,
+        events: reports.EventTail,
+        record: JobRecord | RefusedRecord,
+    ) -> PendingRecord:
+        """A record as it is read: a valid checkpoint's file is copied into the store now
+        (once, whatever happens to the database meanwhile); what is refused gets its notice."""
+        item = PendingRecord(record)
+        if isinstance(record, RefusedRecord):
+            item.notice = f"ace3: refused an events record ({record.reason}): {record.excerpt}"
+        elif isinstance(record, NonFiniteLossRecord):
+            item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
+        elif isinstance(record, CheckpointRecord):
+            outcome = reports.checkpoint_problem(
+                record, directory.visible(directory.checkpoints_dir), events.plan
+            ) or reports.stage_checkpoint(
+                self.store, job.id, record, directory.output_dir, self.settings.max_checkpoint_bytes
+            )
+            if isinstance(outcome, str):
+                item.notice = f"ace3: refused a checkpoint record: {outcome}"
+            else:
+                item.checkpoint = outcome
+        if item.notice is not None:
+            logger.warning("job %s: %s", job.id, item.notice)
+        return item
 
     # -- outcome ---------------------------------------------------------------------------------
+    def _failure(self, watch: AttemptWatch, returncode: int) -> tuple[str, bool]:
+        """(the failure's message, whether another attempt may help)."""
+        cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
+        if watch.stopped_for is not None:
+            return f"training stopped: {watch.stopped_for}", False
+        if cause is not None and cause.signal is not None:
+            return self._message(returncode, watch, cause), cause.retryable
+        if returncode < 0:
+            # torchrun itself was killed by a signal (not ours): the machine, not the code, failed.
+            return f"the torchrun process was killed by signal {-returncode}", True
+        return self._message(returncode, watch, cause), False
+
+    def _message(self, returncode: int, watch: AttemptWatch, cause: RankFailure | None) -> str:
+        return failure_message(
+            returncode, watch.rank_stderr_tail, watch.launcher_stderr_tail, cause, self.limits
+        )
+
     def _record_outcome(
         self, job: Job, watch: AttemptWatch, returncode: int, events: reports.EventTail
     ) -> None:
@@ -597,7 +857,7 @@ class Supervisor:
                 watch.attempt,
             )
             return
-        final_metrics = _final_metrics(events.summary)
+        final_metrics = _final_metrics(events)
         if watch.cancel_requested:
             self._record(
                 job.id,
@@ -606,32 +866,42 @@ class Supervisor:
                 exit_code=returncode,
                 final_metrics=final_metrics,
             )
-        elif returncode == 0:
+            return
+        if returncode == 0 and watch.stopped_for is None:
             self._record(
                 job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=final_metrics
             )
-        elif returncode < 0:
-            # torchrun itself was killed by a signal (not ours): the machine, not the code, failed.
-            reason = f"the torchrun process was killed by signal {-returncode}"
-            if not self._retry(job.id, watch.attempt, reason):
-                self._record(
-                    job.id, watch.attempt, JobState.FAILED, exit_code=returncode, error=reason
+            return
+        error, retryable = self._failure(watch, returncode)
+        if retryable and self._retry(job.id, watch.attempt, error):
+            headline = error.partition("\n")[0]
+            logger.warning("job %s attempt %d: %s; retrying", job.id, watch.attempt, headline)
+            with self.sessions() as session:
+                reports.store_log_lines(
+                    session,
+                    job.id,
+                    watch.attempt,
+                    [_service_line(f"ace3: attempt {watch.attempt} ended: {headline}; retrying")],
                 )
-        else:
-            error = failure_message(returncode, watch)
-            self._record(
-                job.id,
-                watch.attempt,
-                JobState.FAILED,
-                exit_code=returncode,
-                error=error,
-                final_metrics=final_metrics,
-            )
+                session.commit()
+            return
+        if retryable:
+            headline, newline, rest = error.partition("\n")
+            error = f"{headline}; no retries left{newline}{rest}"
+        self._record(
+            job.id,
+            watch.attempt,
+            JobState.FAILED,
+            exit_code=returncode,
+            error=error,
+            final_metrics=final_metrics,
+        )
 
     def _report_node(
         self, seat: NodeSeat, watch: AttemptWatch, returncode: int, events: reports.EventTail
     ) -> None:
-        """Report how this node's torchrun ended, and why the service stopped it if it did."""
+        """Report how this node's torchrun ended, and why the service stopped it if it did.
+        A rank killed by a signal is reported as a signal exit (the verdict then retries)."""
         if watch.cancel_requested:
             stopped: str | None = "the job was cancelled"
         elif watch.peer_trouble is not None:
@@ -640,12 +910,20 @@ class Supervisor:
             stopped = "the attempt no longer owns the job"
         else:
             stopped = None
+        error = None
+        if returncode != 0 or watch.stopped_for is not None:
+            error, retryable = self._failure(watch, returncode)
+            cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
+            if retryable and cause is not None and cause.signal is not None and stopped is None:
+                returncode = cause.exit_code
+            elif returncode == 0:
+                returncode = 1  # stopped by the service on its own: a failure of this node
         self.gang.report(
             seat,
             exit_code=returncode,
-            error=failure_message(returncode, watch) if returncode != 0 else None,
+            error=error,
             stopped=stopped,
-            final_metrics=_final_metrics(events.summary),
+            final_metrics=_final_metrics(events),
         )
 
     def _decide_attempt(self, seat: NodeSeat, watch: AttemptWatch) -> None:
@@ -698,6 +976,24 @@ class Supervisor:
             publisher.close()
         return True
 
+    def _record_surviving_outage(
+        self, job_id: str, attempt: int, state: JobState, **fields: Any
+    ) -> None:
+        """:meth:`_record`, retried through a database outage for up to a lease (after that the
+        reconciler re-queues the job anyway)."""
+        deadline = time.monotonic() + self.settings.lease_seconds
+        delay = POLL_SECONDS
+        while True:
+            try:
+                self._record(job_id, attempt, state, **fields)
+                return
+            except DBAPIError:
+                if time.monotonic() > deadline:
+                    logger.exception("job %s attempt %d: outcome not recorded", job_id, attempt)
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     def _record(self, job_id: str, attempt: int, state: JobState, **fields: Any) -> None:
         with self.sessions() as session:
             result = session.execute(job_transitions.finish(job_id, attempt, state, **fields))
@@ -730,22 +1026,13 @@ def resume_checkpoint(session: Session, job: Job, attempt: int) -> JobCheckpoint
     return origin
 
 
-def failure_message(returncode: int, watch: AttemptWatch) -> str:
-    """One line naming the exception a rank raised, then that rank's stderr (or torchrun's)."""
-    if watch.rank_stderr_tail:
-        first_rank = watch.rank_stderr_tail[-1][0]
-        lines = [line for rank, line in watch.rank_stderr_tail if rank == first_rank]
-        exception = next((line for line in reversed(lines) if line and not line[0].isspace()), "")
-        headline = f"training exited with code {returncode}: rank {first_rank}: {exception}"
-    else:
-        lines = list(watch.launcher_stderr_tail)
-        headline = f"training exited with code {returncode}"
-    return (headline + "\n" + "\n".join(lines))[:8000]
-
-
-def _final_metrics(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+def _final_metrics(events: reports.EventTail) -> dict[str, Any] | None:
     """The runtime's final metrics (they include best_val_accuracy, steps and epochs)."""
-    return dict(summary.get("final_metrics") or {}) if summary is not None else None
+    return dict(events.summary.final_metrics) if events.summary is not None else None
+
+
+def _owner(identity: JobIdentity | None) -> JobOwner | None:
+    return JobOwner(identity.uid, identity.gid, identity.user_name) if identity else None
 
 
 def run_job(job_id: str, node_id: str | None = None) -> None:

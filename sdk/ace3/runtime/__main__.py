@@ -20,6 +20,10 @@ import traceback
 from ace3.runtime.log_prefix import install_log_prefix
 from ace3.runtime.parent_death import exit_with_parent
 
+# Checkpoint files a job keeps in its output directory (at least): the worker has stored the
+# older ones long before (it reads the events file every quarter of a second).
+LOCAL_CHECKPOINTS_KEPT = 3
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ace3.runtime", description=__doc__)
@@ -52,6 +56,9 @@ def _train(job_path: str) -> None:
             output_dir=Path(job.output_dir),
             checkpoint_dir=Path(job.output_dir) / "checkpoints",
             resumed=bool(job.resume_from),
+            # The worker copies each checkpoint into the store as soon as its record is read
+            # (and never deletes the job's files): the job keeps its own directory small.
+            keep_checkpoints=max(job.config.max_checkpoints or 0, LOCAL_CHECKPOINTS_KEPT),
         )
         Trainer(place, ctx, parts, engine_hooks(job.config, ctx), memory=memory).run()
     finally:

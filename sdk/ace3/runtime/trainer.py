@@ -61,7 +61,7 @@ class RunPlace:
     output_dir: Path
     checkpoint_dir: Path | None  # None: no checkpoint files (an in-process run without save_dir)
     resumed: bool = False
-    keep_checkpoints: int | None = None  # prune checkpoint_dir to the newest N (in-process runs)
+    keep_checkpoints: int | None = None  # prune checkpoint_dir to the newest N files
 
 
 class Trainer:

@@ -243,3 +243,18 @@ def test_the_store_keeps_exactly_the_bytes_it_hashed(tmp_path: Path) -> None:
         again = store.put_hashed(handle, lambda sha: f"blobs/{sha}")
     assert again == blob
     assert list(store.staging_dir().iterdir()) == []
+
+
+def test_a_directory_of_too_many_files_is_synced_only_up_to_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ace3_worker import artifact_sync
+
+    monkeypatch.setattr(artifact_sync, "MAX_ENTRIES", 5)
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    for index in range(20):
+        (root / f"f{index}").write_text("x")
+    sync = ArtifactSync("job", 1, root, LocalArtifactStore(tmp_path / "store"), 1 << 20)
+    assert sync.scan() == {}, "nothing past the cap is even looked at"
+    assert any("more than 5 files and directories" in notice for notice in sync.take_notices())

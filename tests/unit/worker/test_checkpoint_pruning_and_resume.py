@@ -16,6 +16,7 @@ from ace3_server.models import Job, JobCheckpoint
 from ace3_server.settings import Settings
 from ace3_server.storage import LocalArtifactStore
 from ace3_worker import reports
+from ace3_worker.job_events import CheckpointRecord
 from ace3_worker.supervisor import Supervisor, resume_checkpoint
 from tests.conftest import insert_job
 
@@ -29,15 +30,18 @@ def supervisor(tmp_path: Path) -> Supervisor:
 
 
 def _checkpoint_event(directory: Path, step: int, payload: bytes | None = None) -> dict:
+    """A checkpoint file in ``directory/checkpoints`` (an attempt's output directory) and the
+    record that announces it."""
     data = payload if payload is not None else f"weights at {step}".encode()
-    path = directory / f"step-{step:08d}.pt"
+    path = directory / "checkpoints" / f"step-{step:08d}.pt"
+    path.parent.mkdir(exist_ok=True)
     path.write_bytes(data)
     return {
         "type": "checkpoint",
         "step": step,
         "epoch": 1,
         "name": path.name,
-        "path": str(path),
+        "path": f"/job/output/checkpoints/{path.name}",
         "sha256": hashlib.sha256(data).hexdigest(),
         "size_bytes": len(data),
         "metrics": {},
@@ -45,9 +49,18 @@ def _checkpoint_event(directory: Path, step: int, payload: bytes | None = None) 
 
 
 def _store(
-    session: Session, store: LocalArtifactStore, job: Job, event: dict, keep: int | None
+    session: Session,
+    store: LocalArtifactStore,
+    job: Job,
+    event: dict,
+    keep: int | None,
+    output_dir: Path,
 ) -> None:
-    stale = reports.store_checkpoint(session, store, job.id, 1, event, keep)
+    record = CheckpointRecord.model_validate(event)
+    staged = reports.stage_checkpoint(store, job.id, record, output_dir, 1 << 30)
+    if isinstance(staged, str):  # refused: nothing recorded
+        return
+    stale = reports.record_checkpoint(session, store, job.id, 1, staged, keep)
     session.commit()
     for key in stale:
         store.delete(key)
@@ -66,7 +79,14 @@ def _steps(session: Session, job_id: str) -> list[int]:
 def test_keep_one_keeps_the_only_checkpoint(supervisor: Supervisor, tmp_path: Path) -> None:
     with supervisor.sessions() as session:
         job = insert_job(session, attempt=1, state="running")
-        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1)
+        _store(
+            session,
+            supervisor.store,
+            job,
+            _checkpoint_event(tmp_path, 10),
+            keep=1,
+            output_dir=tmp_path,
+        )
         (row,) = session.scalars(select(JobCheckpoint).where(JobCheckpoint.job_id == job.id))
         assert row.step == 10 and supervisor.store.exists(row.storage_key)
 
@@ -76,10 +96,24 @@ def test_keep_last_n_deletes_older_rows_and_their_bytes(
 ) -> None:
     with supervisor.sessions() as session:
         job = insert_job(session, attempt=1, state="running")
-        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=2)
+        _store(
+            session,
+            supervisor.store,
+            job,
+            _checkpoint_event(tmp_path, 10),
+            keep=2,
+            output_dir=tmp_path,
+        )
         oldest_key = session.scalar(select(JobCheckpoint.storage_key))
         for step in (20, 30):
-            _store(session, supervisor.store, job, _checkpoint_event(tmp_path, step), keep=2)
+            _store(
+                session,
+                supervisor.store,
+                job,
+                _checkpoint_event(tmp_path, step),
+                keep=2,
+                output_dir=tmp_path,
+            )
         assert _steps(session, job.id) == [20, 30]
         assert not supervisor.store.exists(oldest_key)
 
@@ -89,10 +123,17 @@ def test_a_failed_verification_never_costs_the_last_good_checkpoint(
 ) -> None:
     with supervisor.sessions() as session:
         job = insert_job(session, attempt=1, state="running")
-        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1)
+        _store(
+            session,
+            supervisor.store,
+            job,
+            _checkpoint_event(tmp_path, 10),
+            keep=1,
+            output_dir=tmp_path,
+        )
         corrupt = _checkpoint_event(tmp_path, 20)
         corrupt["sha256"] = "0" * 64  # the bytes on disk are not the announced ones
-        _store(session, supervisor.store, job, corrupt, keep=1)
+        _store(session, supervisor.store, job, corrupt, keep=1, output_dir=tmp_path)
         assert _steps(session, job.id) == [10], "the only verified checkpoint stays"
 
 
@@ -101,7 +142,14 @@ def test_a_checkpoint_another_job_starts_from_is_never_pruned(
 ) -> None:
     with supervisor.sessions() as session:
         job = insert_job(session, attempt=1, state="running")
-        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1)
+        _store(
+            session,
+            supervisor.store,
+            job,
+            _checkpoint_event(tmp_path, 10),
+            keep=1,
+            output_dir=tmp_path,
+        )
         origin = session.scalars(select(JobCheckpoint)).one()
         follower = Job(
             owner_id=job.owner_id,
@@ -116,7 +164,14 @@ def test_a_checkpoint_another_job_starts_from_is_never_pruned(
         session.add(follower)
         session.commit()
         for step in (20, 30):
-            _store(session, supervisor.store, job, _checkpoint_event(tmp_path, step), keep=1)
+            _store(
+                session,
+                supervisor.store,
+                job,
+                _checkpoint_event(tmp_path, step),
+                keep=1,
+                output_dir=tmp_path,
+            )
         assert _steps(session, job.id) == [10, 30], "the newest, and the one a job starts from"
         assert supervisor.store.exists(origin.storage_key)
 
@@ -126,7 +181,14 @@ def test_an_attempt_resumes_from_its_own_newest_checkpoint_else_from_its_origin(
 ) -> None:
     with supervisor.sessions() as session:
         source = insert_job(session, attempt=1, state="succeeded")
-        _store(session, supervisor.store, source, _checkpoint_event(tmp_path, 46), keep=None)
+        _store(
+            session,
+            supervisor.store,
+            source,
+            _checkpoint_event(tmp_path, 46),
+            keep=None,
+            output_dir=tmp_path,
+        )
         origin = session.scalars(select(JobCheckpoint)).one()
         job = Job(
             owner_id=source.owner_id,
@@ -143,7 +205,14 @@ def test_an_attempt_resumes_from_its_own_newest_checkpoint_else_from_its_origin(
 
         assert resume_checkpoint(session, job, 1) == origin
         assert resume_checkpoint(session, job, 2) == origin, "no checkpoint of its own yet"
-        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 60), keep=None)
+        _store(
+            session,
+            supervisor.store,
+            job,
+            _checkpoint_event(tmp_path, 60),
+            keep=None,
+            output_dir=tmp_path,
+        )
         own = resume_checkpoint(session, job, 2)
         assert own is not None and own.job_id == job.id and own.step == 60
         assert resume_checkpoint(session, source, 1) is None

@@ -189,7 +189,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
 
     def command(is_host: bool) -> list[str]:
         return multinode_torchrun_command(
-            tmp_path / "job.json",
+            "/job/job.json",
             4,
             nnodes=2,
             endpoint="10.0.0.5:29400",
@@ -200,7 +200,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
         )
 
     leader, follower = command(True), command(False)
-    run = leader.index("torch.distributed.run")
+    run = leader.index("ace3.runtime.torchrun")
     assert leader[run + 1 : run + 10] == [
         "--nnodes=2",
         "--nproc-per-node=4",
@@ -213,5 +213,5 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
         "-m",
     ]
     assert "--rdzv-conf=is_host=false,join_timeout=300" in follower
-    assert leader[-3:] == ["ace3.runtime", "--job", str(tmp_path / "job.json")]
+    assert leader[-3:] == ["ace3.runtime", "--job", "/job/job.json"]
     assert not any(arg.startswith(("--standalone", "--node-rank")) for arg in leader)

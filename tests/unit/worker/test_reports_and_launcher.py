@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ace3_worker.failures import failure_message
+from ace3_worker.job_events import StartRecord
 from ace3_worker.launcher import rank_environment, torchrun_command
 from ace3_worker.reports import EventTail, parse_log_line
 
@@ -22,15 +24,16 @@ def test_rank_prefix_is_parsed_and_stripped() -> None:
 
 def test_event_tail_reads_only_complete_lines(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    tail = EventTail(path)
+    tail = EventTail(tmp_path)
     assert tail.read_new() == []
     with path.open("w") as handle:
-        handle.write(json.dumps({"type": "metrics", "step": 1}) + "\n" + '{"type": "met')
-    assert tail.read_new() == [{"type": "metrics", "step": 1}]
+        handle.write(json.dumps({"type": "start", "total_steps": 9}) + "\n" + '{"type": "sta')
+    assert tail.read_new() == [StartRecord(type="start", total_steps=9)]
     with path.open("a") as handle:
-        handle.write('rics", "step": 2}\n')
-    assert tail.read_new() == [{"type": "metrics", "step": 2}]
+        handle.write('rt", "total_steps": 5}\n')
+    assert tail.read_new() == [StartRecord(type="start", total_steps=5)]
     assert tail.read_new() == []
+    assert tail.plan == StartRecord(type="start", total_steps=5), "the smallest plan holds"
 
 
 def test_ranks_get_no_service_credentials() -> None:
@@ -62,34 +65,29 @@ def test_cpu_threads_are_shared_by_every_rank_of_every_slot(
     )
 
 
-def test_torchrun_command_runs_one_process_per_gpu(tmp_path: Path) -> None:
-    command = torchrun_command(tmp_path / "job.json", 4)
-    assert command[:4] == [sys.executable, "-m", "ace3.runtime.parent_death", str(os.getpid())]
-    assert command[5:8] == ["-m", "torch.distributed.run", "--standalone"]
-    assert "--nproc-per-node=4" in command
-    assert command[-3:] == ["ace3.runtime", "--job", str(tmp_path / "job.json")]
+def test_torchrun_command_runs_one_process_per_gpu() -> None:
+    command = torchrun_command("/job/job.json", 4)
+    assert command[:4] == [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc-per-node=4" in command and "--max-restarts=0" in command
+    assert command[-3:] == ["ace3.runtime", "--job", "/job/job.json"]
 
 
 def test_a_failure_names_the_ranks_exception_not_torchruns_summary() -> None:
-    from ace3_worker.supervisor import AttemptWatch, failure_message
-
-    watch = AttemptWatch("job", 1)
+    rank_stderr: list[tuple[int, str]] = []
     for rank in (0, 1):
-        watch.rank_stderr_tail.extend(
+        rank_stderr.extend(
             [
                 (rank, "Traceback (most recent call last):"),
                 (rank, '  File "model.py", line 2'),
                 (rank, "ValueError: boom"),
             ]
         )
-    watch.launcher_stderr_tail.extend(["torch.distributed.elastic...ChildFailedError:", "=" * 60])
-    message = failure_message(1, watch)
+    launcher = ["torch.distributed.elastic...ChildFailedError:", "=" * 60]
+    message = failure_message(1, rank_stderr, launcher)
     assert message.splitlines()[0] == "training exited with code 1: rank 1: ValueError: boom"
     assert "Traceback" in message and "ChildFailedError" not in message
 
-    launcher_only = AttemptWatch("job", 1)
-    launcher_only.launcher_stderr_tail.append("torchrun: error: bad arguments")
     assert (
-        failure_message(2, launcher_only)
+        failure_message(2, [], ["torchrun: error: bad arguments"])
         == "training exited with code 2\ntorchrun: error: bad arguments"
     )

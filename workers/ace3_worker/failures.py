@@ -1,0 +1,145 @@
+"""Why an attempt's torchrun failed, in one headline, and whether another attempt may help.
+
+torchrun runs with ``--max-restarts=0`` and exits 1 whatever killed a rank; its error summary on
+stderr names the first failure (``Root Cause``: the rank and its exit code, negative for a
+signal). A rank killed by a signal (the kernel's OOM killer, a stray ``kill -9``, a crashed
+node) is retried from the last verified checkpoint while the job's retry budget lasts, like
+Determined's ``max_restarts``; a rank that raised an exception fails the job (its code would
+raise it again), and so does one that passed its CPU-time or file-size limit.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ace3_server.job_nodes import echoes_a_peer
+from ace3_worker.sandbox.limits import JobLimits
+
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d{1,7})\b")
+_EXIT_LINE = re.compile(r"^\s*exitcode\s*:\s*(-?\d{1,4})\b")
+
+# What a signal most likely means for a training process.
+_SIGNAL_HINTS = {
+    signal.SIGKILL: "out of memory?",
+    signal.SIGSEGV: "segmentation fault",
+    signal.SIGBUS: "bus error",
+    signal.SIGABRT: "aborted",
+    signal.SIGXCPU: "it used up its CPU-time limit",
+    signal.SIGXFSZ: "it wrote a file past its size limit",
+}
+# Signals that another attempt would meet again.
+NOT_RETRIED = frozenset({signal.SIGXCPU, signal.SIGXFSZ})
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The first rank that failed, as torchrun reports it."""
+
+    rank: int
+    exit_code: int
+
+    @property
+    def signal(self) -> signal.Signals | None:
+        if self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code)
+        except ValueError:
+            return None
+
+    @property
+    def retryable(self) -> bool:
+        return self.signal is not None and self.signal not in NOT_RETRIED
+
+    def headline(self) -> str:
+        """``rank 1 killed by SIGKILL (out of memory?)``"""
+        sig = self.signal
+        if sig is None:
+            return f"rank {self.rank} exited with code {self.exit_code}"
+        hint = _SIGNAL_HINTS.get(sig)
+        return f"rank {self.rank} killed by {sig.name}" + (f" ({hint})" if hint else "")
+
+
+def _entries(lines: list[str]) -> list[RankFailure]:
+    """Every ``rank`` / ``exitcode`` entry of torchrun's error summary, in order."""
+    entries: list[RankFailure] = []
+    rank: int | None = None
+    for line in lines:
+        if match := _RANK_LINE.match(line):
+            rank = int(match.group(1))
+        elif rank is not None and (match := _EXIT_LINE.match(line)):
+            entries.append(RankFailure(rank, int(match.group(1))))
+            rank = None
+    return entries
+
+
+def root_cause(
+    launcher_lines: Iterable[str], rank_stderr: Iterable[tuple[int, str]] = ()
+) -> RankFailure | None:
+    """What failed first, from torchrun's error summary: its ``Root Cause`` entry, unless that
+    is a rank whose last error (in ``rank_stderr``) only echoes a peer's death (gloo's
+    "Connection reset by peer"...) while another rank was killed by a signal: the killed rank is
+    the cause. SIGTERM does not count, since torchrun sends it to the surviving ranks itself."""
+    lines = list(launcher_lines)
+    starts = [index for index, line in enumerate(lines) if _ROOT_CAUSE in line]
+    if not starts:
+        return None
+    summary_start = max(  # (the tail may have lost the header of a long summary)
+        (index for index, line in enumerate(lines[: starts[-1]]) if "Failures:" in line),
+        default=0,
+    )
+    roots = _entries(lines[starts[-1] :])
+    root = roots[0] if roots else None
+    if root is None or root.signal is not None:
+        return root
+    root_lines = [line for rank, line in rank_stderr if rank == root.rank]
+    if not echoes_a_peer("\n".join(root_lines[-5:])):
+        return root
+    killed = [
+        entry
+        for entry in _entries(lines[summary_start : starts[-1]])
+        if entry.signal is not None and entry.signal != signal.SIGTERM
+    ]
+    return killed[0] if killed else root
+
+
+def limit_hint(exception: str, limits: JobLimits | None) -> str:
+    """What a job's limit has to do with an exception line (empty when nothing)."""
+    if limits is None:
+        return ""
+    if exception.startswith("MemoryError") or "can't allocate memory" in exception:
+        return f" (each process of a job may allocate {limits.memory_bytes >> 20} MiB)"
+    if "Resource temporarily unavailable" in exception and "Errno 11" in exception:
+        return f" (a job may run {limits.max_processes} processes and threads)"
+    return ""
+
+
+def failure_message(
+    returncode: int,
+    rank_stderr: Iterable[tuple[int, str]],
+    launcher_stderr: Iterable[str],
+    cause: RankFailure | None = None,
+    limits: JobLimits | None = None,
+) -> str:
+    """One line naming what failed (the exception a rank raised, or the signal that killed
+    it), then that rank's stderr (or torchrun's)."""
+    rank_lines = list(rank_stderr)
+    if cause is not None and cause.signal is not None:
+        lines = [line for rank, line in rank_lines if rank == cause.rank] or list(launcher_stderr)
+        headline = f"training failed: {cause.headline()}"
+    elif rank_lines:
+        first_rank = rank_lines[-1][0]
+        lines = [line for rank, line in rank_lines if rank == first_rank]
+        exception = next((line for line in reversed(lines) if line and not line[0].isspace()), "")
+        headline = (
+            f"training exited with code {returncode}: rank {first_rank}: {exception}"
+            + limit_hint(exception, limits)
+        )
+    else:
+        lines = list(launcher_stderr)
+        headline = f"training exited with code {returncode}"
+    return (headline + "\n" + "\n".join(lines))[:8000]
