@@ -6,4 +6,4 @@ from __future__ import annotations
 
 import re
 
-CHECKPOINT_NAME_RE = re.compile(r"^step-(\d{8,})\.(?:pt|dcp\.tar)$")
+CHECKPOINT_NAME_RE = re.compile(r"\Astep-([0-9]{8,})\.(?:pt|dcp\.tar)\Z")

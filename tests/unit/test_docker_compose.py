@@ -58,7 +58,22 @@ def test_services_share_one_database_and_broker(compose: dict) -> None:
     assert len(urls) == 1
     database_url, broker_url = urls.pop()
     assert database_url.startswith("postgresql://") and "@postgres:" in database_url
-    assert broker_url.startswith("redis://redis:")
+    assert broker_url.startswith("redis://:") and "@redis:6379/" in broker_url
+
+
+def test_the_database_and_broker_need_passwords_with_no_default(compose: dict) -> None:
+    """Multi-node jobs share the worker's network: no trust auth, no open Redis, and no
+    password a job could guess from this public file."""
+    services = compose["services"]
+    required = "${ACE3_POSTGRES_PASSWORD:?"
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith(required)
+    assert f":{required}" in services["api"]["environment"]["ACE3_DATABASE_URL"]
+    redis_password = "${ACE3_REDIS_PASSWORD:?"
+    command = services["redis"]["command"]
+    assert command[command.index("--requirepass") + 1].startswith(redis_password)
+    assert services["api"]["environment"]["ACE3_BROKER_URL"].startswith(
+        f"redis://:{redis_password}"
+    )
 
 
 def test_the_worker_gets_what_the_job_sandbox_needs_and_insists_on_it(compose: dict) -> None:

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 MAX_EVENTS_BYTES = 256 << 20
 _RANK_PREFIX = re.compile(r"^\[rank (\d{1,6})\] ?")
 MAX_LINE_CHARS = 8192
+MAX_LINES_PER_READ = 2000  # (parsing is the costly part: a pass of tiny lines stays short)
 
 
 @dataclass
@@ -50,6 +51,12 @@ class LogLine:
     stream: str
     rank: int | None
     line: str
+
+
+def storable_text(text: str) -> str:
+    """``text`` as a database text column holds it: NUL bytes and lone surrogates (which a job
+    can put in JSON) become U+FFFD."""
+    return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
 
 
 def parse_log_line(stream: str, raw: str) -> LogLine:
@@ -118,7 +125,7 @@ class EventTail:
         with os.fdopen(fd, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size < self.offset:  # truncated or replaced: read it again from the start
-                self.offset, self._partial = 0, b""
+                self.offset, self._partial, self._skipping_long_line = 0, b"", False
             budget = min(self.max_bytes_per_read, self.max_total_bytes - self._read_total)
             if budget <= 0:
                 self.has_more = False
@@ -127,10 +134,11 @@ class EventTail:
                 )
             handle.seek(self.offset)
             data = handle.read(budget)
-        self.offset += len(data)
-        self._read_total += len(data)
-        self.has_more = len(data) == budget
-        return self._records(data)
+        records, unread = self._records(data)
+        self.offset += len(data) - unread
+        self._read_total += len(data) - unread
+        self.has_more = unread > 0 or len(data) == budget
+        return records
 
     def _refuse_file(self, reason: str) -> list[JobRecord | RefusedRecord]:
         """Refuse the whole file, once."""
@@ -139,13 +147,29 @@ class EventTail:
         self._refused_file = True
         return [RefusedRecord(reason=reason, excerpt="")]
 
-    def _records(self, data: bytes) -> list[JobRecord | RefusedRecord]:
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
+    def _records(self, data: bytes) -> tuple[list[JobRecord | RefusedRecord], int]:
+        """The records of the complete lines in ``data`` (after what was left of the last pass),
+        at most ``MAX_LINES_PER_READ`` of them; and how many bytes of ``data`` were left unread
+        (read again next pass)."""
+        buffer = self._partial + data
         records: list[JobRecord | RefusedRecord] = []
-        if self._skipping_long_line and lines:
-            lines.pop(0)  # the end of a line already refused
-            self._skipping_long_line = False
+        start = 0
+        for _ in range(MAX_LINES_PER_READ):
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                break
+            line, start = buffer[start:end], end + 1
+            if self._skipping_long_line:  # the end of a line already refused
+                self._skipping_long_line = False
+                continue
+            if line.strip():
+                records.append(self._record(line))
+        else:
+            if buffer.find(b"\n", start) >= 0:  # more lines than a pass parses
+                self._partial = b""
+                return records, len(buffer) - start  # (all within data: see below)
+        # (``_partial`` holds no newline, so every line found ends inside ``data``)
+        self._partial = buffer[start:]
         if len(self._partial) > MAX_LINE_BYTES:
             if not self._skipping_long_line:
                 records.append(
@@ -155,18 +179,22 @@ class EventTail:
                     )
                 )
             self._partial, self._skipping_long_line = b"", True
-        for line in lines:
-            if not line.strip():
-                continue
-            record = parse_record(line)
-            if isinstance(record, StartRecord) and (
-                self.plan is None or record.total_steps < self.plan.total_steps
-            ):
-                self.plan = record  # (a second, larger plan never widens the first)
-            elif isinstance(record, SummaryRecord):
-                self.summary = record
-            records.append(record)
-        return records
+        return records, 0
+
+    def _record(self, line: bytes) -> JobRecord | RefusedRecord:
+        record = parse_record(line)
+        if isinstance(record, StartRecord) and (
+            self.plan is None or record.total_steps < self.plan.total_steps
+        ):
+            self.plan = record  # (a second, larger plan never widens the first)
+        elif isinstance(record, SummaryRecord):
+            self.summary = record
+        elif isinstance(record, CheckpointRecord) and self.plan is None:
+            return RefusedRecord(
+                reason="a checkpoint record before the run's start record",
+                excerpt=line[:200].decode("utf-8", errors="replace"),
+            )
+        return record
 
 
 def store_metrics(session: Session, job_id: str, record: MetricsRecord) -> None:
@@ -210,7 +238,7 @@ def checkpoint_problem(
     match = CHECKPOINT_NAME_RE.match(record.name)
     if match is None:
         return f"checkpoint name {record.name[:80]!r} is not step-<step>.pt or .dcp.tar"
-    if int(match.group(1)) != record.step:
+    if match.group(1) != f"{record.step:08d}":
         return f"checkpoint {record.name} claims step {record.step}"
     if record.path != str(visible_checkpoints_dir / record.name):
         return (

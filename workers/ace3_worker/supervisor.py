@@ -89,6 +89,7 @@ LINES_PER_PASS = 2000
 RECORDS_PER_PASS = 500
 # Lines read but not yet stored (the database may be down): past it, lines are dropped.
 MAX_QUEUED_LINES = 50_000
+MAX_NOTICES_PER_ATTEMPT = 200  # refused records past this are counted, not each logged
 SERVICE_STREAM = "service"  # the worker's own notices in a job's log (a job cannot write it)
 
 # job id -> when this process last handed it back (time.monotonic()); see Supervisor.hand_back.
@@ -149,6 +150,9 @@ class AttemptWatch:
     # Drained but not yet stored (the database was unreachable): retried on the next pass.
     pending_lines: list[reports.LogLine] = field(default_factory=list)
     pending_records: list[PendingRecord] = field(default_factory=list)
+    # Checkpoint files already copied into the store (a repeated record is not copied again).
+    staged_checkpoints: set[str] = field(default_factory=set)
+    notices_left: int = MAX_NOTICES_PER_ATTEMPT
     lease_renewed_at: float = field(default_factory=time.monotonic)
 
 
@@ -173,7 +177,10 @@ def _pump(
 
 
 def _service_line(text: str) -> reports.LogLine:
-    return reports.LogLine(SERVICE_STREAM, None, text[: reports.MAX_LINE_CHARS])
+    """A line of the worker's own (which may quote what a job wrote)."""
+    return reports.LogLine(
+        SERVICE_STREAM, None, reports.storable_text(text[: reports.MAX_LINE_CHARS])
+    )
 
 
 class Supervisor:
@@ -550,6 +557,7 @@ class Supervisor:
             # Whatever happened, nothing of this attempt may outlive it.
             process.kill()
             process.wait()
+            process.close()
             for pump in pumps:
                 pump.join(timeout=10)
         returncode = process.returncode
@@ -772,7 +780,7 @@ class Supervisor:
         watch.pending_lines += batch
         if len(watch.pending_records) < RECORDS_PER_PASS:
             watch.pending_records += [
-                self._take(job, directory, events, record) for record in events.read_new()
+                self._take(watch, job, directory, events, record) for record in events.read_new()
             ]
         taken = watch.pending_records[:RECORDS_PER_PASS]
         more = more or events.has_more or len(watch.pending_records) > len(taken)
@@ -803,6 +811,7 @@ class Supervisor:
 
     def _take(
         self,
+        watch: AttemptWatch,
         job: Job,
         directory: JobDirectory,
         events: reports.EventTail,
@@ -818,13 +827,27 @@ class Supervisor:
         elif isinstance(record, CheckpointRecord):
             outcome = reports.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan
-            ) or reports.stage_checkpoint(
+            )
+            if outcome is None and record.name in watch.staged_checkpoints:
+                outcome = f"checkpoint {record.name} was already taken"
+            outcome = outcome or reports.stage_checkpoint(
                 self.store, job.id, record, directory.output_dir, self.settings.max_checkpoint_bytes
             )
             if isinstance(outcome, str):
                 item.notice = f"ace3: refused a checkpoint record: {outcome}"
             else:
+                watch.staged_checkpoints.add(record.name)
                 item.checkpoint = outcome
+        if item.notice is not None:
+            # (a job that writes refused records without end gets a bounded number of lines)
+            watch.notices_left -= 1
+            if watch.notices_left < 0:
+                item.notice = None
+            elif watch.notices_left == 0:
+                item.notice += (
+                    f" (the last of {MAX_NOTICES_PER_ATTEMPT} refusals logged for this attempt;"
+                    " later ones are not)"
+                )
         if item.notice is not None:
             logger.warning("job %s: %s", job.id, item.notice)
         return item

@@ -25,7 +25,8 @@ time.sleep(120)
 """
 RANK = (
     "-c",
-    "from ace3.runtime.parent_death import exit_with_parent; import time; exit_with_parent(); time.sleep(120)",
+    "from ace3.runtime.parent_death import exit_with_parent; import time; exit_with_parent();"
+    " print('armed', flush=True); time.sleep(120)",
 )
 
 
@@ -43,6 +44,8 @@ def _child_dies_with_parent(args: list[str]) -> None:
     )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
+    if args != ["--wrap"]:  # the rank says when its parent-death signal is armed
+        assert parent.stdout.readline().strip() == "armed"
     time.sleep(0.5)
     assert _alive(child)
     os.kill(parent.pid, signal.SIGKILL)

@@ -120,6 +120,19 @@ def test_a_uid_range_that_holds_an_account_is_refused() -> None:
         check_uid_range(0, 1)  # root
 
 
+def test_a_range_that_holds_only_a_group_is_refused_too() -> None:
+    import grp
+    import pwd
+
+    users = {entry.pw_uid for entry in pwd.getpwall()}
+    groups_only = [entry for entry in grp.getgrall() if entry.gr_gid not in users]
+    if not groups_only:
+        pytest.skip("every group here shares its number with an account")
+    group = groups_only[0]
+    with pytest.raises(ValueError, match=f"gid {group.gr_gid} belongs to the group"):
+        check_uid_range(group.gr_gid, 1)
+
+
 def test_the_log_limiter_passes_bursts_then_drops_and_counts() -> None:
     limiter = LogLimiter(lines_per_second=10, bytes_per_second=1e9, max_total_bytes=10**9)
     admitted = sum(limiter.admit(10) for _ in range(500))
@@ -255,3 +268,35 @@ def test_the_worker_checks_its_sandbox_for_real_when_it_starts(tmp_path: Path) -
         assert fallback.mode == "uid" and fallback.visible_root is None
     none = resolve_sandbox(Settings(data_dir=data, sandbox="none"))
     assert none.mode == "none" and not none.dedicated_uids
+
+
+def test_no_signal_reaches_a_pid_once_the_sandbox_is_reaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the attempt's processes are reaped their PIDs may be anyone's: kill() signals
+    nothing by number, and a PID whose parent is not bubblewrap gets no handle."""
+    from ace3_worker.sandbox.launch import SandboxedProcess, _pidfd_of_child
+    from ace3_worker.sandbox.plan import SandboxPlan
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert _pidfd_of_child(sleeper.pid, parent=os.getpid() + 1) is None
+        pidfd = _pidfd_of_child(sleeper.pid, parent=os.getpid())
+        assert pidfd is not None
+        os.close(pidfd)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+    done = subprocess.Popen(["true"], start_new_session=True)
+    done.wait()
+    signalled: list[int] = []
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: signalled.append(pid))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signalled.append(pid))
+    process = SandboxedProcess(
+        done, SandboxPlan(mode="bwrap", dedicated_uids=True, runtime_paths=(), hidden=()), None
+    )
+    process._init_pid = done.pid  # (what bubblewrap reported, now free for reuse)
+    process.kill()
+    process.close()
+    assert signalled == []

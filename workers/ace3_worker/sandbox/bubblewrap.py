@@ -58,13 +58,6 @@ ETC_FILES = (
 )
 # Top-level system directories (or the symlinks to /usr/... that merged-/usr systems have).
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-GPU_CONTROL_NODES = (
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia-modeset",
-    "/dev/nvidia-caps",
-)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ the ``ACE3_SANDBOX_UID_COUNT - 1`` after it; the gid is the same number). A uid 
 exclusive ``flock`` on ``<ACE3_SANDBOX_LOCK_DIR>/uid-<n>.lock`` for the attempt's whole life, so
 every worker process of the machine (all of them use the same lock directory) picks a different
 one, and a worker that dies releases its uids with its file descriptors. Before a uid is handed
-out and after the attempt ends, every process still running as it is killed, so what one job
-leaves behind never meets the next job that gets the uid; the process-count rlimit counts the
+out and after the attempt ends, every process still running as it is killed, so no process of one job
+meets the next job that gets the uid (files are another matter outside bubblewrap, whose /tmp
+is the attempt's own: docs/security.md); the process-count rlimit counts the
 processes of one job only.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import logging
 import os
 import pwd
@@ -50,16 +52,19 @@ class JobIdentity:
 
 
 def check_uid_range(base: int, count: int) -> None:
-    """Refuse a range that overlaps an account of this machine (the job would get its files)."""
-    for uid in range(base, base + count):
-        try:
-            entry = pwd.getpwuid(uid)
-        except KeyError:
-            continue
-        raise ValueError(
-            f"uid {uid} belongs to the account {entry.pw_name!r}: jobs must not run as an "
-            f"existing account; set ACE3_SANDBOX_UID_BASE to a range of {count} unused uids"
-        )
+    """Refuse a range that overlaps an account or a group of this machine (the job would get
+    its files: a job's gid is its uid's number)."""
+    for number in range(base, base + count):
+        for kind, lookup in (("account", pwd.getpwuid), ("group", grp.getgrgid)):
+            try:
+                name = lookup(number)[0]
+            except KeyError:
+                continue
+            raise ValueError(
+                f"{'uid' if kind == 'account' else 'gid'} {number} belongs to the {kind} "
+                f"{name!r}: jobs must not run as an existing {kind}; set "
+                f"ACE3_SANDBOX_UID_BASE to a range of {count} unused uids and gids"
+            )
 
 
 def lease_identity(lock_dir: Path, base: int, count: int) -> JobIdentity:
@@ -96,6 +101,17 @@ def processes_of(uid: int) -> list[int]:
         if uid in (real, effective) and not fields.get("State", "").strip().startswith("Z"):
             found.append(int(entry.name))
     return found
+
+
+def tasks_of(uid: int) -> int:
+    """How many threads the processes of ``uid`` run (what ``RLIMIT_NPROC`` counts)."""
+    total = 0
+    for pid in processes_of(uid):
+        try:
+            total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return total
 
 
 def kill_processes_of(uid: int, timeout: float = 5.0) -> int:

@@ -22,12 +22,13 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 from ace3_worker.job_dir import JobDirectory, JobOwner
 from ace3_worker.sandbox.bubblewrap import SandboxView, UidSwitch, bubblewrap_argv, setpriv_prefix
-from ace3_worker.sandbox.identity import JobIdentity, kill_processes_of
+from ace3_worker.sandbox.gpus import gpu_device_nodes
+from ace3_worker.sandbox.identity import JobIdentity, kill_processes_of, tasks_of
 from ace3_worker.sandbox.limits import JobLimits, prlimit_prefix
 from ace3_worker.sandbox.plan import SandboxPlan
 from ace3_worker.sandbox.seccomp import filter_program
@@ -35,24 +36,6 @@ from ace3_worker.sandbox.seccomp import filter_program
 logger = logging.getLogger(__name__)
 
 INFO_TIMEOUT_SECONDS = 30.0
-
-
-def gpu_device_nodes(visible_devices: str | None) -> tuple[str, ...]:
-    """The CUDA device nodes a job of this worker may open: the control nodes and the GPUs
-    (only those named by an all-numeric ``CUDA_VISIBLE_DEVICES``, when the worker has one)."""
-    from ace3_worker.sandbox.bubblewrap import GPU_CONTROL_NODES
-
-    nodes = [node for node in GPU_CONTROL_NODES if os.path.exists(node)]
-    indices: set[str] | None = None
-    if visible_devices and all(part.strip().isdigit() for part in visible_devices.split(",")):
-        indices = {part.strip() for part in visible_devices.split(",")}
-    with contextlib.suppress(OSError):
-        for name in sorted(os.listdir("/dev")):
-            number = name.removeprefix("nvidia")
-            wanted = indices is None or number in indices
-            if name.startswith("nvidia") and number.isdigit() and wanted:
-                nodes.append(f"/dev/{name}")
-    return tuple(nodes)
 
 
 def sandbox_environment(
@@ -82,6 +65,7 @@ class SandboxedProcess:
     plan: SandboxPlan
     identity: JobIdentity | None
     _init_pid: int | None = None
+    _init_pidfd: int | None = None  # (signals through it can never reach a reused PID)
     _info_ready: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -121,13 +105,27 @@ class SandboxedProcess:
             pass
         finally:
             os.close(read_fd)
+            if self._init_pid is not None:
+                self._init_pidfd = _pidfd_of_child(self._init_pid, self.process.pid)
+                if self._init_pidfd is None:
+                    self._init_pid = None
             if self._init_pid is None:
                 logger.warning("bubblewrap reported no child PID; SIGTERM goes to its group")
             self._info_ready.set()
 
+    def _init_alive(self) -> bool:
+        """Whether the sandbox's init still runs (while it does, its PID is its own)."""
+        if self._init_pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._init_pidfd, 0)
+        except (ProcessLookupError, PermissionError, OSError):
+            return False
+        return True
+
     def _torchrun_pid(self) -> int | None:
         """torchrun: the child of the sandbox's init (found by its parent PID)."""
-        if self._init_pid is None:
+        if self._init_pid is None or not self._init_alive():
             return None
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
@@ -156,14 +154,43 @@ class SandboxedProcess:
     def kill(self) -> None:
         """SIGKILL to every process of the attempt."""
         _signal_group(self.process, signal.SIGKILL)
-        if self._init_pid is not None:  # (forced from the parent namespace, kills all of it)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self._init_pid, signal.SIGKILL)
+        if self._init_pidfd is not None:  # (forced from the parent namespace, kills all of it)
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
         if self.identity is not None:
             kill_processes_of(self.identity.uid)
 
+    def close(self) -> None:
+        """Release the handle on the sandbox's init (once the attempt is over)."""
+        if self._init_pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._init_pidfd)
+            self._init_pidfd = None
+
+
+def _pidfd_of_child(pid: int, parent: int) -> int | None:
+    """A pidfd for ``pid``, checked to be ``parent``'s child after it was opened (so it is
+    the process bubblewrap reported, not one that took over its PID)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            ppid = int(file.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        ppid = -1
+    if ppid != parent:
+        os.close(pidfd)
+        return None
+    return pidfd
+
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal the attempt's process group, only while its leader is unreaped (after that
+    its number may belong to someone else)."""
+    if process.returncode is not None:
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
 
@@ -190,6 +217,11 @@ def launch(
     """Start ``command`` (torchrun) for the attempt in ``directory`` under ``plan``."""
     pass_fds: list[int] = []
     info_read: int | None = None
+    if device == "cuda":  # (GPU indices mean PCI bus order, as the bound device nodes do)
+        env = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if identity is None and plan.mode != "none":
+        # (the job shares the worker's uid, whose threads the kernel counts together)
+        limits = replace(limits, max_processes=limits.max_processes + tasks_of(os.getuid()))
     prefix = prlimit_prefix(limits) if plan.mode != "none" else []
     if plan.mode == "bwrap":
         seccomp_read, seccomp_write = os.pipe()
@@ -213,7 +245,7 @@ def launch(
             share_network=share_network,
             device_nodes=gpu_device_nodes(env.get("CUDA_VISIBLE_DEVICES"))
             if device == "cuda"
-            else (),
+            else (),  # (indices in PCI order, as ace3_worker.sandbox.gpus resolves them)
             shm_bytes=limits.memory_bytes,
             env=env,
             switch=UidSwitch(identity.uid, identity.gid) if identity else None,
