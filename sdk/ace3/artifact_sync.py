@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from ace3.errors import ACE3Error
-from ace3.packing import sha256_file
+from ace3.files import sha256_file
 from ace3.resources import Artifact, Checkpoint
 from ace3.specs import ARTIFACT_SCHEME
 

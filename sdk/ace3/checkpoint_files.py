@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ace3.files import atomic_path
+
 SAFETENSORS_SUFFIX = ".safetensors"
 
 
@@ -47,13 +49,8 @@ def _save_safetensors(checkpoint: Any, target: Path) -> Path:
             "a .safetensors checkpoint must be a flat dict of str -> tensor (e.g. "
             "model.state_dict()); save nested checkpoints to a .pt file"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(target) as tmp:
         save_file({k: v.contiguous() for k, v in checkpoint.items()}, str(tmp))
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 

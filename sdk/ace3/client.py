@@ -18,7 +18,8 @@ import httpx
 
 from ace3._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
 from ace3.errors import ACE3Error, PackingError
-from ace3.packing import pack_directory, sha256_file
+from ace3.files import sha256_file
+from ace3.packing import pack_directory
 from ace3.resources import Checkpoints, Dataset, Datasets, Jobs, Model, Models, Workers
 from ace3.results import JobHandle
 from ace3.search_results import SearchHandle

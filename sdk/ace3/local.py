@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.config import TrainingConfig
+from ace3.events import CheckpointRecord, EventRecord, MetricsRecord, SummaryRecord
 from ace3.results import MetricsView
 from ace3.runtime.build import build_local
 from ace3.runtime.checkpointing import load_checkpoint
@@ -64,16 +65,15 @@ class _Collector:
         self.final: dict[str, Any] = {}
         self.checkpoints: list[Path] = []
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "metrics":
-            for name, value in event["values"].items():
+    def __call__(self, record: EventRecord) -> None:
+        if isinstance(record, MetricsRecord):
+            for name, value in record.values.items():
                 if value is not None:
-                    self.history.setdefault(name, []).append((int(event["step"]), float(value)))
-        elif kind == "checkpoint":
-            self.checkpoints.append(Path(event["path"]))
-        elif kind == "summary":
-            self.final = dict(event.get("final_metrics") or {})
+                    self.history.setdefault(name, []).append((record.step, float(value)))
+        elif isinstance(record, CheckpointRecord):
+            self.checkpoints.append(Path(record.path))
+        elif isinstance(record, SummaryRecord):
+            self.final = dict(record.final_metrics)
 
     def result(self, model: nn.Module) -> LocalTrainingResult:
         accuracies = [v for _, v in self.history.get("val_accuracy", [])]

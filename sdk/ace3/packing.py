@@ -1,4 +1,4 @@
-"""Pack a directory into a deterministic ``.tar.gz`` for upload, and hash files with sha256.
+"""Pack a directory into a deterministic ``.tar.gz`` for upload.
 
 The same directory contents always give the same archive bytes (entries sorted, mtimes,
 owners and the gzip timestamp zeroed, modes normalised), so its sha256 identifies the content
@@ -10,7 +10,6 @@ directory.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import os
 import stat
@@ -21,25 +20,9 @@ from typing import BinaryIO
 
 from ace3.errors import PackingError
 
-CHUNK_SIZE = 1 << 20
-
 # Never packed: caches and version-control folders (they change without the code changing).
 EXCLUDED_NAMES = frozenset({"__pycache__", ".git", ".hg", ".svn", ".DS_Store"})
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")
-
-
-def sha256_fileobj(fileobj: BinaryIO, chunk_size: int = CHUNK_SIZE) -> str:
-    """sha256 hex digest of a binary file object read from its current position to the end."""
-    digest = hashlib.sha256()
-    while chunk := fileobj.read(chunk_size):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_file(path: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE) -> str:
-    """sha256 hex digest of a file, read in chunks (constant memory)."""
-    with open(path, "rb") as handle:
-        return sha256_fileobj(handle, chunk_size)
 
 
 def _is_excluded(name: str) -> bool:

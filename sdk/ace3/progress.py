@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any, Literal, TextIO
 
+from ace3.events import RunPlan
 from ace3.resources import Job, JobEvent, LogLine, Metric
 
 DisplayMode = Literal["auto", "plain", "none"]
@@ -60,29 +61,35 @@ def format_value(value: float) -> str:
 class StepEstimator:
     """The total number of optimizer steps, once it can be known.
 
-    ``epochs * steps_per_epoch``, capped by ``max_steps``; steps per epoch come from a
-    fractional ``epoch`` value (step / epoch) or from ``epoch_train_loss`` (reported at the end
-    of every epoch). Unknown (None) until then, unless ``max_steps`` bounds it.
+    The run's plan (``job.plan``: the engine's ``start`` record, written before the first step)
+    gives it exactly, from step 1. Without one (a server older than the plan), it is estimated:
+    ``epochs * steps_per_epoch``, capped by ``max_steps``, with the steps of an epoch learnt from
+    ``epoch_train_loss`` (reported once at the end of every epoch); unknown (None) until then,
+    unless ``max_steps`` bounds it.
     """
 
-    def __init__(self, config: dict[str, Any] | None):
+    def __init__(self, config: dict[str, Any] | None, plan: RunPlan | None = None):
         config = config or {}
         self.epochs: int | None = config.get("epochs")
         self.max_steps: int | None = config.get("max_steps")
         self.steps_per_epoch: float | None = None
+        self.planned: int | None = None
+        if plan is not None:
+            self.use_plan(plan)
+
+    def use_plan(self, plan: RunPlan) -> None:
+        self.planned = plan.total_steps
 
     def observe(self, metric: Metric) -> None:
         if self.steps_per_epoch is not None or metric.step <= 0:
             return
-        epoch = metric.value if metric.name == "epoch" else metric.epoch
-        if epoch is not None and epoch > 0 and not float(epoch).is_integer():
-            self.steps_per_epoch = metric.step / epoch
-        elif metric.name == "epoch_train_loss" and metric.epoch:
-            # Reported exactly once per finished epoch, with or without validation.
+        if metric.name == "epoch_train_loss" and metric.epoch:
             self.steps_per_epoch = metric.step / metric.epoch
 
     @property
     def total(self) -> int | None:
+        if self.planned:
+            return self.planned
         estimate = None
         if self.steps_per_epoch and self.epochs:
             estimate = math.ceil(self.epochs * self.steps_per_epoch - 1e-6)
@@ -97,7 +104,10 @@ class Display:
     def __init__(self, job: Job | None, config: dict[str, Any] | None, out: TextIO):
         self.job = job
         self.out = out
-        self.steps = StepEstimator(config if config is not None else (job.config if job else {}))
+        self.steps = StepEstimator(
+            config if config is not None else (job.config if job else {}),
+            job.plan if job is not None else None,
+        )
         self.step = 0
         self.latest: dict[str, float] = {}
         self.started = time.monotonic()
@@ -125,6 +135,8 @@ class Display:
             previous = self.job.state if self.job is not None else None
             if self.job is None or not self.job.config:
                 self.steps = _keep_estimate(self.steps, StepEstimator(data.config))
+            if data.plan is not None:
+                self.steps.use_plan(data.plan)
             self.job = data
             if event.type == "end":
                 self._on_end(data)
@@ -170,7 +182,7 @@ class Display:
 
 
 def _keep_estimate(old: StepEstimator, new: StepEstimator) -> StepEstimator:
-    new.steps_per_epoch = old.steps_per_epoch
+    new.steps_per_epoch, new.planned = old.steps_per_epoch, old.planned
     return new
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
-from ace3.packing import sha256_file
+from ace3.files import sha256_file
 from ace3.results import JobHandle
 from ace3.specs import ARTIFACT_SCHEME
 

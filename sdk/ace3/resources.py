@@ -7,11 +7,9 @@ one REST call of ``docs/api.md``.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import hashlib
 import os
 import re
-import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
 from ace3.errors import ChecksumMismatchError
+from ace3.events import RunPlan
+from ace3.files import atomic_path
 from ace3.pagination import CursorPage, ItemT
 from ace3.specs import ARTIFACT_SCHEME
 from ace3.sse import decode_event, follow_events
@@ -116,6 +116,8 @@ class Job(_APIObject):
     exit_code: int | None = None
     error: str | None = None
     final_metrics: dict[str, Any] | None = None
+    # The run's plan once its first attempt started (total optimizer steps, epochs, ...).
+    plan: RunPlan | None = None
     resume_from_checkpoint: str | None = None
     created_at: datetime | None = None
     started_at: datetime | None = None
@@ -346,24 +348,17 @@ def _write_verified(response: Any, target: Path, expected: str | None, *, verify
     renamed into place only when complete and (with ``verify``) matching both the server's
     ``x-checksum-sha256`` and ``expected``; return the sha256 of the bytes."""
     announced = response.headers.get("x-checksum-sha256")
-    target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            for chunk in response.iter_bytes():
-                digest.update(chunk)
-                handle.write(chunk)
+    with atomic_path(target) as partial, partial.open("wb") as handle:
+        for chunk in response.iter_bytes():
+            digest.update(chunk)
+            handle.write(chunk)
+        handle.flush()
         actual = digest.hexdigest()
         if verify:
             for wanted in (announced, expected):
                 if wanted and wanted.lower() != actual:
                     raise ChecksumMismatchError(str(target), wanted.lower(), actual)
-        os.replace(partial, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise
     return actual
 
 

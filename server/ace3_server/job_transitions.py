@@ -44,6 +44,15 @@ def mark_running(job_id: str, attempt: int) -> Update:
     )
 
 
+def record_plan(job_id: str, attempt: int, plan: dict[str, Any]) -> Update:
+    """The run plan of this attempt's start record (only while the attempt owns the job)."""
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
+        .values(plan=plan, updated_at=utcnow())
+    )
+
+
 def renew_lease(job_id: str, attempt: int, lease_seconds: float) -> Update:
     """Heartbeat; returns cancel_requested. No row back means the lease was lost: stop."""
     now = utcnow()

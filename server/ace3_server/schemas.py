@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
+from ace3.events import RunPlan
 from ace3.hp import HPConfig
 
 Item = TypeVar("Item")
@@ -80,6 +81,7 @@ class JobOut(_Out):
     exit_code: int | None
     error: str | None
     final_metrics: dict[str, Any] | None
+    plan: RunPlan | None = None
     resume_from_checkpoint: str | None = Field(None, validation_alias="resume_from_checkpoint_id")
     created_at: datetime
     started_at: datetime | None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-CHUNK_BYTES = 1 << 20
+from ace3.files import CHUNK_BYTES, atomic_path, fsync_directory
 
 
 class ArtifactStore(Protocol):
@@ -33,22 +33,6 @@ def _check_key(key: str) -> None:
     parts = key.split("/")
     if not key or key.startswith("/") or any(part in ("", ".", "..") for part in parts):
         raise ValueError(f"invalid storage key {key!r}")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -88,19 +72,10 @@ class LocalArtifactStore:
                 shutil.rmtree(source)
                 return
             os.replace(source, target)
-            _fsync_dir(target.parent)
+            fsync_directory(target.parent)
             return
-        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
+        with atomic_path(target) as tmp:
             shutil.copyfile(source, tmp)
-            with tmp.open("rb") as handle:
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-            _fsync_dir(target.parent)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def put_hashed(self, source: BinaryIO, key_for: Callable[[str], str]) -> StoredBlob:
         """Copy ``source`` into the store, hashing the bytes as they are copied, under the key
@@ -128,7 +103,7 @@ class LocalArtifactStore:
             if not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tmp, target)
-                _fsync_dir(target.parent)
+                fsync_directory(target.parent)
         finally:
             tmp.unlink(missing_ok=True)
         return StoredBlob(key, sha256, size)

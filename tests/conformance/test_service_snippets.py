@@ -358,7 +358,7 @@ def test_automatic_checkpointing(remote_names: dict[str, Any], tmp_path: Path) -
     stored = {c.sha256: c for c in handle.checkpoints()}
     local = sorted((tmp_path / "checkpoints").glob("step-*.pt"))
     assert local, "checkpoints were not copied to ./checkpoints"
-    from ace3.packing import sha256_file
+    from ace3.files import sha256_file
 
     assert all(sha256_file(path) in stored for path in local)
     assert handle.refresh().config["save_interval"] == 1000

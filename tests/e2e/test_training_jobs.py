@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_digits_trains_to_090_with_two_ranks(
-    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
+    client: ace3.Client,
+    digits_files: DigitsFiles,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     model = client.load_model(digits_files.model)
     train_data = client.load_dataset(digits_files.train)
@@ -39,13 +42,18 @@ def test_digits_trains_to_090_with_two_ranks(
         train_dataset=train_data,
         validation_dataset=val_data,
         epochs=12,
-        show_progress=False,
+        show_progress=True,  # captured, so not a terminal: plain lines
     )
 
     assert result.best_val_accuracy is not None and result.best_val_accuracy >= 0.90
     assert result.final_metrics["val_accuracy"] >= 0.90
     job = client.jobs.retrieve(result.job_id)
     assert job.state == "succeeded" and job.exit_code == 0 and job.num_processes == 2
+    # The engine's start record, kept on the job: the progress shows the total from step 1.
+    assert job.plan is not None and job.plan.epochs == 12 and job.plan.world_size == 2
+    assert job.plan.total_steps == 12 * job.plan.steps_per_epoch == result.final_metrics["steps"]
+    progress = capsys.readouterr().out
+    assert f"\nstep 1/{job.plan.total_steps} epoch 1: train_loss=" in progress
 
     names = {metric.name for metric in client.jobs.metrics(result.job_id)}
     assert {"train_loss", "val_loss", "val_accuracy", "samples_per_sec", "learning_rate"} <= names

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ace3.files import CHUNK_BYTES
 from ace3_server.models import Job, JobCheckpoint, StoredDataset, StoredModel
-from ace3_server.storage import CHUNK_BYTES, LocalArtifactStore
+from ace3_server.storage import LocalArtifactStore
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
 
 _READ_ONLY_FILE = 0o444

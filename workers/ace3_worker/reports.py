@@ -21,19 +21,19 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ace3.checkpoint_names import CHECKPOINT_NAME_RE
-from ace3_server.db import insert_ignoring_duplicates
-from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, new_id, utcnow
-from ace3_server.storage import LocalArtifactStore
-from ace3_worker.job_events import (
+from ace3.events import (
     MAX_LINE_BYTES,
     CheckpointRecord,
-    JobRecord,
+    EventRecord,
     MetricsRecord,
     RefusedRecord,
     StartRecord,
     SummaryRecord,
     parse_record,
 )
+from ace3_server.db import insert_ignoring_duplicates
+from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, new_id, utcnow
+from ace3_server.storage import LocalArtifactStore
 from ace3_worker.job_files import open_job_file
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class EventTail:
     The file is the job's: it is opened without following links (a link, FIFO or device in its
     place is refused), at most ``max_bytes_per_read`` are read per pass (the rest waits for the
     next pass) and ``max_total_bytes`` in all, and every line is validated
-    (:func:`ace3_worker.job_events.parse_record`). A line longer than the limit is refused and
+    (:func:`ace3.events.parse_record`). A line longer than the limit is refused and
     skipped up to its end. The ``start`` record is the
     attempt's plan (the smallest, if the job writes several); the last ``summary`` its outcome.
     """
@@ -113,7 +113,7 @@ class EventTail:
     _refused_file: bool = field(default=False, repr=False)
     _read_total: int = field(default=0, repr=False)
 
-    def read_new(self) -> list[JobRecord | RefusedRecord]:
+    def read_new(self) -> list[EventRecord | RefusedRecord]:
         try:
             fd = open_job_file(self.directory, self.name)
         except FileNotFoundError:
@@ -140,19 +140,19 @@ class EventTail:
         self.has_more = unread > 0 or len(data) == budget
         return records
 
-    def _refuse_file(self, reason: str) -> list[JobRecord | RefusedRecord]:
+    def _refuse_file(self, reason: str) -> list[EventRecord | RefusedRecord]:
         """Refuse the whole file, once."""
         if self._refused_file:
             return []
         self._refused_file = True
         return [RefusedRecord(reason=reason, excerpt="")]
 
-    def _records(self, data: bytes) -> tuple[list[JobRecord | RefusedRecord], int]:
+    def _records(self, data: bytes) -> tuple[list[EventRecord | RefusedRecord], int]:
         """The records of the complete lines in ``data`` (after what was left of the last pass),
         at most ``MAX_LINES_PER_READ`` of them; and how many bytes of ``data`` were left unread
         (read again next pass)."""
         buffer = self._partial + data
-        records: list[JobRecord | RefusedRecord] = []
+        records: list[EventRecord | RefusedRecord] = []
         start = 0
         for _ in range(MAX_LINES_PER_READ):
             end = buffer.find(b"\n", start)
@@ -181,7 +181,7 @@ class EventTail:
             self._partial, self._skipping_long_line = b"", True
         return records, 0
 
-    def _record(self, line: bytes) -> JobRecord | RefusedRecord:
+    def _record(self, line: bytes) -> EventRecord | RefusedRecord:
         record = parse_record(line)
         if isinstance(record, StartRecord) and (
             self.plan is None or record.total_steps < self.plan.total_steps

@@ -21,7 +21,7 @@ Every attempt runs in the worker's sandbox (:mod:`ace3_worker.sandbox`): its own
 before the claim, released after everything of the attempt is dead), namespaces, rlimits; its
 directory holds copies of its inputs and is removed on every path. Everything the job writes is
 untrusted: log lines are rate-limited and capped (:mod:`ace3_worker.log_limits`), events are
-validated (:mod:`ace3_worker.job_events`) and a refused one becomes a warning in the job's log
+validated (:mod:`ace3.events`) and a refused one becomes a warning in the job's log
 (stream ``service``, which a job cannot write), checkpoints are read only from the attempt's
 checkpoint directory and never deleted there. Each pass of the watch loop stores a bounded batch,
 so a job that prints without end cannot starve the heartbeat.
@@ -46,6 +46,15 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ace3.events import (
+    CheckpointRecord,
+    EventRecord,
+    MetricsRecord,
+    NonFiniteLossRecord,
+    RefusedRecord,
+    RunPlan,
+    StartRecord,
+)
 from ace3_server import job_nodes, job_transitions
 from ace3_server.capacity import JobNeeds, fit_problem
 from ace3_server.db import make_sync_engine, sync_session_factory
@@ -65,13 +74,6 @@ from ace3_worker.job_dir import (
     hand_over,
     prepare_job_directory,
     remove_attempt_directory,
-)
-from ace3_worker.job_events import (
-    CheckpointRecord,
-    JobRecord,
-    MetricsRecord,
-    NonFiniteLossRecord,
-    RefusedRecord,
 )
 from ace3_worker.launcher import multinode_torchrun_command, rank_environment, torchrun_command
 from ace3_worker.log_limits import LogLimiter
@@ -119,9 +121,10 @@ def registered_worker_id() -> str | None:
 class PendingRecord:
     """An events record read but not yet stored, with what reading it decided."""
 
-    record: JobRecord | RefusedRecord
+    record: EventRecord | RefusedRecord
     checkpoint: reports.StagedCheckpoint | None = None  # a valid checkpoint, copied to the store
     notice: str | None = None  # the warning for the job's log
+    plan: RunPlan | None = None  # an accepted start record's plan, for the job row
 
 
 @dataclass
@@ -793,6 +796,12 @@ class Supervisor:
             for item in taken:
                 if isinstance(item.record, MetricsRecord):
                     reports.store_metrics(session, job.id, item.record)
+                elif item.plan is not None:
+                    session.execute(
+                        job_transitions.record_plan(
+                            job.id, watch.attempt, item.plan.model_dump(mode="json")
+                        )
+                    )
                 elif item.checkpoint is not None:
                     stale_keys += reports.record_checkpoint(
                         session,
@@ -815,13 +824,15 @@ class Supervisor:
         job: Job,
         directory: JobDirectory,
         events: reports.EventTail,
-        record: JobRecord | RefusedRecord,
+        record: EventRecord | RefusedRecord,
     ) -> PendingRecord:
         """A record as it is read: a valid checkpoint's file is copied into the store now
         (once, whatever happens to the database meanwhile); what is refused gets its notice."""
         item = PendingRecord(record)
         if isinstance(record, RefusedRecord):
             item.notice = f"ace3: refused an events record ({record.reason}): {record.excerpt}"
+        elif isinstance(record, StartRecord) and events.plan is record:
+            item.plan = record.plan()  # (a later, larger plan is not accepted: reports.py)
         elif isinstance(record, NonFiniteLossRecord):
             item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
         elif isinstance(record, CheckpointRecord):
@@ -988,6 +999,10 @@ class Supervisor:
             session.commit()
         if not result.rowcount:
             return False
+        self._publish(job_id)
+        return True
+
+    def _publish(self, job_id: str) -> None:
         publisher = JobPublisher(self.settings)
         try:
             publisher.publish(job_id)
@@ -997,7 +1012,6 @@ class Supervisor:
             )
         finally:
             publisher.close()
-        return True
 
     def _record_surviving_outage(
         self, job_id: str, attempt: int, state: JobState, **fields: Any

@@ -21,6 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ace3.files import atomic_path
+
 FORMAT = "ace3.key_averages/1"
 TRACE_FILE = "trace.json"
 KEY_AVERAGES_FILE = "key_averages.json"
@@ -115,9 +117,8 @@ def write_records(
         "events": events,
         "events_by_input_shape": events_by_input_shape,
     }
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(body, default=str), encoding="utf-8")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(body, default=str), encoding="utf-8")
     return path
 
 

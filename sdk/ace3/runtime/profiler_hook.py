@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ace3.files import atomic_path
 from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.profile_events import (
     KEY_AVERAGES_FILE,
@@ -146,9 +147,8 @@ class ProfilerHook(TrainingHook):
         assert self.directory is not None
         self.directory.mkdir(parents=True, exist_ok=True)
         trace = self.directory / TRACE_FILE
-        tmp = self.directory / (TRACE_FILE + ".tmp")
-        prof.export_chrome_trace(os.fspath(tmp))
-        tmp.replace(trace)
+        with atomic_path(trace) as tmp:
+            prof.export_chrome_trace(os.fspath(tmp))
         write_key_averages(prof, self.directory, self._meta())
         self.written = True
         self.run.print(f"profiler: wrote {trace} and {self.directory / KEY_AVERAGES_FILE}")

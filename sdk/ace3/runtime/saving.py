@@ -13,6 +13,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ace3.config import TrainingConfig
+from ace3.events import CheckpointRecord, finite_or_none
 from ace3.runtime.build import Components
 from ace3.runtime.checkpointing import (
     SavedCheckpoint,
@@ -85,16 +86,15 @@ def save_job_checkpoint(
         )
     if saved is not None:
         events.write(
-            {
-                "type": "checkpoint",
-                "step": state.step,
-                "epoch": state.display_epoch(),
-                "name": saved.path.name,
-                "path": str(saved.path),
-                "sha256": saved.sha256,
-                "size_bytes": saved.size_bytes,
-                "metrics": dict(state.last_metrics),
-            }
+            CheckpointRecord(
+                step=state.step,
+                epoch=state.display_epoch(),
+                name=saved.path.name,
+                path=str(saved.path),
+                sha256=saved.sha256,
+                size_bytes=saved.size_bytes,
+                metrics=finite_or_none(dict(state.last_metrics)),
+            )
         )
         print(
             f"checkpoint {saved.path.name} saved "

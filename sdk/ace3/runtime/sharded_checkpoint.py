@@ -49,7 +49,8 @@ import torch
 import torch.distributed as dist
 
 from ace3.config import TrainingConfig
-from ace3.runtime.checkpointing import SavedCheckpoint, write_atomic
+from ace3.files import write_atomic
+from ace3.runtime.checkpointing import SavedCheckpoint
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.rng import rank_seed, restore_rng, seed_all

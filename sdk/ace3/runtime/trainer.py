@@ -425,15 +425,7 @@ class Trainer:
         if self.parts.scaler.is_enabled():
             final["skipped_steps"] = self.parts.scaler.skipped_steps
             final["loss_scale"] = float(self.parts.scaler.get_scale())
-        self.events.write(
-            {
-                "type": "summary",
-                "final_metrics": final,
-                "best_val_accuracy": state.best_val_accuracy,
-                "steps": state.step,
-                "epochs": state.display_epoch(),
-            }
-        )
+        self.events.summary(final, state.best_val_accuracy, state.step, state.display_epoch())
         self._log("done: " + " ".join(f"{k}={v}" for k, v in final.items()))
         return final
 

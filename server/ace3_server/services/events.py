@@ -80,7 +80,8 @@ def _job_payload(job: Job) -> dict[str, Any]:
 
 
 def _state_signature(job: Job) -> tuple[Any, ...]:
-    return (job.state, job.attempt, job.cancel_requested, job.exit_code, job.error)
+    # (the plan too: it arrives after the job started running, and the progress bar needs it)
+    return (job.state, job.attempt, job.cancel_requested, job.exit_code, job.error, job.plan)
 
 
 async def _new_rows(
@@ -120,6 +121,10 @@ async def job_events(
                 return
             finished = job.state in TERMINAL_STATES
             metrics, logs = await _new_rows(session, job_id, cursor)
+            if metrics and job.plan is None:
+                # The worker stores the plan before (or with) the first metrics: read after
+                # them, it goes out no later than the first metric (the progress bar's total).
+                await session.refresh(job, attribute_names=["plan"])
             chunks: list[str] = []
             signature = _state_signature(job)
             if signature != last_signature:

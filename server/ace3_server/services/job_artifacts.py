@@ -16,10 +16,11 @@ from fastapi import HTTPException
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from ace3.files import CHUNK_BYTES
 from ace3.specs import ARTIFACT_SCHEME
 from ace3_server.errors import not_found
 from ace3_server.models import JobArtifact
-from ace3_server.storage import CHUNK_BYTES, LocalArtifactStore
+from ace3_server.storage import LocalArtifactStore
 
 MAX_PATH_CHARS = 1024
 

@@ -16,19 +16,27 @@ class FakeTerminal(io.StringIO):
         return True
 
 
+# What the worker stores from the engine's start record (ace3.events.RunPlan).
+PLAN = {"total_steps": 20, "steps_per_epoch": 10, "epochs": 2, "world_size": 1,
+        "resumed_from_step": 0}  # fmt: skip
+
+
 def events() -> list[JobEvent]:
+    """The stream of a job as the engine reports it: integer (1-based) epochs, the plan on the
+    running job before the first metric."""
     return [
         JobEvent("state", ace3.Job.model_validate(job_json(state="running"))),
-        JobEvent("metric", ace3.Metric.model_validate(metric(5, "train_loss", 0.75, epoch=0.5))),
+        JobEvent("state", ace3.Job.model_validate(job_json(state="running", plan=PLAN))),
+        JobEvent("metric", ace3.Metric.model_validate(metric(1, "train_loss", 0.75, epoch=1))),
         JobEvent(
-            "metric", ace3.Metric.model_validate(metric(5, "samples_per_sec", 1234.5, epoch=0.5))
+            "metric", ace3.Metric.model_validate(metric(1, "samples_per_sec", 1234.5, epoch=1))
         ),
         JobEvent("log", ace3.LogLine.model_validate(log(1, "loading [data]", rank=1))),
         JobEvent("metric", ace3.Metric.model_validate(metric(10, "val_accuracy", 0.9, epoch=1))),
         JobEvent(
             "end",
             ace3.Job.model_validate(
-                job_json(state="succeeded", final_metrics={"val_accuracy": 0.9})
+                job_json(state="succeeded", plan=PLAN, final_metrics={"val_accuracy": 0.9})
             ),
         ),
     ]
@@ -60,7 +68,7 @@ def test_not_a_terminal_or_show_progress_false_gives_plain_lines():
     lines = out.getvalue().splitlines()
     assert lines == [
         "job job_1: running",
-        "step 5/20 epoch 0.5: train_loss=0.75 samples_per_sec=1,234",
+        "step 1/20 epoch 1: train_loss=0.75 samples_per_sec=1,234",
         "[rank 1] loading [data]",
         "step 10/20 epoch 1: val_accuracy=0.9",
         "job job_1 succeeded after 0s | val_accuracy=0.9",
@@ -75,11 +83,24 @@ def test_none_mode_shows_nothing(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_step_total_from_epoch_values_or_max_steps():
+def test_step_total_from_the_plan_from_step_1():
     estimator = StepEstimator({"epochs": 3})
-    assert estimator.total is None  # indeterminate until known
-    estimator.observe(ace3.Metric(step=10, name="epoch", value=0.25))
-    assert estimator.total == 120
+    assert estimator.total is None  # indeterminate until the plan arrives
+    estimator.observe(ace3.Metric(step=1, name="train_loss", value=2.0, epoch=1))
+    assert estimator.total is None
+    estimator.use_plan(ace3.Job.model_validate(job_json(plan=PLAN)).plan)
+    assert estimator.total == 20
+    # A newer server's plan with keys this SDK does not know still decodes.
+    job = ace3.Job.model_validate(job_json(plan={**PLAN, "new_field": 1}))
+    assert job.plan is not None and job.plan.total_steps == 20
+
+
+def test_step_total_without_a_plan_from_epoch_loss_or_max_steps():
+    estimator = StepEstimator({"epochs": 3})
+    estimator.observe(ace3.Metric(step=10, name="train_loss", value=1.0, epoch=1))
+    assert estimator.total is None, "an integer epoch mid-epoch says nothing"
+    estimator.observe(ace3.Metric(step=10, name="epoch_train_loss", value=1.0, epoch=1))
+    assert estimator.total == 30
     capped = StepEstimator({"epochs": 3, "max_steps": 50})
     assert capped.total == 50
     capped.observe(ace3.Metric(step=8, name="val_loss", value=1.0, epoch=1))

@@ -177,6 +177,8 @@ def serve_job(api: MockAPI, end_state: str, **end_fields) -> None:
     events = [
         ("state", job_json(state="queued"), "0:0"),
         ("state", job_json(state="running"), "0:0"),
+        # the worker stores the engine's start record: the total is known from the first step
+        ("state", job_json(state="running", plan={"total_steps": 20, "epochs": 2}), "0:0"),
     ]
     events += [("metric", item, f"{item['id']}:0") for item in METRICS]
     events += [

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from ace3.files import sha256_file
 from ace3_server.auth import generate_key, hash_key, key_matches, parse_lookup_prefix
-from ace3_server.storage import LocalArtifactStore, sha256_file
+from ace3_server.storage import LocalArtifactStore
 
 
 def test_a_new_key_is_stored_only_as_its_hash() -> None:
@@ -35,7 +36,7 @@ def test_store_puts_files_atomically_and_refuses_escaping_keys(tmp_path: Path) -
     assert store.path_for("checkpoints/job/step-1.pt").read_bytes() == source.read_bytes()
     assert b"".join(store.iter_bytes("checkpoints/job/step-1.pt")) == source.read_bytes()
     assert sha256_file(store.path_for("checkpoints/job/step-1.pt")) == sha256_file(source)
-    assert not list(store.path_for("checkpoints/job").glob(".tmp-*")), (
+    assert not list(store.path_for("checkpoints/job").glob(".*")), (
         "no temporary file is left behind"
     )
     for key in ("../x", "/abs", "a//b", "a/./b", ""):

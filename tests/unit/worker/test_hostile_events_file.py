@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from sqlalchemy import func, select
 
-from ace3_server.models import JobCheckpoint, JobLog
+from ace3_server.models import Job, JobCheckpoint, JobLog
 from ace3_server.settings import Settings
 from ace3_worker import reports
 from ace3_worker.job_dir import JobDirectory
@@ -146,3 +146,38 @@ def test_a_repeated_checkpoint_record_is_copied_once_and_odd_names_are_refused(
     assert "before the run's start record" in stored
     assert stored.count("was already taken") == 49
     assert "claims step 1" in stored and "is not step-<step>.pt" in stored
+
+
+def test_the_start_record_s_plan_is_kept_on_the_job_and_a_larger_one_never_widens_it(
+    supervisor: Supervisor, directory: JobDirectory
+) -> None:
+    plan = {"total_steps": 40, "steps_per_epoch": 10, "epochs": 4, "world_size": 2,
+            "resumed_from_step": 0}  # fmt: skip
+    directory.events_file.write_text(
+        "\n".join(
+            [
+                json.dumps({"type": "start", **plan}),
+                json.dumps({"type": "start", **plan, "total_steps": 10**6}),  # not taken
+                json.dumps({"type": "start", **plan, "bogus": 1}),  # refused
+            ]
+        )
+        + "\n"
+    )
+    job_id, _, _ = _ingest_everything(supervisor, directory)
+    with supervisor.sessions() as session:
+        assert session.get(Job, job_id).plan == plan  # type: ignore[union-attr]
+    assert any("bogus" in line for line in _service_lines(supervisor, job_id))
+
+
+def test_a_plan_read_after_the_attempt_lost_the_job_is_not_stored(
+    supervisor: Supervisor, directory: JobDirectory
+) -> None:
+    directory.events_file.write_text(json.dumps({"type": "start", "total_steps": 5}) + "\n")
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=2, state="running")  # a newer attempt owns it
+    watch = AttemptWatch(job.id, 1)
+    events = reports.EventTail(directory.output_dir)
+    while supervisor._ingest(job, directory, watch, queue.Queue(), events):
+        pass
+    with supervisor.sessions() as session:
+        assert session.get(Job, job.id).plan is None  # type: ignore[union-attr]

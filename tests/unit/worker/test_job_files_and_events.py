@@ -10,15 +10,15 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from ace3_server.storage import LocalArtifactStore
-from ace3_worker import reports
-from ace3_worker.job_events import (
+from ace3.events import (
     CheckpointRecord,
     MetricsRecord,
     RefusedRecord,
     StartRecord,
     parse_record,
 )
+from ace3_server.storage import LocalArtifactStore
+from ace3_worker import reports
 from ace3_worker.job_files import UnsafeJobPathError, open_job_file
 
 CHECKPOINTS = PurePosixPath("/job/output/checkpoints")

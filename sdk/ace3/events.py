@@ -1,11 +1,26 @@
-"""The records a job writes to ``output/events.jsonl``, validated before the worker acts on any.
+"""The run's event log (``output/events.jsonl``): the contract between the engine, the worker
+and the SDK.
 
-A job runs a stranger's code, and rank 0's events file is written by the same process as that
-code: every record is untrusted input. Each line is parsed into one of the models below
-(unknown keys and types refused, every string and collection bounded, every number finite and
-in range); a line that does not validate is refused with a reason, which the supervisor stores
-as a warning in the job's log, and nothing else happens. What a checkpoint record may point at
-is checked separately (:func:`ace3_worker.reports.checkpoint_problem`).
+One JSON object a line, each one of the records below, told apart by ``type``:
+
+- ``start``: the run's plan, before its first step (:class:`StartRecord`);
+- ``metrics``: values reported at a step (:class:`MetricsRecord`);
+- ``checkpoint``: a checkpoint file written (:class:`CheckpointRecord`);
+- ``nonfinite_loss``: the training loss became NaN or infinite; the run then stops;
+- ``summary``: the final metrics, last (:class:`SummaryRecord`).
+
+The engine builds these models and writes :func:`encode_record`'s line (rank 0 only); an
+in-process run's collector receives the same objects. The worker reads the file back with
+:func:`parse_record`: a job runs a stranger's code, and rank 0's events file is written by the
+same process as that code, so every line is untrusted input there. Unknown keys and types are
+refused, every string and collection is bounded, every number finite and in range; a line
+that does not validate is refused with a reason (the worker stores it as a warning in the
+job's log, and nothing else happens). What a checkpoint record may point at is checked by the
+worker separately (:func:`ace3_worker.reports.checkpoint_problem`). The worker keeps the start
+record's plan on the job (:class:`RunPlan`), which is how the SDK's progress bar knows the
+total from step 1.
+
+Torch-free: the SDK, the server and the worker import it without the training extra.
 """
 
 from __future__ import annotations
@@ -44,14 +59,28 @@ def _finite_values(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def finite_or_none(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every NaN or infinite float replaced by None (how a record holds a
+    value that was not finite: the line stays strict JSON)."""
+    return {
+        name: None if isinstance(value, float) and not math.isfinite(value) else value
+        for name, value in values.items()
+    }
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class StartRecord(_Record):
-    """The run's plan, written once it is known (before the first step)."""
+class RunPlan(_Record):
+    """What a run plans, known before its first step: ``total_steps`` counts optimizer steps
+    from step 0 (a resumed run's earlier steps included) and no step of the run exceeds it.
 
-    type: Literal["start"]
+    As the job's ``plan`` (API and SDK) unknown keys are ignored, so an older SDK reads a newer
+    server's plan; the record a job writes (:class:`StartRecord`) refuses them."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
     total_steps: Count
     steps_per_epoch: Count | None = None
     epochs: Count | None = None
@@ -59,8 +88,18 @@ class StartRecord(_Record):
     resumed_from_step: Count | None = None
 
 
+class StartRecord(RunPlan):
+    """The run's plan, written once it is known (before the first step)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["start"] = "start"
+
+    def plan(self) -> RunPlan:
+        return RunPlan.model_validate(self.model_dump(exclude={"type"}))
+
+
 class MetricsRecord(_Record):
-    type: Literal["metrics"]
+    type: Literal["metrics"] = "metrics"
     step: Step
     epoch: Epoch | None = None
     # null: a value that was not finite (the engine writes NaN/inf as null)
@@ -73,7 +112,7 @@ class MetricsRecord(_Record):
 
 
 class CheckpointRecord(_Record):
-    type: Literal["checkpoint"]
+    type: Literal["checkpoint"] = "checkpoint"
     step: Step
     epoch: Epoch | None = None
     name: Annotated[str, StringConstraints(min_length=1, max_length=255)]
@@ -91,7 +130,7 @@ class CheckpointRecord(_Record):
 
 
 class SummaryRecord(_Record):
-    type: Literal["summary"]
+    type: Literal["summary"] = "summary"
     final_metrics: dict[MetricName, Scalar] = Field(max_length=MAX_METRICS_PER_RECORD)
     best_val_accuracy: float | None = None
     steps: Count | None = None
@@ -106,7 +145,7 @@ class SummaryRecord(_Record):
 class NonFiniteLossRecord(_Record):
     """The training loss became NaN or infinite at ``step`` (the run then stops)."""
 
-    type: Literal["nonfinite_loss"]
+    type: Literal["nonfinite_loss"] = "nonfinite_loss"
     step: Step
     reported_at_step: Step | None = None
     epoch: Epoch | None = None
@@ -114,18 +153,23 @@ class NonFiniteLossRecord(_Record):
     value: Literal["nan", "inf", "-inf"]
 
 
-JobRecord = Annotated[
+EventRecord = Annotated[
     StartRecord | MetricsRecord | CheckpointRecord | SummaryRecord | NonFiniteLossRecord,
     Field(discriminator="type"),
 ]
-_RECORD = TypeAdapter(JobRecord)
+_RECORD: TypeAdapter[EventRecord] = TypeAdapter(EventRecord)
 
 
 class RefusedRecord(BaseModel):
-    """A line of the events file that the worker did not accept, and why."""
+    """A line of the events file that did not validate, and why."""
 
     reason: str
     excerpt: str
+
+
+def encode_record(record: EventRecord) -> str:
+    """The record's line in the events file (without the newline)."""
+    return record.model_dump_json()
 
 
 def _reason(error: ValidationError) -> str:
@@ -134,7 +178,7 @@ def _reason(error: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
-def parse_record(line: bytes) -> JobRecord | RefusedRecord:
+def parse_record(line: bytes) -> EventRecord | RefusedRecord:
     """One line of the events file, validated."""
     excerpt = line[:200].decode("utf-8", errors="replace")
     if len(line) > MAX_LINE_BYTES:
