@@ -252,14 +252,15 @@ def test_the_worker_checks_its_sandbox_for_real_when_it_starts(tmp_path: Path) -
 
     data = tmp_path / "data"
     data.mkdir()
-    plan = resolve_sandbox(
-        Settings(data_dir=data, sandbox="bwrap", sandbox_lock_dir=tmp_path / "l")
-    )
+    # Uids of their own (with a lock directory of their own): a worker of the test stack, or
+    # of another run on this machine, kills what runs under its job uids when a job ends.
+    uids = {"sandbox_uid_base": 61800, "sandbox_uid_count": 8, "sandbox_lock_dir": tmp_path / "l"}
+    plan = resolve_sandbox(Settings(data_dir=data, sandbox="bwrap", **uids))
     assert plan.mode == "bwrap" and plan.dedicated_uids
     assert data.resolve() in plan.hidden and (data / "ace3.db").resolve() in plan.hidden
     assert oct(data.stat().st_mode & 0o777) == oct(0o711), "passable, not listable"
 
-    uid_settings = Settings(data_dir=data, sandbox="uid", sandbox_lock_dir=tmp_path / "l")
+    uid_settings = Settings(data_dir=data, sandbox="uid", **uids)
     try:
         fallback = resolve_sandbox(uid_settings)
     except SandboxUnavailableError as exc:  # (this interpreter lives where other uids cannot read)
