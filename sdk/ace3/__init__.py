@@ -57,6 +57,7 @@ from ace3.errors import (
     RateLimitError,
     SearchCancelledError,
     SearchFailedError,
+    StepOutOfMemoryError,
     UnsupportedFeatureError,
     ValidationError,
 )
@@ -126,6 +127,7 @@ __all__ = [
     "SearchResult",
     "SearchState",
     "SearchTrial",
+    "StepOutOfMemoryError",
     "Trainer",
     "TrainingConfig",
     "TrainingResult",

@@ -27,6 +27,8 @@ one situation::
     ├── JobCancelledError               the training job was cancelled: .job
     ├── NonFiniteLossError              the training loss became NaN or infinite: .step (where
     │                                   it began), .reported_at_step, .value
+    ├── StepOutOfMemoryError            (engine) a rank of a multi-process run ran out of memory
+    │                                   in a step: .step, .micro_batch, .split
     ├── SearchFailedError               the hyperparameter search failed: .search, .trials
     └── SearchCancelledError            the hyperparameter search was cancelled: .search,
                                         .trials, .best_params (the best trial so far)
@@ -61,6 +63,7 @@ __all__ = [
     "RateLimitError",
     "SearchCancelledError",
     "SearchFailedError",
+    "StepOutOfMemoryError",
     "UnsupportedFeatureError",
     "ValidationError",
     "status_error_class",
@@ -308,6 +311,35 @@ class NonFiniteLossError(ACE3Error):
 
     def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
         return (type(self), (self.step, self.reported_at_step, self.value, self.metric))
+
+
+# The exit status of a rank that ran out of memory inside a training step of a job with more
+# than one process (EX_TEMPFAIL): the worker ends the attempt and runs the next one with half
+# the micro-batch (twice the accumulation), resuming from the job's newest checkpoint.
+OUT_OF_MEMORY_EXIT_CODE = 75
+
+
+class StepOutOfMemoryError(ACE3Error, RuntimeError):
+    """A rank ran out of memory inside a training step of a job with more than one process.
+
+    Its peers may already wait in a collective for it (DDP's all-reduce runs during the
+    backward pass), so the step cannot be retried in place: the rank leaves with
+    :data:`OUT_OF_MEMORY_EXIT_CODE`, torchrun stops the others, and the worker retries the
+    job with ``micro_batch_split`` doubled (the effective batch unchanged). ``micro_batch`` is
+    the per-rank micro-batch that did not fit, ``split`` how many micro-batches each loader
+    batch ran as.
+    """
+
+    def __init__(self, step: int, micro_batch: int, split: int) -> None:
+        self.step, self.micro_batch, self.split = step, micro_batch, split
+        super().__init__(
+            f"out of memory at step {step} with a micro-batch of {micro_batch} sample(s) per "
+            f"rank (micro-batch split {split}): this attempt ends on every rank; the next one "
+            f"runs micro-batches of {-(-micro_batch // 2)} (the effective batch unchanged)"
+        )
+
+    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+        return (type(self), (self.step, self.micro_batch, self.split))
 
 
 # -- search outcomes ------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Delete, Insert, Select, Update, delete, select, update
 
+from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
 from ace3_server.db import insert_ignoring_duplicates
 from ace3_server.models import Job, JobNode, JobState, NodeState, utcnow
 
@@ -261,7 +262,9 @@ def peer_trouble(
     return None
 
 
-Outcome = Literal["succeeded", "failed", "cancelled", "retry"]
+# out_of_memory: a rank ran out of memory inside a training step (its node reported the engine's
+# OUT_OF_MEMORY_EXIT_CODE): the next attempt halves the micro-batch.
+Outcome = Literal["succeeded", "failed", "cancelled", "retry", "out_of_memory"]
 
 # What a rank's error says when it only saw another node's processes die (gloo, NCCL, the
 # c10d store): such a node is a consequence, not the cause, when another one failed too.
@@ -328,7 +331,10 @@ def attempt_verdict(
     if failed:
         node = failed[0]
         error = f"{node.label}: {node.error or f'exited with code {node.exit_code}'}"
-        return Verdict("failed", error[:8000], node.exit_code, final_metrics)
+        outcome: Outcome = (
+            "out_of_memory" if node.exit_code == OUT_OF_MEMORY_EXIT_CODE else "failed"
+        )
+        return Verdict(outcome, error[:8000], node.exit_code, final_metrics)
     stopped = [n for n in reported if n.exit_code != 0]
     if stopped:
         reasons = "; ".join(f"{n.label} was stopped: {n.stopped}" for n in stopped)

@@ -116,10 +116,36 @@ def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
             Job.attempt == attempt,
             Job.state.in_(ACTIVE_STATES),
             Job.cancel_requested.is_(False),
-            Job.attempt <= Job.max_retries,
+            Job.attempt <= Job.max_retries + Job.micro_batch_halvings,
         )
         .values(
             state=JobState.QUEUED,
+            worker_id=None,
+            lease_expires_at=None,
+            enqueued_at=now,
+            queued_at=now,
+            error=reason,
+            updated_at=now,
+        )
+    )
+
+
+def requeue_with_half_the_micro_batch(job_id: str, attempt: int, reason: str) -> Update:
+    """An attempt ran out of memory inside a training step: queue the next one with twice the
+    micro-batch split (the caller checks that the micro-batch can still be halved). It does not
+    use up the retry budget: ``micro_batch_halvings`` bounds it (log2 of the micro-batch)."""
+    now = utcnow()
+    return (
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.attempt == attempt,
+            Job.state.in_(ACTIVE_STATES),
+            Job.cancel_requested.is_(False),
+        )
+        .values(
+            state=JobState.QUEUED,
+            micro_batch_halvings=Job.micro_batch_halvings + 1,
             worker_id=None,
             lease_expires_at=None,
             enqueued_at=now,

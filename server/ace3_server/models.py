@@ -163,6 +163,10 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_retries: Mapped[int] = mapped_column(Integer, default=0)
+    # How many attempts ran out of memory inside a training step: each one halved the
+    # micro-batch of the next (job.json's micro_batch_split = 2 ** halvings). They do not count
+    # against max_retries.
+    micro_batch_halvings: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -113,3 +113,70 @@ def test_a_rank_killed_by_sigkill_is_retried_and_ends_with_the_same_weights(
     assert finals[0]["step"] == finals[1]["step"]
     for name, weights in finals[0]["model"].items():
         assert torch.equal(weights, finals[1]["model"][name]), f"{name} differs after the retry"
+
+
+OOM_ON_RANK_1_MODEL_FILE = """
+import os
+
+import torch
+from torch import nn
+
+
+class OomOnRank1(nn.Module):
+    # Asks the real CPU allocator for ~9 TB on rank 1 when a batch is larger than `limit`,
+    # from its training forward pass number `after + 1` on.
+    def __init__(self, limit, after):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.limit, self.after, self.forwards = limit, after, 0
+
+    def forward(self, x):
+        if self.training:
+            self.forwards += 1
+            if (os.environ.get("RANK") == "1" and x.shape[0] > self.limit
+                    and self.forwards > self.after):
+                torch.empty(9 * 2**40, dtype=torch.uint8)
+        return self.net(x)
+
+
+def build_model(limit=16, after=6):
+    torch.manual_seed(0)
+    return OomOnRank1(limit, after)
+"""
+
+
+def test_out_of_memory_on_one_rank_is_retried_from_the_checkpoint_with_half_the_micro_batch(
+    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
+) -> None:
+    """Rank 1 runs out of memory at step 7 (after checkpoints at steps 3 and 6): the attempt
+    ends on every rank without hanging, and the next one resumes from step 6 with micro-batches
+    of 16 instead of 32 per rank, finishing the planned steps at the same effective batch."""
+    (tmp_path / "oom_model.py").write_text(OOM_ON_RANK_1_MODEL_FILE)
+    model = client.load_model(tmp_path / "oom_model.py")
+    train_data = client.load_dataset(digits_files.train)
+    config = ace3.TrainingConfig(
+        num_gpus=2, batch_size=64, save_interval=3, log_interval=3, seed=5, max_steps=12,
+        validation_split=0,
+    )  # fmt: skip
+    result = ace3.DistributedTrainer(config).train(model, train_data, epochs=1)
+    job = client.jobs.retrieve(result.job_id)
+    assert job.state == "succeeded" and job.attempt == 2, job.error
+    assert result.final_metrics["steps"] == 12 and result.final_metrics["micro_batch_split"] == 2
+    logs = list(client.jobs.iter_logs(job.id))
+    assert any(
+        line.rank == 1 and "StepOutOfMemoryError: out of memory at step 7" in line.line
+        for line in logs
+    )
+    assert any(
+        line.stream == "service"
+        and "attempt 1 ran out of memory inside a training step; the next one runs micro-batch "
+        "split 2"
+        in line.line
+        for line in logs
+    )
+    assert any(
+        line.attempt == 2 and "resumed from" in line.line and "step-00000006" in line.line
+        for line in logs
+    )
+    steps = [m.step for m in client.jobs.metrics(job.id, name="train_loss")]
+    assert max(Counter(steps).values()) == 1, "no step is recorded twice"

@@ -218,7 +218,8 @@ def test_a_fork_bomb_is_stopped_by_the_process_limit_and_leaves_nothing(
     job = _finished(sdk, hostile_jobs["fork bomb"])
     state, detail = _verdict(sdk, job.id, "fork bomb")
     assert state == "blocked", detail
-    assert job.state == "failed" and job.attempt == 1
+    assert job.state == "failed", job.error
+    assert job.attempt == 1, _warnings(sdk, job.id)
     assert "processes and threads" in (job.error or ""), job.error
     wait_for(lambda: not processes_of_job(job.id), 10, "every forked process to be killed")
     assert stack.worker_alive()

@@ -237,6 +237,8 @@ def prepare_job_directory(
         "output_dir": str(directory.visible(directory.output_dir)),
         "resume_from": str(directory.visible(resume_path)) if resume_path is not None else None,
         "resume_sha256": resume_from.sha256 if resume_from is not None else None,
+        # Halved once for every earlier attempt that ran out of memory inside a step.
+        "micro_batch_split": 2 ** (job.micro_batch_halvings or 0),
     }
     directory.job_file.write_text(json.dumps(spec, indent=2))
     _identity_files(directory, owner)

@@ -29,6 +29,7 @@ so a job that prints without end cannot starve the heartbeat.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -46,6 +47,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
 from ace3.events import (
     CheckpointRecord,
     EventRecord,
@@ -906,6 +908,8 @@ class Supervisor:
                 job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=final_metrics
             )
             return
+        if self._ran_out_of_memory(watch) and self._halve_micro_batch(job, watch.attempt):
+            return
         error, retryable = self._failure(watch, returncode)
         if retryable and self._retry(job.id, watch.attempt, error):
             headline = error.partition("\n")[0]
@@ -950,6 +954,8 @@ class Supervisor:
             cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
             if retryable and cause is not None and cause.signal is not None and stopped is None:
                 returncode = cause.exit_code
+            elif stopped is None and self._ran_out_of_memory(watch):
+                returncode = OUT_OF_MEMORY_EXIT_CODE  # (the verdict halves the micro-batch)
             elif returncode == 0:
                 returncode = 1  # stopped by the service on its own: a failure of this node
         self.gang.report(
@@ -973,6 +979,14 @@ class Supervisor:
         self._apply_verdict(seat, verdict)
 
     def _apply_verdict(self, seat: NodeSeat, verdict: job_nodes.Verdict) -> None:
+        if verdict.outcome == "out_of_memory":
+            with self.sessions() as session:
+                job = session.get(Job, seat.job_id)
+                if job is not None:
+                    session.expunge(job)
+            if job is not None and self._halve_micro_batch(job, seat.attempt):
+                return
+            verdict = dataclasses.replace(verdict, outcome="failed")
         if verdict.outcome == "retry":
             reason = verdict.error or "a node of the attempt was lost"
             if not self._retry(seat.job_id, seat.attempt, reason):
@@ -1000,6 +1014,43 @@ class Supervisor:
         if not result.rowcount:
             return False
         self._publish(job_id)
+        return True
+
+    @staticmethod
+    def _ran_out_of_memory(watch: AttemptWatch) -> bool:
+        """A rank left with OUT_OF_MEMORY_EXIT_CODE: it ran out of memory inside a step of a
+        multi-process job (ace3.runtime.steps), and torchrun stopped the others."""
+        if watch.stopped_for is not None:
+            return False
+        cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
+        return cause is not None and cause.exit_code == OUT_OF_MEMORY_EXIT_CODE
+
+    def _halve_micro_batch(self, job: Job, attempt: int) -> bool:
+        """Queue the next attempt with twice the micro-batch split (job.json), from the job's
+        newest checkpoint; False when the micro-batch cannot be halved again (the attempt then
+        fails like any other). The halvings are bounded by log2 of the batch size, whatever a
+        job's exit status claims."""
+        halvings = job.micro_batch_halvings or 0
+        if 2 ** (halvings + 1) > int(job.config.get("batch_size") or 1):
+            return False
+        split = 2 ** (halvings + 1)
+        reason = (
+            f"attempt {attempt} ran out of memory inside a training step; the next one runs "
+            f"micro-batch split {split} (the effective batch unchanged)"
+        )
+        with self.sessions() as session:
+            result = session.execute(
+                job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, reason)
+            )
+            if result.rowcount:
+                reports.store_log_lines(
+                    session, job.id, attempt, [_service_line(f"ace3: {reason}; retrying")]
+                )
+            session.commit()
+        if not result.rowcount:
+            return False
+        logger.warning("job %s: %s", job.id, reason)
+        self._publish(job.id)
         return True
 
     def _publish(self, job_id: str) -> None:

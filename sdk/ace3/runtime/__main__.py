@@ -1,7 +1,10 @@
 """Entry point: ``python -m ace3.runtime --job JOB_DIR/job.json`` (normally under torchrun).
 
 Reads the job, joins the process group, builds, trains, and always tears the group down. On
-failure the traceback goes to stderr and the exit status is 1.
+failure the traceback goes to stderr and the exit status is 1; a rank that ran out of memory
+inside a step of a multi-process job (:class:`ace3.errors.StepOutOfMemoryError`) exits with
+``OUT_OF_MEMORY_EXIT_CODE`` (75) instead, which the worker answers with another attempt at half
+the micro-batch.
 
 The process ends with ``os._exit`` after an orderly shutdown (group destroyed, atexit handlers
 run, streams flushed): Gloo's worker threads outlive ``destroy_process_group`` and can release
@@ -17,6 +20,7 @@ import os
 import sys
 import traceback
 
+from ace3.errors import OUT_OF_MEMORY_EXIT_CODE, StepOutOfMemoryError
 from ace3.runtime.log_prefix import install_log_prefix
 from ace3.runtime.parent_death import exit_with_parent
 
@@ -74,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _train(args.job)
         return 0
+    except StepOutOfMemoryError as exc:
+        # No traceback: the worker reads the exit status and retries with smaller micro-batches.
+        print(f"StepOutOfMemoryError: {exc}", file=sys.stderr, flush=True)
+        return OUT_OF_MEMORY_EXIT_CODE
     except Exception:
         traceback.print_exc()
         return 1

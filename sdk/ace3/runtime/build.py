@@ -85,6 +85,9 @@ class Components:
     # Model-parallel / pipeline jobs: ace3.runtime.model_parallel.ModelParallelRun (``model``
     # and ``ddp`` are then this rank's stage, or the tensor-parallel model).
     model_parallel: Any = None
+    # Each loader batch runs as this many micro-batches from the first step: what an earlier
+    # attempt that ran out of memory left (job.json), 1 otherwise.
+    micro_batch_split: int = 1
 
 
 def refuse_unsupported(config: TrainingConfig) -> None:
@@ -180,7 +183,16 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     data = load_datasets(job.dataset, job.validation_dataset, config)
     torch.manual_seed(config.seed)
     model = build_model(user, job.model.kwargs)
-    return assemble(config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from)
+    parts = assemble(config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from)
+    parts.micro_batch_split = job.micro_batch_split
+    if job.micro_batch_split > 1 and ctx.is_main:
+        micro = -(-parts.per_rank_batch // job.micro_batch_split)
+        print(
+            f"micro-batch split {job.micro_batch_split} (an earlier attempt ran out of memory): "
+            f"micro-batches of {micro} per rank, the effective batch unchanged",
+            flush=True,
+        )
+    return parts
 
 
 def build_local(
@@ -206,6 +218,18 @@ def _buffer_sync(every_forward: bool) -> dict[str, bool]:
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
         return {"forward_sync_buffers": every_forward}
     return {"broadcast_buffers": every_forward}
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext, find_unused_parameters: bool = False) -> nn.Module:
+    """DDP as a hand-written loop sets it up: bucketed all-reduce overlapped with the backward
+    pass, rank 0's buffers broadcast at each synchronised forward."""
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(
+        model,
+        device_ids=device_ids,
+        find_unused_parameters=find_unused_parameters,
+        **_buffer_sync(True),
+    )
 
 
 def total_optimizer_steps(
@@ -269,14 +293,9 @@ def assemble(
     )
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     forward: nn.Module = model
     if plan is None or not plan.fsdp:
-        # With dynamic_batch_size the step runner broadcasts buffers itself, once per step, so
-        # that no collective runs inside the micro-batch loop (see ace3.runtime.steps).
-        forward = DistributedDataParallel(
-            model, device_ids=device_ids, **_buffer_sync(not config.dynamic_batch_size)
-        )
+        forward = wrap_ddp(model, ctx)
     parts = Components(
         config=config,
         user=user,

@@ -54,6 +54,13 @@ class JobSpec(_Strict):
     resume_sha256: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of resume_from."
     )
+    micro_batch_split: int = Field(
+        1,
+        ge=1,
+        le=1 << 20,
+        description="Run each loader batch as this many micro-batches (the worker doubles it "
+        "for the attempt after one that ran out of memory; the effective batch is unchanged).",
+    )
 
 
 def load_job_spec(path: str | Path) -> JobSpec:

@@ -87,12 +87,6 @@ def plan_notes(plan: ShardingPlan, config: TrainingConfig, world_size: int) -> l
     notes = [plan.describe(world_size)]
     if plan.offload_requested and not plan.offload:
         notes.append("offload has no effect on a CPU device: the state is in CPU memory already")
-    if plan.fsdp and config.dynamic_batch_size:
-        notes.append(
-            "dynamic_batch_size: out-of-memory recovery is off with ZeRO stage "
-            f"{plan.stage} (FSDP reduce-scatters gradients inside the backward pass, so a rank "
-            "cannot drop a step alone); an out-of-memory error fails the job"
-        )
     return notes
 
 

@@ -1,30 +1,35 @@
 """One optimizer step: accumulation over micro-batches, loss scaling, clipping, OOM recovery.
 
-Two ways to synchronise gradients across ranks:
+Gradients are synchronised the way a hand-written loop would (no collective of ours in the
+step, no host read):
 
-- ``dynamic_batch_size=False``: DDP as usual. Every micro-batch but the last runs under
-  ``no_sync()``; the last one's backward all-reduces the accumulated gradients, overlapped with
-  the backward pass.
-- ``dynamic_batch_size=True`` (the default): every micro-batch runs under ``no_sync()`` (no
-  collective inside the loop), then the ranks agree on whether any of them ran out of memory
-  (one tiny all-reduce), then the accumulated gradients are averaged with one flattened
-  all-reduce per dtype. On out-of-memory every rank drops the step's gradients, halves its
-  micro-batch (doubling the number of micro-batches, so the effective batch is unchanged),
-  logs it and runs the step again; the halving sticks for the rest of the run. Buffers
-  (BatchNorm statistics) are broadcast from rank 0 once per step, as DDP would at each forward.
+- DDP (and ZeRO-1, whose model is replicated): every micro-batch but the last runs under
+  ``no_sync()``; the last one's backward all-reduces the accumulated gradients in DDP's
+  buckets, overlapped with the backward pass. DDP broadcasts rank 0's buffers (BatchNorm
+  statistics) at each forward pass, as it does by default. A one-process run needs no
+  collective at all: every micro-batch runs under ``no_sync()``. Step 1 alone all-reduces
+  the gradients itself, to learn whether the model leaves some parameter without a gradient
+  (DDP then needs ``find_unused_parameters=True``, which only such a model gets).
+- ZeRO-2/3 (FSDP, ``parts.sharding.fsdp``): every micro-batch but the last runs with FSDP's
+  gradient reduce-scatter turned off (``set_requires_gradient_sync(False)``), the last one
+  reduce-scatters inside its backward pass; buffers are broadcast from rank 0 once per step
+  (FSDP does not sync them).
+- Tensor parallel: no DDP; the sharded layers' collectives run inside forward and backward.
 
-ZeRO-2/3 (FSDP, ``parts.sharding.fsdp``) use neither: every micro-batch but the last runs with
-FSDP's gradient reduce-scatter turned off (``set_requires_gradient_sync(False)``), the last
-one reduce-scatters the accumulated gradients inside its backward pass, and buffers are
-broadcast from rank 0 once per step. Out-of-memory recovery needs every rank to be able to
-drop a step alone, which FSDP's in-backward collectives do not allow: ``dynamic_batch_size``
-falls back to this plain path there (the build logs it). Clipping uses torch's
-``clip_grad_norm_``, which computes the global norm over sharded (DTensor) gradients.
-ZeRO-1 keeps the DDP paths above (the model is replicated; only the optimizer is sharded).
+Clipping uses torch's ``clip_grad_norm_`` (the global norm over sharded DTensor gradients too).
 
-Either way, non-final micro-steps never all-reduce. Each micro-batch's loss is weighted by
-``1 / micro-batches of the step``; halves of a split micro-batch by their share of its samples,
-so a split step computes the same mean loss as the unsplit one.
+Out of memory (``dynamic_batch_size``, the default) costs nothing per step; it is handled when
+it happens. A one-process run drops the step's gradients, halves its micro-batch (doubling the
+micro-batches, so the effective batch is unchanged) and runs the step again; the halving sticks
+for the rest of the run. With more processes the step cannot be retried in place (the peers may
+already wait in the backward pass's all-reduce for the rank that failed), so that rank raises
+:class:`ace3.errors.StepOutOfMemoryError`: the runtime exits with
+:data:`ace3.errors.OUT_OF_MEMORY_EXIT_CODE`, torchrun stops the other ranks, and the worker
+runs the next attempt from the job's newest checkpoint with ``micro_batch_split`` doubled
+(``job.json``; :attr:`StepRunner.split` starts there). An out-of-memory error never hangs a
+job. Each micro-batch's loss is weighted by ``1 / micro-batches of the step``; pieces of a
+split loader batch by their share of its samples, so a split step computes the same mean loss
+as the unsplit one.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ace3.runtime.build import Components
+from ace3.errors import StepOutOfMemoryError
+from ace3.runtime.build import Components, wrap_ddp
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
 from ace3.runtime.sharding import set_gradient_sync, trainable
@@ -79,42 +85,20 @@ class StepRunner:
 
     def __init__(self, parts: Components, ctx: DistContext, config: Any) -> None:
         self.parts, self.ctx, self.config = parts, ctx, config
-        self.split = 1  # each loader batch runs as this many micro-batches
+        # Each loader batch runs as this many micro-batches: 1, or what an earlier attempt that
+        # ran out of memory left (job.json's micro_batch_split).
+        self.split = max(1, int(getattr(parts, "micro_batch_split", 1) or 1))
         self.fsdp = parts.sharding is not None and parts.sharding.fsdp
         # Tensor parallel: no DDP; every rank runs the same batch and the sharded layers'
-        # collectives run inside the forward and backward passes (no OOM recovery either).
+        # collectives run inside the forward and backward passes.
         self.tensor_parallel = getattr(parts, "model_parallel", None) is not None
-        self.manual_sync = (
-            bool(config.dynamic_batch_size) and not self.fsdp and not self.tensor_parallel
-        )
+        self.recovers_from_oom = bool(config.dynamic_batch_size)
+        # One process: DDP would all-reduce over itself; its gradients are already the mean.
+        self.local_only = ctx.world_size == 1 and not self.fsdp and not self.tensor_parallel
+        # DDP over several processes: the first step learns whether every parameter gets a
+        # gradient (see _first_step_sync); until then DDP's own reduction stays off.
+        self.first_step = not (self.local_only or self.fsdp or self.tensor_parallel)
         self.last_step_skipped = False  # the loss scaler skipped the last step (overflow)
-
-    # -- gradients ----------------------------------------------------------------------------
-    def _all_reduce_gradients(self) -> None:
-        grads_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for param in self.parts.model.parameters():
-            if not param.requires_grad:
-                continue
-            if param.grad is None:  # unused this step on this rank: it still takes part
-                param.grad = torch.zeros_like(param)
-            grads_by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
-        for grads in grads_by_dtype.values():
-            flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat)
-            flat /= self.ctx.world_size
-            for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-                grad.copy_(synced)
-
-    def _broadcast_buffers(self) -> None:
-        for buffer in self.parts.model.buffers():
-            dist.broadcast(buffer, src=0)
-
-    def _any_rank(self, flag: bool) -> bool:
-        if self.ctx.world_size == 1:
-            return flag
-        value = torch.tensor([1.0 if flag else 0.0], device=self.ctx.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item() > 0)
 
     # -- the step -----------------------------------------------------------------------------
     def _micro_batches(self, batches: list[Any]) -> list[tuple[Any, float]]:
@@ -127,6 +111,16 @@ class StepRunner:
                 chunks.append((piece, batch_size_of(piece) / total / group))
         return chunks
 
+    def _sync(self, final: bool) -> contextlib.AbstractContextManager[Any]:
+        """How this micro-batch's backward synchronises gradients (see the module docstring)."""
+        parts = self.parts
+        if self.fsdp:
+            set_gradient_sync(parts.ddp, final)
+            return contextlib.nullcontext()
+        if self.tensor_parallel or (final and not self.local_only and not self.first_step):
+            return contextlib.nullcontext()
+        return parts.ddp.no_sync()  # type: ignore[operator,no-any-return]
+
     def _forward_backward(self, chunks: list[tuple[Any, float]]) -> tuple[torch.Tensor, int]:
         parts = self.parts
         step_loss = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
@@ -134,17 +128,7 @@ class StepRunner:
         for i, (raw, weight) in enumerate(chunks):
             batch = move_to_device(raw, self.ctx.device)
             samples += batch_size_of(batch)
-            final = i == len(chunks) - 1
-            if self.fsdp:
-                set_gradient_sync(parts.ddp, final)
-                sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-            elif self.tensor_parallel:
-                sync = contextlib.nullcontext()
-            elif self.manual_sync or not final:
-                sync = parts.ddp.no_sync()  # type: ignore[operator]
-            else:
-                sync = contextlib.nullcontext()
-            with sync:
+            with self._sync(final=i == len(chunks) - 1):
                 with parts.precision.autocast():
                     loss = forward_loss(parts.ddp, batch, parts.user.compute_loss).loss
                 parts.scaler.scale(loss * weight).backward()
@@ -162,22 +146,17 @@ class StepRunner:
         parts, config = self.parts, self.config
         while True:
             parts.precision.zero_grad(parts.optimizer)
-            if (self.manual_sync or self.fsdp) and self.ctx.world_size > 1:
+            if self.fsdp and self.ctx.world_size > 1:
                 self._broadcast_buffers()
-            chunks = self._micro_batches(batches)
-            failure: BaseException | None = None
             try:
-                step_loss, samples = self._forward_backward(chunks)
+                step_loss, samples = self._forward_backward(self._micro_batches(batches))
+                break
             except Exception as exc:
-                if not (self.manual_sync and is_out_of_memory(exc)):
+                if not (self.recovers_from_oom and is_out_of_memory(exc)):
                     raise
-                failure = exc
-            if self.manual_sync and self._any_rank(failure is not None):
-                self._after_oom(failure, batches, step)
-                continue
-            break
-        if self.manual_sync and self.ctx.world_size > 1:
-            self._all_reduce_gradients()
+                self._after_oom(exc, batches, step)
+        if self.first_step:
+            self._first_step_sync()
         precision = parts.precision
         precision.grads_to_optimizer()
         if config.max_grad_norm is not None:
@@ -204,23 +183,63 @@ class StepRunner:
             )
         return step_loss, samples
 
-    def _after_oom(self, failure: BaseException | None, batches: list[Any], step: int) -> None:
+    def _first_step_sync(self) -> None:
+        """Step 1 of DDP over several processes: all-reduce the gradients ourselves (one
+        flattened copy per dtype) and learn whether some parameter got no gradient on some
+        rank. DDP's bucketed reduction, which every later step uses, needs
+        ``find_unused_parameters=True`` for such a model (it would fail at step 2 otherwise),
+        which costs a graph traversal per step: only a model that needs it gets it."""
+        parts, world = self.parts, self.ctx.world_size
+        grads_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        unused = 0
+        for param in parts.model.parameters():
+            if not param.requires_grad:
+                continue
+            if param.grad is None:  # unused this step on this rank: it still takes part
+                param.grad = torch.zeros_like(param)
+                unused += 1
+            grads_by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+        flag = torch.tensor([float(unused)], device=self.ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        for grads in grads_by_dtype.values():
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            flat /= world
+            for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+                grad.copy_(synced)
+        self.first_step = False
+        if flag.item() > 0:
+            parts.ddp = wrap_ddp(parts.model, self.ctx, find_unused_parameters=True)
+            if self.ctx.is_main:
+                print(
+                    "some parameters got no gradient in step 1: DDP runs with "
+                    "find_unused_parameters=True (slower; a model that uses every parameter "
+                    "in each forward pass avoids it)",
+                    flush=True,
+                )
+
+    def _broadcast_buffers(self) -> None:
+        for buffer in self.parts.model.buffers():
+            dist.broadcast(buffer, src=0)
+
+    def _after_oom(self, failure: BaseException, batches: list[Any], step: int) -> None:
+        """Halve the micro-batch and let the caller run the step again (one process), or end
+        the attempt (see the module docstring)."""
         micro = max(batch_size_of(b) for b in batches)
         current = -(-micro // self.split)
-        where = "this rank" if failure is not None else "another rank"
         self._drop_gradients()
         if current <= 1:
             raise RuntimeError(
-                f"out of memory at step {step + 1} on {where} even with a micro-batch of 1 "
-                "sample: the model does not fit; use mixed precision, gradient checkpointing or "
-                "a smaller model"
+                f"out of memory at step {step + 1} even with a micro-batch of 1 sample: the "
+                "model does not fit; use mixed precision, gradient checkpointing or a smaller "
+                "model"
             ) from failure
+        if self.ctx.world_size > 1 or self.fsdp:  # (FSDP's hooks cannot redo a step either)
+            raise StepOutOfMemoryError(step + 1, current, self.split) from failure
         self.split *= 2
-        if self.ctx.is_main:
-            k = len(batches) * self.split
-            print(
-                f"out of memory at step {step + 1} ({where}) with micro-batch {current} per "
-                f"rank: retrying with micro-batch {-(-micro // self.split)} and {k} "
-                "accumulation micro-steps per optimizer step (effective batch unchanged)",
-                flush=True,
-            )
+        print(
+            f"out of memory at step {step + 1} with micro-batch {current}: retrying with "
+            f"micro-batch {-(-micro // self.split)} and {len(batches) * self.split} "
+            "accumulation micro-steps per optimizer step (effective batch unchanged)",
+            flush=True,
+        )

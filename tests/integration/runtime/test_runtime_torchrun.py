@@ -394,45 +394,67 @@ from torch import nn
 
 
 class OomOnRank1(nn.Module):
-    # Asks the real CPU allocator for ~9 TB on rank 1 when a batch is larger than `limit`.
-    def __init__(self, limit):
+    # Asks the real CPU allocator for ~9 TB on rank 1 when a batch is larger than `limit`,
+    # from its training forward pass number `after + 1` on.
+    def __init__(self, limit, after):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-        self.limit = limit
+        self.limit, self.after, self.forwards = limit, after, 0
 
     def forward(self, x):
-        if self.training and os.environ.get("RANK") == "1" and x.shape[0] > self.limit:
-            torch.empty(9 * 2**40, dtype=torch.uint8)
+        if self.training:
+            self.forwards += 1
+            if (os.environ.get("RANK") == "1" and x.shape[0] > self.limit
+                    and self.forwards > self.after):
+                torch.empty(9 * 2**40, dtype=torch.uint8)
         return self.net(x)
 
 
-def build_model(limit=1_000_000):
+def build_model(limit=1_000_000, after=0):
     torch.manual_seed(0)
-    return OomOnRank1(limit)
+    return OomOnRank1(limit, after)
 """
 
 
-def test_out_of_memory_on_one_rank_halves_the_micro_batch_on_every_rank(
+def test_out_of_memory_on_one_rank_ends_the_attempt_and_half_the_micro_batch_finishes_it(
     workdir: Path, base_job: dict[str, Any]
 ) -> None:
+    """No collective of the engine's runs in a step, so a rank that runs out of memory may
+    leave its peers waiting in DDP's all-reduce: it exits with OUT_OF_MEMORY_EXIT_CODE and
+    torchrun stops the others (no hang). The next attempt (the worker sets micro_batch_split)
+    runs the same effective batch: the same losses as a run that never ran out of memory."""
+    from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
+
     (workdir / "oom_model.py").write_text(OOM_ON_RANK_1_MODEL_FILE)
     job = copy.deepcopy(base_job)
     job["config"].update({"epochs": 1, "save_interval": None, "log_interval": 1})
     job["model"] = {"path": str(workdir / "oom_model.py"), "kind": "file",
-                    "factory": "build_model", "kwargs": {"limit": 16}}  # fmt: skip
+                    "factory": "build_model", "kwargs": {"limit": 16, "after": 2}}  # fmt: skip
     done = run_job(job, workdir / "oom")
-    assert_ok(done)
-    # 64 per step over 2 ranks = 32 per rank; rank 1 fails above 16, so both go to 2 x 16.
-    assert "[rank 0] out of memory at step 1 (another rank) with micro-batch 32" in done.stdout
-    assert "retrying with micro-batch 16 and 2 accumulation micro-steps" in done.stdout
-    summary = events(workdir / "oom")[-1]
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    # 64 per step over 2 ranks = 32 per rank; rank 1 fails above 16 from step 3 on, while
+    # rank 0 waits in DDP's bucketed all-reduce of that step's backward pass.
+    assert (
+        "[rank 1] StepOutOfMemoryError: out of memory at step 3 with a micro-batch of 32" in output
+    )
+    assert f"exitcode  : {OUT_OF_MEMORY_EXIT_CODE}" in output, "torchrun names the rank's status"
+    assert not (workdir / "oom" / "output" / "checkpoints").exists() or not any(
+        (workdir / "oom" / "output" / "checkpoints").iterdir()
+    )
+
+    job["micro_batch_split"] = 2  # what the worker writes for the next attempt
+    retried = run_job(job, workdir / "oom-retried")
+    assert_ok(retried)
+    assert "micro-batch split 2 (an earlier attempt ran out of memory)" in retried.stdout
+    summary = events(workdir / "oom-retried")[-1]
     assert summary["final_metrics"]["micro_batch_split"] == 2
-    # The effective batch is unchanged: the same losses as a run that never ran out of memory.
     job["model"]["kwargs"] = {"limit": 1_000_000}
+    del job["micro_batch_split"]
     reference = run_job(job, workdir / "oom-reference")
     assert_ok(reference)
     recovered, expected = (
-        train_losses(events(workdir / "oom")),
+        train_losses(events(workdir / "oom-retried")),
         train_losses(events(workdir / "oom-reference")),
     )
     assert [s for s, _ in recovered] == [s for s, _ in expected]

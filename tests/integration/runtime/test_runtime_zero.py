@@ -155,8 +155,6 @@ def test_stages_1_and_2_on_two_ranks_match_one_process(
     # state by whole parameters, so its share is uneven on a 4-tensor model).
     limit = 0.6 if stage == 2 else 0.95
     assert got["state_memory_mb"] < limit * want["state_memory_mb"]
-    if stage == 2:
-        assert "out-of-memory recovery is off with ZeRO stage 2" in done.stdout
 
 
 def test_stage_3_on_two_ranks_matches_one_process_and_writes_a_sharded_checkpoint(
@@ -170,7 +168,7 @@ def test_stage_3_on_two_ranks_matches_one_process_and_writes_a_sharded_checkpoin
     assert got["state_memory_mb"] == pytest.approx(want["state_memory_mb"] / 2, rel=0.05)
     saved = [e for e in events(job_dir) if e["type"] == "checkpoint"]
     assert [e["name"] for e in saved] == ["step-00000004.dcp.tar", "step-00000008.dcp.tar"]
-    from ace3.runtime.checkpointing import sha256_file
+    from ace3.files import sha256_file
 
     for event in saved:
         path = Path(event["path"])
@@ -207,7 +205,7 @@ def test_a_stage_3_checkpoint_from_two_ranks_resumes_on_another_number(
     checkpoint = source / "output" / "checkpoints" / "step-00000004.dcp.tar"
     job_dir = workdir / f"resume-{nproc}"
     job = job_for(workdir, nproc, zero_stage=3)
-    from ace3.runtime.checkpointing import sha256_file
+    from ace3.files import sha256_file
 
     job.update(resume_from=str(checkpoint), resume_sha256=sha256_file(checkpoint))
     done = run_job(job, job_dir, nproc=nproc)

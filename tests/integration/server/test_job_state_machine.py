@@ -175,3 +175,25 @@ def test_the_server_command_refuses_an_unmigrated_database(tmp_path) -> None:  #
     )
     assert result.returncode == 2
     assert "run `ace3 migrate`" in result.stderr
+
+
+def test_out_of_memory_retries_halve_the_micro_batch_without_using_the_retry_budget(
+    session: Session,
+) -> None:
+    job = _job(session, max_retries=1)
+    for attempt in (1, 2, 3):  # three attempts run out of memory: each is re-queued
+        session.execute(job_transitions.claim(job.id, "worker-a", 30))
+        requeued = session.execute(
+            job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, "oom")
+        )
+        assert requeued.rowcount == 1
+    session.execute(job_transitions.claim(job.id, "worker-a", 30))
+    # The retry budget (1) is still whole: attempt 4 dies with its worker and is retried once.
+    assert session.execute(job_transitions.requeue_for_retry(job.id, 4, "lost")).rowcount == 1
+    session.execute(job_transitions.claim(job.id, "worker-a", 30))
+    assert session.execute(job_transitions.requeue_for_retry(job.id, 5, "lost")).rowcount == 0
+    session.commit()
+    session.refresh(job)
+    assert (job.attempt, job.micro_batch_halvings) == (5, 3)
+    stale = job_transitions.requeue_with_half_the_micro_batch(job.id, 4, "oom")
+    assert session.execute(stale).rowcount == 0, "fenced by the attempt"

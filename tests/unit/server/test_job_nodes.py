@@ -199,3 +199,18 @@ def test_multi_node_zero_sharding_is_refused_on_num_nodes() -> None:
         ace3.TrainingConfig(num_nodes=2, cpu_offload=True, batch_size=32), loc
     )
     assert "offload (which runs ZeRO-3)" in offload["msg"]
+
+
+def test_a_node_whose_rank_ran_out_of_memory_in_a_step_halves_the_micro_batch() -> None:
+    from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
+
+    verdict = attempt_verdict(
+        [
+            exited(0, 1, 2, error="rank 0: RuntimeError: Connection closed by peer"),
+            exited(1, OUT_OF_MEMORY_EXIT_CODE, 1, error="StepOutOfMemoryError: out of memory"),
+        ],
+        needed=2,
+        attempt=1,
+        cancel_requested=False,
+    )
+    assert verdict.outcome == "out_of_memory" and verdict.exit_code == OUT_OF_MEMORY_EXIT_CODE
