@@ -199,6 +199,13 @@ class TrainingConfig(_Schema):
         description="On out-of-memory, halve the micro-batch and double the accumulation (the "
         "effective batch is unchanged) and retry the step.",
     )
+    find_unused_parameters: bool | None = Field(
+        None,
+        description="DDP's find_unused_parameters. None: learnt at step 1 (a model that left some "
+        "parameter without a gradient gets it); True: for models whose forward pass skips "
+        "different parameters from batch to batch (mixtures of experts, layer drop); False: "
+        "never (plain DDP).",
+    )
 
     # -- data, evaluation, checkpoints -------------------------------------------------------
     validation_split: float | None = Field(

@@ -10,9 +10,11 @@ most a hidden temporary file (``.<name>.tmp-*``). Torch-free.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,30 +60,56 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _create_temporary(target: Path) -> Path:
-    """A new empty file ``.<name>.tmp-<random>`` next to ``target``, created exclusively with
-    the permissions a plain ``open(target, "w")`` would give (the umask applies)."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # (not on Windows)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def _create_temporary(target: Path, mode: int) -> tuple[Path, int]:
+    """A new empty file next to ``target``, created exclusively (never through a planted link)
+    with ``mode`` less the umask; its path and a descriptor open for reading and writing. Named
+    ``.<name>.tmp-<random>``, or ``.tmp-<random>`` when the name is too long for that."""
+    prefix = f".{target.name}.tmp-" if len(target.name) <= 200 else ".tmp-"
     for _ in range(100):
-        tmp = target.with_name(f".{target.name}.tmp-{secrets.token_hex(6)}")
+        tmp = target.with_name(prefix + secrets.token_hex(6))
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
         except FileExistsError:
             continue
-        os.close(fd)
-        return tmp
+        return tmp, fd
     raise FileExistsError(f"no free temporary name next to {target}")
 
 
+def _fsync(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # (a filesystem without fsync)
+            raise
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file written by name, opened again without following a link or blocking on a
+    FIFO; only a regular file."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        _fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
-def atomic_path(target: Path) -> Iterator[Path]:
+def atomic_path(target: Path, mode: int = 0o666) -> Iterator[Path]:
     """A temporary path next to ``target`` to write by name; on a clean exit it is fsync'ed and
-    renamed over ``target``, on an exception removed (``target`` untouched)."""
+    renamed over ``target``, on an exception removed (``target`` untouched). ``mode``: the
+    permissions (less the umask) of the new file, those of ``open(target, "w")`` by default."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _create_temporary(target)
+    tmp, fd = _create_temporary(target, mode)
+    os.close(fd)
     try:
         yield tmp
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
+        _fsync_path(tmp)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -90,15 +118,25 @@ def atomic_path(target: Path) -> Iterator[Path]:
     fsync_directory(target.parent)
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> WrittenFile:
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], mode: int = 0o666) -> WrittenFile:
     """Create or replace ``path`` atomically with what ``write(handle)`` writes; return its
     sha256 and size (read back from the written file, so they describe what is on disk)."""
-    with atomic_path(path) as tmp:
-        with tmp.open("wb") as handle:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, fd = _create_temporary(path, mode)
+    try:
+        with os.fdopen(fd, "w+b") as handle:
             write(handle)
             handle.flush()
-        digest = sha256_file(tmp)
-        size = tmp.stat().st_size
+            _fsync(handle.fileno())
+            handle.seek(0)
+            digest = sha256_fileobj(handle)
+            size = os.fstat(handle.fileno()).st_size
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_directory(path.parent)
     return WrittenFile(path=path.resolve(), sha256=digest, size_bytes=size)
 
 

@@ -130,10 +130,12 @@ def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
     )
 
 
-def requeue_with_half_the_micro_batch(job_id: str, attempt: int, reason: str) -> Update:
+def requeue_with_half_the_micro_batch(
+    job_id: str, attempt: int, reason: str, max_halvings: int
+) -> Update:
     """An attempt ran out of memory inside a training step: queue the next one with twice the
-    micro-batch split (the caller checks that the micro-batch can still be halved). It does not
-    use up the retry budget: ``micro_batch_halvings`` bounds it (log2 of the micro-batch)."""
+    micro-batch split, while fewer than ``max_halvings`` (log2 of the per-rank micro-batch)
+    were done. It does not use up the retry budget: ``max_halvings`` bounds it."""
     now = utcnow()
     return (
         update(Job)
@@ -142,6 +144,7 @@ def requeue_with_half_the_micro_batch(job_id: str, attempt: int, reason: str) ->
             Job.attempt == attempt,
             Job.state.in_(ACTIVE_STATES),
             Job.cancel_requested.is_(False),
+            Job.micro_batch_halvings < max_halvings,
         )
         .values(
             state=JobState.QUEUED,

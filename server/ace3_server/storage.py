@@ -74,7 +74,7 @@ class LocalArtifactStore:
             os.replace(source, target)
             fsync_directory(target.parent)
             return
-        with atomic_path(target) as tmp:
+        with atomic_path(target, mode=0o600) as tmp:  # (the store's files are its own)
             shutil.copyfile(source, tmp)
 
     def put_hashed(self, source: BinaryIO, key_for: Callable[[str], str]) -> StoredBlob:

@@ -47,6 +47,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ace3.config import TrainingConfig, pipeline_layout
 from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
 from ace3.events import (
     CheckpointRecord,
@@ -108,6 +109,23 @@ def _sessions(database_url: str) -> sessionmaker[Session]:
 
 def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def max_micro_batch_halvings(config: dict[str, Any], num_processes: int) -> int:
+    """How often a job's micro-batch can be halved after running out of memory: until it is
+    one sample (log2 of the per-rank micro-batch); none for a job that cannot run out of memory
+    that way (``dynamic_batch_size`` off, or a pipeline, whose step has no such recovery),
+    whatever exit status its ranks claim."""
+    try:
+        settings = TrainingConfig.model_validate(config)
+    except ValueError:
+        return 0
+    if not settings.dynamic_batch_size or pipeline_layout(settings) is not None:
+        return 0
+    per_rank = settings.batch_size
+    if settings.parallelism == "data":  # the global batch split evenly over the processes
+        per_rank = max(1, settings.batch_size // max(1, num_processes))
+    return max(0, per_rank.bit_length() - 1)
 
 
 def registered_worker_id() -> str | None:
@@ -1031,7 +1049,8 @@ class Supervisor:
         fails like any other). The halvings are bounded by log2 of the batch size, whatever a
         job's exit status claims."""
         halvings = job.micro_batch_halvings or 0
-        if 2 ** (halvings + 1) > int(job.config.get("batch_size") or 1):
+        limit = max_micro_batch_halvings(job.config, job.num_processes)
+        if halvings >= limit:
             return False
         split = 2 ** (halvings + 1)
         reason = (
@@ -1040,7 +1059,7 @@ class Supervisor:
         )
         with self.sessions() as session:
             result = session.execute(
-                job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, reason)
+                job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, reason, limit)
             )
             if result.rowcount:
                 reports.store_log_lines(

@@ -29,7 +29,6 @@ from ace3.runtime.datasets import load_datasets
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.grad_checkpointing import enable_gradient_checkpointing
 from ace3.runtime.job_spec import JobSpec
-from ace3.runtime.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.optim import ScheduleDriver, build_optimizer, build_scheduler
 from ace3.runtime.precision import Precision, resolve_precision
 from ace3.runtime.rng import rank_seed, restore_rng, seed_all
@@ -48,6 +47,7 @@ from ace3.runtime.sharding import (
     training_copy,
     zero_redundancy_optimizer,
 )
+from ace3.runtime.step_counts import total_optimizer_steps
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode, build_model, load_user_code
 
@@ -232,17 +232,6 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, find_unused_parameters: bool = 
     )
 
 
-def total_optimizer_steps(
-    config: TrainingConfig, train_set: Dataset[Any], ctx: DistContext, per_rank_batch: int
-) -> int:
-    """Optimizer steps of the whole run (what schedules without a horizon use)."""
-    sampler = train_sampler(train_set, ctx.rank, ctx.world_size, config.seed)
-    micro = batches_per_epoch(sampler, per_rank_batch)
-    k = config.gradient_accumulation_steps
-    steps = config.epochs * -(-micro // k)
-    return min(steps, config.max_steps) if config.max_steps else steps
-
-
 def assemble(
     config: TrainingConfig,
     ctx: DistContext,
@@ -289,13 +278,13 @@ def assemble(
         if plan is not None:  # stage 1: the same optimizer, its state sharded
             optimizer = zero_redundancy_optimizer(precision.optimizer_parameters(model), optimizer)
     scheduler = build_scheduler(
-        optimizer, config, total_optimizer_steps(config, train_set, ctx, per_rank_batch)
+        optimizer, config, total_optimizer_steps(config, train_set, ctx.world_size, per_rank_batch)
     )
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
     forward: nn.Module = model
     if plan is None or not plan.fsdp:
-        forward = wrap_ddp(model, ctx)
+        forward = wrap_ddp(model, ctx, find_unused_parameters=bool(config.find_unused_parameters))
     parts = Components(
         config=config,
         user=user,

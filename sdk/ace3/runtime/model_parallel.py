@@ -17,7 +17,6 @@ way round, and resumes a model-parallel job on any number of processes.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from ace3.runtime.pipeline import PipelineRunner, broadcast_from_last, clip_glob
 from ace3.runtime.precision import resolve_precision
 from ace3.runtime.rng import capture_rng, rank_seed, restore_rng, seed_all
 from ace3.runtime.stage_split import pipeline_stages
+from ace3.runtime.step_counts import total_optimizer_steps
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
 
@@ -55,12 +55,6 @@ class ModelParallelRun:
 
 def is_model_parallel(parts: Components) -> bool:
     return getattr(parts, "model_parallel", None) is not None
-
-
-def _total_steps(config: TrainingConfig, train_set: Dataset[Any]) -> int:
-    batches = math.ceil(len(train_set) / config.batch_size)  # type: ignore[arg-type]
-    steps = config.epochs * math.ceil(batches / config.gradient_accumulation_steps)
-    return min(steps, config.max_steps) if config.max_steps else steps
 
 
 def _stage_label(stage: nn.Module) -> str:
@@ -113,7 +107,10 @@ def assemble_model_parallel(
             "split points (pipeline_split_points) or fewer processes"
         )
     optimizer = build_optimizer(params, config)
-    scheduler = build_scheduler(optimizer, config, _total_steps(config, train_set))
+    # One data replica: every rank reads the same batches of batch_size samples.
+    scheduler = build_scheduler(
+        optimizer, config, total_optimizer_steps(config, train_set, 1, config.batch_size)
+    )
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
     parts = Components(

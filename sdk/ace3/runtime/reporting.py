@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from pydantic import ValidationError
+
 from ace3.events import (
     EventRecord,
     MetricsRecord,
@@ -21,6 +23,26 @@ from ace3.events import (
     encode_record,
     finite_or_none,
 )
+
+
+class EventRecordError(ValueError):
+    """A record the engine was asked to write breaks the events contract (a metric name that
+    is too long, too many metrics, a step out of range...): which field, and why."""
+
+
+def _checked(kind: str, build: Callable[[], EventRecord]) -> EventRecord:
+    try:
+        return build()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(
+            text if len(text := str(part)) <= 60 else text[:60] + "..." for part in first["loc"]
+        )
+        raise EventRecordError(
+            f"cannot report the run's {kind} record: {where}: {first['msg']} (metric names are "
+            "1-200 characters without control characters, at most 256 in one report; the "
+            "model file's compute_metrics names become val_<name>)"
+        ) from None
 
 
 class EventWriter:
@@ -62,18 +84,26 @@ class EventWriter:
         upper bound no step of the run exceeds."""
         if self.enabled:
             self.write(
-                StartRecord(
-                    total_steps=total_steps,
-                    steps_per_epoch=steps_per_epoch,
-                    epochs=epochs,
-                    world_size=world_size,
-                    resumed_from_step=resumed_from_step,
+                _checked(
+                    "start",
+                    lambda: StartRecord(
+                        total_steps=total_steps,
+                        steps_per_epoch=steps_per_epoch,
+                        epochs=epochs,
+                        world_size=world_size,
+                        resumed_from_step=resumed_from_step,
+                    ),
                 )
             )
 
     def metrics(self, step: int, epoch: float, values: dict[str, float]) -> None:
         if self.enabled:
-            self.write(MetricsRecord(step=step, epoch=epoch, values=finite_or_none(values)))
+            self.write(
+                _checked(
+                    "metrics",
+                    lambda: MetricsRecord(step=step, epoch=epoch, values=finite_or_none(values)),
+                )
+            )
 
     def nonfinite_loss(
         self, step: int, reported_at_step: int, epoch: float, metric: str, value: str
@@ -82,12 +112,15 @@ class EventWriter:
         stays strict JSON) at ``step``; the run noticed at ``reported_at_step``."""
         if self.enabled:
             self.write(
-                NonFiniteLossRecord(
-                    step=step,
-                    reported_at_step=reported_at_step,
-                    epoch=epoch,
-                    metric=metric,
-                    value=value,  # type: ignore[arg-type]
+                _checked(
+                    "nonfinite_loss",
+                    lambda: NonFiniteLossRecord(
+                        step=step,
+                        reported_at_step=reported_at_step,
+                        epoch=epoch,
+                        metric=metric,
+                        value=value,  # type: ignore[arg-type]
+                    ),
                 )
             )
 
@@ -100,11 +133,14 @@ class EventWriter:
     ) -> None:
         if self.enabled:
             self.write(
-                SummaryRecord(
-                    final_metrics=finite_or_none(final_metrics),
-                    best_val_accuracy=best_val_accuracy,
-                    steps=steps,
-                    epochs=epochs,
+                _checked(
+                    "summary",
+                    lambda: SummaryRecord(
+                        final_metrics=finite_or_none(final_metrics),
+                        best_val_accuracy=best_val_accuracy,
+                        steps=steps,
+                        epochs=epochs,
+                    ),
                 )
             )
 

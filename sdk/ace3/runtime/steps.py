@@ -50,6 +50,36 @@ from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
 from ace3.runtime.sharding import set_gradient_sync, trainable
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+FIRST_STEP_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
+# DDP's reducer, at the forward pass after a backward that left some parameter without a
+# gradient (find_unused_parameters=False).
+_UNUSED_PARAMETER_MARKER = "expected to have finished reduction in the prior iteration"
+UNUSED_PARAMETERS_ADVICE = (
+    "a forward pass left some parameters without a gradient, which DDP needs to know in "
+    "advance: set find_unused_parameters=True in the TrainingConfig (step 1 used every "
+    "parameter, so the engine did not turn it on by itself)"
+)
+
+
+def is_unused_parameter_error(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and _UNUSED_PARAMETER_MARKER in str(exc).lower()
+
+
+def _buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """``tensors`` in order, grouped by dtype into runs of at most ``limit`` bytes (a tensor
+    larger than that on its own)."""
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        last = buckets[-1] if buckets else None
+        if last is None or last[0].dtype != tensor.dtype or size + nbytes > limit:
+            buckets.append([tensor])
+            size = nbytes
+        else:
+            last.append(tensor)
+            size += nbytes
+    return buckets
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -95,9 +125,12 @@ class StepRunner:
         self.recovers_from_oom = bool(config.dynamic_batch_size)
         # One process: DDP would all-reduce over itself; its gradients are already the mean.
         self.local_only = ctx.world_size == 1 and not self.fsdp and not self.tensor_parallel
-        # DDP over several processes: the first step learns whether every parameter gets a
-        # gradient (see _first_step_sync); until then DDP's own reduction stays off.
-        self.first_step = not (self.local_only or self.fsdp or self.tensor_parallel)
+        # DDP over several processes: unless the config says, the first step learns whether
+        # every parameter gets a gradient (see _first_step_sync); until then DDP's own reduction
+        # stays off.
+        self.first_step = config.find_unused_parameters is None and not (
+            self.local_only or self.fsdp or self.tensor_parallel
+        )
         self.last_step_skipped = False  # the loss scaler skipped the last step (overflow)
 
     # -- the step -----------------------------------------------------------------------------
@@ -152,9 +185,14 @@ class StepRunner:
                 step_loss, samples = self._forward_backward(self._micro_batches(batches))
                 break
             except Exception as exc:
+                if is_unused_parameter_error(exc):
+                    raise RuntimeError(UNUSED_PARAMETERS_ADVICE) from exc
                 if not (self.recovers_from_oom and is_out_of_memory(exc)):
                     raise
-                self._after_oom(exc, batches, step)
+                # Without its traceback, the exception no longer holds the failed pass's frames
+                # (and their activations), so dropping the step frees its memory.
+                failure = exc.with_traceback(None)
+            self._after_oom(failure, batches, step)
         if self.first_step:
             self._first_step_sync()
         precision = parts.precision
@@ -190,7 +228,7 @@ class StepRunner:
         ``find_unused_parameters=True`` for such a model (it would fail at step 2 otherwise),
         which costs a graph traversal per step: only a model that needs it gets it."""
         parts, world = self.parts, self.ctx.world_size
-        grads_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        grads: list[torch.Tensor] = []
         unused = 0
         for param in parts.model.parameters():
             if not param.requires_grad:
@@ -198,17 +236,20 @@ class StepRunner:
             if param.grad is None:  # unused this step on this rank: it still takes part
                 param.grad = torch.zeros_like(param)
                 unused += 1
-            grads_by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+            grads.append(param.grad)
         flag = torch.tensor([float(unused)], device=self.ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        for grads in grads_by_dtype.values():
-            flat = _flatten_dense_tensors(grads)
+        for bucket in _buckets(grads, FIRST_STEP_BUCKET_BYTES):  # (bounded extra memory)
+            flat = _flatten_dense_tensors(bucket)
             dist.all_reduce(flat)
             flat /= world
-            for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
                 grad.copy_(synced)
+            del flat
         self.first_step = False
         if flag.item() > 0:
+            parts.ddp = None  # type: ignore[assignment]  # (its buckets go before the new ones)
+            gc.collect()
             parts.ddp = wrap_ddp(parts.model, self.ctx, find_unused_parameters=True)
             if self.ctx.is_main:
                 print(

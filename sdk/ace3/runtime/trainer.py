@@ -49,8 +49,8 @@ from ace3.runtime.rng import rank_seed
 from ace3.runtime.saving import checkpoint_payload, gather_rng, save_job_checkpoint
 from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint, shared_temp_dir
 from ace3.runtime.sharding import full_model_state_dict, local_state_bytes, write_back
+from ace3.runtime.step_counts import planned_total_steps, steps_per_epoch
 from ace3.runtime.steps import StepRunner
-from ace3.runtime.train_state import TrainState
 
 
 @dataclass(frozen=True)
@@ -440,46 +440,6 @@ class Trainer:
         else:
             state_bytes = training_state_bytes(parts.model, parts.optimizer)
         return memory_summary(reading, state_bytes)
-
-
-def steps_per_epoch(batches_per_epoch: int, accumulation: int) -> int:
-    """Optimizer steps of a whole epoch: one per ``accumulation`` micro-batches, the last group
-    shorter."""
-    return -(-batches_per_epoch // accumulation)
-
-
-def planned_total_steps(
-    batches_per_epoch: int,
-    accumulation: int,
-    epochs: int,
-    max_steps: int | None,
-    state: TrainState,
-) -> int:
-    """The optimizer steps the run plans in all, counted from step 0 (a resumed run's earlier
-    steps included): an upper bound that ``state.step`` never exceeds.
-
-    It follows :meth:`Trainer._train_epoch`: an epoch's ``batches_per_epoch`` loader batches
-    (of one rank, or of the one data replica of a model- or pipeline-parallel job) run as
-    optimizer steps of ``accumulation`` batches each, the last group shorter, so a whole epoch takes ``ceil(batches_per_epoch / accumulation)`` steps. A resumed
-    run first finishes its epoch from ``batch_in_epoch``, grouped by the accumulation it runs
-    with now (``ceil((batches_per_epoch - batch_in_epoch) / accumulation)``, none when the
-    checkpoint closed the epoch or came from a run with more micro-batches per epoch), then runs
-    the remaining whole epochs. ``max_steps`` stops the loop once the step reaches it (never
-    below the step resumed from). Nothing else adds steps: out-of-memory recovery cuts the same
-    loader batches into more micro-batches inside the same optimizer step, and a pipeline step
-    takes the same group of batches; a callback's stop or ``max_steps`` only end the run
-    sooner.
-    """
-    remaining = 0
-    if state.epoch < epochs:
-        rest_of_epoch = max(0, batches_per_epoch - state.batch_in_epoch)
-        remaining = steps_per_epoch(rest_of_epoch, accumulation) + (
-            epochs - state.epoch - 1
-        ) * steps_per_epoch(batches_per_epoch, accumulation)
-    total = state.step + remaining
-    if max_steps is not None:
-        total = min(total, max(max_steps, state.step))
-    return total
 
 
 def prune_checkpoint_files(directory: Path, keep: int) -> list[Path]:

@@ -460,3 +460,56 @@ def test_out_of_memory_on_one_rank_ends_the_attempt_and_half_the_micro_batch_fin
     assert [s for s, _ in recovered] == [s for s, _ in expected]
     for (_, a), (_, b) in zip(recovered, expected, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
+
+
+SKIPPING_MODEL_FILE = """
+import torch
+from torch import nn
+
+
+class Skipping(nn.Module):
+    # `never` (if any) is never used; `extra` is used by the first `extra_until` training
+    # forward passes.
+    def __init__(self, extra_until, with_never):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.extra = nn.Linear(64, 10)
+        self.never = nn.Linear(64, 10) if with_never else None
+        self.extra_until, self.forwards = extra_until, 0
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.training:
+            self.forwards += 1
+            if self.forwards <= self.extra_until:
+                out = out + self.extra(x)
+        return out
+
+
+def build_model(extra_until=1_000_000, with_never=True):
+    torch.manual_seed(0)
+    return Skipping(extra_until, with_never)
+"""
+
+
+def test_parameters_without_a_gradient_under_ddp(workdir: Path, base_job: dict[str, Any]) -> None:
+    """A parameter no forward pass uses is found at step 1 (DDP then runs with
+    find_unused_parameters=True); one that stops being used later needs the setting, and the
+    error says so instead of DDP's."""
+    (workdir / "skipping.py").write_text(SKIPPING_MODEL_FILE)
+    job = copy.deepcopy(base_job)
+    job["config"].update({"epochs": 1, "max_steps": 4, "save_interval": None, "log_interval": 1,
+                          "validation_split": 0})  # fmt: skip
+    job["model"] = {"path": str(workdir / "skipping.py"), "kind": "file",
+                    "factory": "build_model", "kwargs": {}}  # fmt: skip
+    never_used = run_job(job, workdir / "never-used")
+    assert_ok(never_used)
+    assert "DDP runs with find_unused_parameters=True" in never_used.stdout
+
+    # Every parameter is used at steps 1-2, `extra` not from step 3 on: step 1 cannot tell.
+    job["model"]["kwargs"] = {"extra_until": 2, "with_never": False}
+    done = run_job(job, workdir / "stops-being-used")
+    assert done.returncode != 0
+    assert "set find_unused_parameters=True in the TrainingConfig" in done.stdout + done.stderr
+    job["config"]["find_unused_parameters"] = True
+    assert_ok(run_job(job, workdir / "stops-being-used-allowed"))

@@ -184,7 +184,7 @@ def test_out_of_memory_retries_halve_the_micro_batch_without_using_the_retry_bud
     for attempt in (1, 2, 3):  # three attempts run out of memory: each is re-queued
         session.execute(job_transitions.claim(job.id, "worker-a", 30))
         requeued = session.execute(
-            job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, "oom")
+            job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, "oom", 3)
         )
         assert requeued.rowcount == 1
     session.execute(job_transitions.claim(job.id, "worker-a", 30))
@@ -195,5 +195,8 @@ def test_out_of_memory_retries_halve_the_micro_batch_without_using_the_retry_bud
     session.commit()
     session.refresh(job)
     assert (job.attempt, job.micro_batch_halvings) == (5, 3)
-    stale = job_transitions.requeue_with_half_the_micro_batch(job.id, 4, "oom")
+    stale = job_transitions.requeue_with_half_the_micro_batch(job.id, 4, "oom", 10)
     assert session.execute(stale).rowcount == 0, "fenced by the attempt"
+    session.execute(update(Job).where(Job.id == job.id).values(state="running", attempt=6))
+    capped = job_transitions.requeue_with_half_the_micro_batch(job.id, 6, "oom", 3)
+    assert session.execute(capped).rowcount == 0, "no more halvings than the micro-batch allows"

@@ -16,8 +16,8 @@ import ace3
 import ace3.local
 from ace3.runtime.metric_window import MetricWindow
 from ace3.runtime.reporting import EventWriter
+from ace3.runtime.step_counts import planned_total_steps
 from ace3.runtime.train_state import TrainState
-from ace3.runtime.trainer import planned_total_steps
 
 # 50 samples: batch 4 gives 13 loader batches an epoch; accumulating 3 leaves a short last
 # group of 1, so an epoch is 5 optimizer steps.
@@ -266,3 +266,22 @@ def test_watching_the_loss_launches_no_cuda_synchronisation() -> None:
         torch.cuda.set_sync_debug_mode("default")
     nonfinite = window.global_sums(world_size=1).nonfinite
     assert nonfinite is not None and (nonfinite.step, nonfinite.value) == (2, "nan")
+
+
+# -- what the events contract refuses ---------------------------------------------------------
+
+
+def test_a_metric_name_the_contract_refuses_is_a_clear_error(recorder: Recorder) -> None:
+    """compute_metrics names become val_<name>; one the worker would refuse stops the run at
+    the first validation, naming the field, instead of losing the metrics silently."""
+    from ace3.runtime.reporting import EventRecordError
+
+    def metrics(model: nn.Module, batch: Any) -> dict[str, float]:
+        return {"x" * 300: 1.0}
+
+    config = ace3.TrainingConfig(**{**BASE, "validation_split": 0.2})
+    with pytest.raises(
+        EventRecordError,
+        match=r"metrics record: values\.val_x{56}\.\.\.\.\[key\]: String should have at most 200",
+    ):
+        ace3.local.train_in_process(config, linear(), DATA, compute_metrics=metrics)

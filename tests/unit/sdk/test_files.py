@@ -54,3 +54,21 @@ def test_atomic_path_never_follows_a_planted_link(tmp_path: Path) -> None:
     with atomic_path(tmp_path / "out") as tmp:
         tmp.write_text("data")
     assert victim.read_text() == "keep" and (tmp_path / "out").read_text() == "data"
+
+
+def test_a_long_name_and_a_private_mode(tmp_path: Path) -> None:
+    target = tmp_path / ("n" * 250)
+    with atomic_path(target, mode=0o600) as tmp:
+        assert tmp.name.startswith(".tmp-"), "a name with room to spare"
+        tmp.write_text("x")
+    assert target.read_text() == "x" and target.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_fifo_swapped_in_for_the_temporary_file_is_refused_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "out"
+    with pytest.raises(OSError, match="not a regular file"), atomic_path(target) as tmp:
+        tmp.unlink()
+        os.mkfifo(tmp)
+    assert not target.exists() and os.listdir(tmp_path) == []

@@ -91,3 +91,20 @@ def test_a_failure_names_the_ranks_exception_not_torchruns_summary() -> None:
         failure_message(2, [], ["torchrun: error: bad arguments"])
         == "training exited with code 2\ntorchrun: error: bad arguments"
     )
+
+
+def test_out_of_memory_halvings_are_bounded_by_the_per_rank_micro_batch() -> None:
+    """Exit status 75 is the job's own claim: it buys at most log2(per-rank micro-batch)
+    attempts, and none where the engine never halves (a pipeline, dynamic_batch_size off)."""
+    from ace3_worker.supervisor import max_micro_batch_halvings
+
+    assert max_micro_batch_halvings({"batch_size": 64, "num_gpus": 2}, 2) == 5  # 32 per rank
+    assert max_micro_batch_halvings({"batch_size": 64, "num_gpus": 2}, 64) == 0
+    assert max_micro_batch_halvings({"batch_size": 1_000_000, "num_gpus": 8}, 8) == 16
+    tensor = {"batch_size": 64, "num_gpus": 2, "parallelism": "model",
+              "model_sharding_strategy": "tensor"}  # fmt: skip
+    assert max_micro_batch_halvings(tensor, 2) == 6, "every rank runs the whole batch"
+    assert max_micro_batch_halvings({"batch_size": 64, "dynamic_batch_size": False}, 1) == 0
+    pipeline = {"batch_size": 64, "num_gpus": 2, "parallelism": "pipeline"}
+    assert max_micro_batch_halvings(pipeline, 2) == 0
+    assert max_micro_batch_halvings({"batch_size": "not a number"}, 1) == 0
