@@ -106,8 +106,9 @@ def finish(
     )
 
 
-def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
-    """An attempt died through no fault of the user's code: queue the next attempt."""
+def _requeue(job_id: str, attempt: int, reason: str, *conditions: Any, **values: Any) -> Update:
+    """The attempt's job back to ``queued`` for the next attempt (while the attempt owns it and
+    no cancel was asked), when ``conditions`` hold."""
     now = utcnow()
     return (
         update(Job)
@@ -116,7 +117,7 @@ def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
             Job.attempt == attempt,
             Job.state.in_(ACTIVE_STATES),
             Job.cancel_requested.is_(False),
-            Job.attempt <= Job.max_retries + Job.micro_batch_halvings,
+            *conditions,
         )
         .values(
             state=JobState.QUEUED,
@@ -126,7 +127,16 @@ def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
             queued_at=now,
             error=reason,
             updated_at=now,
+            **values,
         )
+    )
+
+
+def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
+    """An attempt died through no fault of the user's code: queue the next attempt, while the
+    retry budget lasts (out-of-memory halvings do not use it up)."""
+    return _requeue(
+        job_id, attempt, reason, Job.attempt <= Job.max_retries + Job.micro_batch_halvings
     )
 
 
@@ -136,26 +146,12 @@ def requeue_with_half_the_micro_batch(
     """An attempt ran out of memory inside a training step: queue the next one with twice the
     micro-batch split, while fewer than ``max_halvings`` (log2 of the per-rank micro-batch)
     were done. It does not use up the retry budget: ``max_halvings`` bounds it."""
-    now = utcnow()
-    return (
-        update(Job)
-        .where(
-            Job.id == job_id,
-            Job.attempt == attempt,
-            Job.state.in_(ACTIVE_STATES),
-            Job.cancel_requested.is_(False),
-            Job.micro_batch_halvings < max_halvings,
-        )
-        .values(
-            state=JobState.QUEUED,
-            micro_batch_halvings=Job.micro_batch_halvings + 1,
-            worker_id=None,
-            lease_expires_at=None,
-            enqueued_at=now,
-            queued_at=now,
-            error=reason,
-            updated_at=now,
-        )
+    return _requeue(
+        job_id,
+        attempt,
+        reason,
+        Job.micro_batch_halvings < max_halvings,
+        micro_batch_halvings=Job.micro_batch_halvings + 1,
     )
 
 

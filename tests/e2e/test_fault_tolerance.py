@@ -17,6 +17,7 @@ import pytest
 import ace3
 from tests.conftest import DigitsFiles, Stack
 from tests.e2e.conftest import processes_of_job, wait_for
+from tests.model_files import OOM_ON_RANK_1_MODEL_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -115,36 +116,6 @@ def test_a_rank_killed_by_sigkill_is_retried_and_ends_with_the_same_weights(
         assert torch.equal(weights, finals[1]["model"][name]), f"{name} differs after the retry"
 
 
-OOM_ON_RANK_1_MODEL_FILE = """
-import os
-
-import torch
-from torch import nn
-
-
-class OomOnRank1(nn.Module):
-    # Asks the real CPU allocator for ~9 TB on rank 1 when a batch is larger than `limit`,
-    # from its training forward pass number `after + 1` on.
-    def __init__(self, limit, after):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-        self.limit, self.after, self.forwards = limit, after, 0
-
-    def forward(self, x):
-        if self.training:
-            self.forwards += 1
-            if (os.environ.get("RANK") == "1" and x.shape[0] > self.limit
-                    and self.forwards > self.after):
-                torch.empty(9 * 2**40, dtype=torch.uint8)
-        return self.net(x)
-
-
-def build_model(limit=16, after=6):
-    torch.manual_seed(0)
-    return OomOnRank1(limit, after)
-"""
-
-
 def test_out_of_memory_on_one_rank_is_retried_from_the_checkpoint_with_half_the_micro_batch(
     client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
 ) -> None:
@@ -158,7 +129,9 @@ def test_out_of_memory_on_one_rank_is_retried_from_the_checkpoint_with_half_the_
         num_gpus=2, batch_size=64, save_interval=3, log_interval=3, seed=5, max_steps=12,
         validation_split=0,
     )  # fmt: skip
-    result = ace3.DistributedTrainer(config).train(model, train_data, epochs=1)
+    result = ace3.DistributedTrainer(config).train(
+        model, train_data, epochs=1, model_kwargs={"limit": 16, "after": 6}
+    )
     job = client.jobs.retrieve(result.job_id)
     assert job.state == "succeeded" and job.attempt == 2, job.error
     assert result.final_metrics["steps"] == 12 and result.final_metrics["micro_batch_split"] == 2

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.model_files import OOM_ON_RANK_1_MODEL_FILE
+
 pytestmark = pytest.mark.slow
 
 SDK = Path(__file__).resolve().parents[3] / "sdk"
@@ -384,36 +386,6 @@ def test_validation_uses_the_buffers_the_checkpoint_holds(
     with torch.no_grad():
         expected = torch.nn.functional.cross_entropy(model(inputs), targets).item()
     assert reported == pytest.approx(expected, abs=1e-6)
-
-
-OOM_ON_RANK_1_MODEL_FILE = """
-import os
-
-import torch
-from torch import nn
-
-
-class OomOnRank1(nn.Module):
-    # Asks the real CPU allocator for ~9 TB on rank 1 when a batch is larger than `limit`,
-    # from its training forward pass number `after + 1` on.
-    def __init__(self, limit, after):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-        self.limit, self.after, self.forwards = limit, after, 0
-
-    def forward(self, x):
-        if self.training:
-            self.forwards += 1
-            if (os.environ.get("RANK") == "1" and x.shape[0] > self.limit
-                    and self.forwards > self.after):
-                torch.empty(9 * 2**40, dtype=torch.uint8)
-        return self.net(x)
-
-
-def build_model(limit=1_000_000, after=0):
-    torch.manual_seed(0)
-    return OomOnRank1(limit, after)
-"""
 
 
 def test_out_of_memory_on_one_rank_ends_the_attempt_and_half_the_micro_batch_finishes_it(

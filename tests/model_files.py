@@ -1,0 +1,33 @@
+"""Model files shared by tests that run them as jobs (written to disk, uploaded or named in a
+job.json)."""
+
+# Rank 1 asks the real CPU allocator for ~9 TB when a training batch is larger than `limit`,
+# from its forward pass number `after + 1` on: out of memory on one rank only.
+OOM_ON_RANK_1_MODEL_FILE = """
+import os
+
+import torch
+from torch import nn
+
+
+class OomOnRank1(nn.Module):
+    # Asks the real CPU allocator for ~9 TB on rank 1 when a batch is larger than `limit`,
+    # from its training forward pass number `after + 1` on.
+    def __init__(self, limit, after):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.limit, self.after, self.forwards = limit, after, 0
+
+    def forward(self, x):
+        if self.training:
+            self.forwards += 1
+            if (os.environ.get("RANK") == "1" and x.shape[0] > self.limit
+                    and self.forwards > self.after):
+                torch.empty(9 * 2**40, dtype=torch.uint8)
+        return self.net(x)
+
+
+def build_model(limit=1_000_000, after=0):
+    torch.manual_seed(0)
+    return OomOnRank1(limit, after)
+"""
