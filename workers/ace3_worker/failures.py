@@ -77,6 +77,20 @@ def _entries(lines: list[str]) -> list[RankFailure]:
     return entries
 
 
+def failed_ranks(launcher_lines: Iterable[str]) -> list[RankFailure]:
+    """Every rank of torchrun's last error summary (its ``Failures:`` and its ``Root Cause``),
+    in order; empty without a summary."""
+    lines = list(launcher_lines)
+    starts = [index for index, line in enumerate(lines) if _ROOT_CAUSE in line]
+    if not starts:
+        return []
+    summary_start = max(
+        (index for index, line in enumerate(lines[: starts[-1]]) if "Failures:" in line),
+        default=starts[-1],
+    )
+    return _entries(lines[summary_start:])
+
+
 def root_cause(
     launcher_lines: Iterable[str], rank_stderr: Iterable[tuple[int, str]] = ()
 ) -> RankFailure | None:

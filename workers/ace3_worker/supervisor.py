@@ -68,7 +68,7 @@ from ace3_server.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.device import local_capacity, worker_device
-from ace3_worker.failures import RankFailure, failure_message, root_cause
+from ace3_worker.failures import RankFailure, failed_ranks, failure_message, root_cause
 from ace3_worker.gang import GangMember, NodeSeat
 from ace3_worker.job_dir import (
     JobDirectory,
@@ -1037,11 +1037,15 @@ class Supervisor:
     @staticmethod
     def _ran_out_of_memory(watch: AttemptWatch) -> bool:
         """A rank left with OUT_OF_MEMORY_EXIT_CODE: it ran out of memory inside a step of a
-        multi-process job (ace3.runtime.steps), and torchrun stopped the others."""
+        multi-process job (ace3.runtime.steps), and torchrun stopped the others. Any rank of
+        torchrun's summary counts, not only its root cause: a peer waiting in the all-reduce can
+        fail first on the closed connection ("Connection closed by peer")."""
         if watch.stopped_for is not None:
             return False
-        cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
-        return cause is not None and cause.exit_code == OUT_OF_MEMORY_EXIT_CODE
+        return any(
+            failure.exit_code == OUT_OF_MEMORY_EXIT_CODE
+            for failure in failed_ranks(watch.launcher_stderr_tail)
+        )
 
     def _halve_micro_batch(self, job: Job, attempt: int) -> bool:
         """Queue the next attempt with twice the micro-batch split (job.json), from the job's

@@ -241,8 +241,8 @@ class StepRunner:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         for bucket in _buckets(grads, FIRST_STEP_BUCKET_BYTES):  # (bounded extra memory)
             flat = _flatten_dense_tensors(bucket)
+            flat /= world  # (before the sum, as DDP's default hook does: the same arithmetic)
             dist.all_reduce(flat)
-            flat /= world
             for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
                 grad.copy_(synced)
             del flat

@@ -108,3 +108,44 @@ def test_out_of_memory_halvings_are_bounded_by_the_per_rank_micro_batch() -> Non
     pipeline = {"batch_size": 64, "num_gpus": 2, "parallelism": "pipeline"}
     assert max_micro_batch_halvings(pipeline, 2) == 0
     assert max_micro_batch_halvings({"batch_size": "not a number"}, 1) == 0
+
+
+def test_an_out_of_memory_exit_counts_even_when_a_peer_failed_first() -> None:
+    """Rank 0, waiting in DDP's all-reduce, can fail on the closed connection before torchrun
+    sees rank 1's exit status 75: torchrun then names rank 0 as the root cause."""
+    from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
+    from ace3_worker.failures import failed_ranks
+    from ace3_worker.supervisor import AttemptWatch, Supervisor
+
+    summary = [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "============================================================",
+        "ace3.runtime FAILED",
+        "------------------------------------------------------------",
+        "Failures:",
+        "[1]:",
+        "  time      : 2026-11-25_13:45:02",
+        "  host      : localhost",
+        "  rank      : 1 (local_rank: 1)",
+        f"  exitcode  : {OUT_OF_MEMORY_EXIT_CODE} (pid: 4242)",
+        "  error_file: <N/A>",
+        "------------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2026-11-25_13:45:01",
+        "  host      : localhost",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : 1 (pid: 4241)",
+        "============================================================",
+    ]
+    assert [(f.rank, f.exit_code) for f in failed_ranks(summary)] == [
+        (1, OUT_OF_MEMORY_EXIT_CODE),
+        (0, 1),
+    ]
+    watch = AttemptWatch("job", 1)
+    watch.launcher_stderr_tail.extend(summary)
+    assert Supervisor._ran_out_of_memory(watch)
+    watch.launcher_stderr_tail.clear()
+    watch.launcher_stderr_tail.extend(line.replace(" 75 ", " 1 ") for line in summary)
+    assert not Supervisor._ran_out_of_memory(watch)
+    assert failed_ranks(["no summary"]) == []
