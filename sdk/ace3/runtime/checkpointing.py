@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic save, sha256, safe load.
+"""Checkpoint files: atomic save, sha256, safe load, pruning.
 
 A checkpoint is written atomically (:func:`ace3.files.write_atomic`: a temporary file in the
 same directory, fsync'ed, renamed over its final name): a reader never sees a partial file.
@@ -7,7 +7,8 @@ them.
 
 Sharded jobs (ZeRO) write ``step-XXXXXXXX.dcp.tar`` instead: one uncompressed tar of a
 ``torch.distributed.checkpoint`` directory plus the train state (see
-:mod:`ace3.runtime.sharded_checkpoint`); :func:`load_checkpoint` recognises it by its content.
+:mod:`ace3.runtime.sharded_checkpoint`, :mod:`ace3.runtime.dcp_archive`); :func:`load_checkpoint`
+recognises it by its content.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.files import WrittenFile, sha256_file, write_atomic
 
 SavedCheckpoint = WrittenFile  # a checkpoint file written atomically
@@ -46,7 +48,7 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
                 f"checkpoint {path} is corrupt or not the expected file: sha256 {actual}, "
                 f"expected {expected_sha256.lower()}"
             )
-    from ace3.runtime.sharded_checkpoint import is_sharded_archive, read_train_state
+    from ace3.runtime.dcp_archive import is_sharded_archive, read_train_state
 
     if is_sharded_archive(path):
         return read_train_state(path)
@@ -54,3 +56,17 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise ValueError(f"{path} is not an ACE3 checkpoint (no 'model' and 'step' entries)")
     return state
+
+
+def prune_checkpoint_files(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` ``step-*.pt`` / ``step-*.dcp.tar`` files (never the
+    newest one)."""
+    found = sorted(
+        (int(match.group(1)), path)
+        for path in directory.iterdir()
+        if (match := CHECKPOINT_NAME_RE.match(path.name))
+    )
+    doomed = [path for _, path in found[: max(0, len(found) - max(keep, 1))]]
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return doomed

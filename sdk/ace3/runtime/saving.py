@@ -1,4 +1,5 @@
-"""Write one checkpoint for the whole job: gather RNG states, save on rank 0, report, barrier.
+"""Write one checkpoint for the whole job: gather RNG states, save on rank 0, report, barrier;
+and the files hooks ask for (:func:`save_model_file`).
 
 Every rank must call :func:`save_job_checkpoint` at the same step (it runs collectives). ZeRO
 jobs write a sharded checkpoint instead (every rank writes its shards, rank 0 packs them into
@@ -7,6 +8,7 @@ jobs write a sharded checkpoint instead (every rank writes its shards, rank 0 pa
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,15 @@ from ace3.runtime.checkpointing import (
     checkpoint_name,
     save_atomic,
 )
+from ace3.runtime.dcp_archive import sharded_checkpoint_name, shared_temp_dir
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.model_parallel import checkpoint_payload as model_parallel_payload
+from ace3.runtime.model_parallel import full_state
+from ace3.runtime.model_parallel import rng_states as model_parallel_rng_states
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import capture_rng
-from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint, sharded_checkpoint_name
+from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint
+from ace3.runtime.sharding import full_model_state_dict
 
 
 def checkpoint_payload(
@@ -102,3 +108,47 @@ def save_job_checkpoint(
         )
     barrier(ctx)
     return saved
+
+
+def save_model_file(
+    parts: Components, ctx: DistContext, config: TrainingConfig, path: Path, weights_only: bool
+) -> None:
+    """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
+    ``path`` (written by rank 0; every rank must call this at the same point). A ZeRO job
+    writes its full checkpoint sharded (a ``.dcp.tar`` archive, whatever ``path`` is called)
+    and gathers the weights for ``weights_only``."""
+    if parts.model_parallel is not None:  # gathered on rank 0, the plain formats
+        if weights_only:
+            state, _ = full_state(parts, ctx)
+            payload = state if ctx.is_main else None
+        else:
+            payload = model_parallel_payload(parts, ctx, model_parallel_rng_states(ctx))
+        if ctx.is_main:
+            save_atomic(payload, path)
+        barrier(ctx)
+        return
+    if parts.sharding is not None:
+        if weights_only:
+            state = full_model_state_dict(parts.model, parts.sharding, everywhere=False)
+            if ctx.is_main:
+                save_atomic(state, path)
+        else:  # staged outside the artifacts directory, which the worker uploads
+            staging = shared_temp_dir(ctx)
+            rngs = gather_rng(ctx)
+            save_sharded_checkpoint(parts, ctx, path, config, rngs, staging)
+            barrier(ctx)
+            if ctx.local_rank == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+        barrier(ctx)
+        return
+    if weights_only:
+        barrier(ctx)
+        if ctx.is_main:
+            save_atomic(parts.precision.model_state_dict(parts.model), path)
+        barrier(ctx)
+        return
+    rngs = gather_rng(ctx)
+    if ctx.is_main:
+        assert rngs is not None
+        save_atomic(checkpoint_payload(parts, rngs, ctx.world_size, config), path)
+    barrier(ctx)

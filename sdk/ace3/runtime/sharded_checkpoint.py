@@ -34,23 +34,23 @@ service wrote (the service checks each checkpoint's sha256 before a resume).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import shutil
-import tarfile
 import tempfile
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from ace3.config import TrainingConfig
-from ace3.files import write_atomic
 from ace3.runtime.checkpointing import SavedCheckpoint
+from ace3.runtime.dcp_archive import (
+    SHARDED_FORMAT,
+    TRAIN_STATE,
+    extract,
+    extracted,
+    pack,
+    read_train_state,
+)
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.rng import rank_seed, restore_rng, seed_all
@@ -59,14 +59,6 @@ from ace3.runtime.train_state import TrainState
 
 if TYPE_CHECKING:
     from ace3.runtime.build import Components
-
-SHARDED_FORMAT = 2
-ARCHIVE_SUFFIX = ".dcp.tar"
-TRAIN_STATE = "train_state.pt"
-
-
-def sharded_checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}{ARCHIVE_SUFFIX}"
 
 
 def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
@@ -198,17 +190,6 @@ def _apply_zero_groups(optimizer: Any, groups: list[dict[str, Any]]) -> None:
 
 
 # -- save ---------------------------------------------------------------------------------------
-def _pack(directory: Path, target: Path) -> SavedCheckpoint:
-    """One uncompressed tar of ``directory``'s files (flat, sorted), written atomically."""
-
-    def write(handle: Any) -> None:
-        with tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for path in sorted(directory.iterdir()):
-                tar.add(path, arcname=path.name, recursive=False)
-
-    return write_atomic(target, write)
-
-
 def train_state_payload(
     parts: Components,
     ctx: DistContext,
@@ -264,114 +245,12 @@ def save_sharded_checkpoint(
     )
     torch.save(payload, staging / TRAIN_STATE)
     try:
-        return _pack(staging, path)
+        return pack(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def shared_temp_dir(ctx: DistContext) -> Path:
-    """A directory name under the system's temporary directory that every rank agrees on (a
-    collective): where to stage shards that must not appear in a watched directory."""
-    token = [uuid.uuid4().hex if ctx.is_main else None]
-    if ctx.world_size > 1:
-        dist.broadcast_object_list(token, src=0)
-    return Path(tempfile.gettempdir()) / f"ace3-dcp-{token[0]}"
-
-
 # -- load ---------------------------------------------------------------------------------------
-def is_sharded_archive(path: Path) -> bool:
-    """A tar file (what sharded jobs write); plain checkpoints are torch's zip format."""
-    try:
-        return tarfile.is_tarfile(path)
-    except OSError:
-        return False
-
-
-def _members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
-    """The archive's files, refused unless every one is a plain file with a plain name."""
-    members = tar.getmembers()
-    for member in members:
-        name = member.name
-        if not member.isfile() or "/" in name or "\\" in name or name in ("", ".", ".."):
-            raise ValueError(
-                f"{path} is not an ACE3 sharded checkpoint: it holds {name!r}, which is not a "
-                "plain file at the top level"
-            )
-    names = {member.name for member in members}
-    if TRAIN_STATE not in names or ".metadata" not in names:
-        raise ValueError(
-            f"{path} is not an ACE3 sharded checkpoint: it lacks {TRAIN_STATE} or the DCP "
-            ".metadata file"
-        )
-    return members
-
-
-def read_train_state(path: Path) -> dict[str, Any]:
-    """The train state of the sharded checkpoint ``path``, with ``archive`` = its path."""
-    with tarfile.open(path, mode="r:") as tar:
-        _members(tar, path)
-        handle = tar.extractfile(TRAIN_STATE)
-        assert handle is not None
-        data = handle.read()
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != SHARDED_FORMAT:
-        raise ValueError(f"{path}: {TRAIN_STATE} is not an ACE3 sharded train state")
-    state["archive"] = str(Path(path).resolve())
-    return state
-
-
-def _extract(archive: Path, target: Path) -> None:
-    target.mkdir(parents=True, exist_ok=False)
-    with tarfile.open(archive, mode="r:") as tar:
-        for member in _members(tar, archive):
-            source = tar.extractfile(member)
-            assert source is not None
-            with source, (target / member.name).open("wb") as out:
-                shutil.copyfileobj(source, out, 1 << 20)
-
-
-def _extraction_root(archive: Path) -> Path:
-    """Next to the archive when that directory is writable (the job directory: same disk,
-    room for it), else the system's temporary directory."""
-    return archive.parent if os.access(archive.parent, os.W_OK) else Path(tempfile.gettempdir())
-
-
-@contextlib.contextmanager
-def extracted(archive: Path, ctx: DistContext) -> Iterator[Path]:
-    """The archive's DCP directory, extracted once per machine (by local rank 0), removed
-    after every rank is done. A collective."""
-    token = [uuid.uuid4().hex if ctx.is_main else None]
-    if ctx.world_size > 1:
-        dist.broadcast_object_list(token, src=0)
-    directory = _extraction_root(archive) / f".{archive.name}.restore-{token[0]}"
-    failure: BaseException | None = None
-    if ctx.local_rank == 0:
-        try:
-            _extract(archive, directory)
-        except BaseException as exc:  # every rank must learn of it, not hang at the barrier
-            failure = exc
-    if _any_rank(failure is not None, ctx):
-        if ctx.local_rank == 0:
-            shutil.rmtree(directory, ignore_errors=True)
-        if failure is not None:
-            raise failure
-        raise RuntimeError(f"extracting {archive} failed on another machine")
-    try:
-        yield directory
-    finally:
-        barrier(ctx)
-        if ctx.local_rank == 0:
-            shutil.rmtree(directory, ignore_errors=True)
-
-
-def _any_rank(flag: bool, ctx: DistContext) -> bool:
-    if ctx.world_size == 1:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item() > 0)
-
-
 def consolidate(path: Path) -> dict[str, Any]:
     """The whole checkpoint in one process, without a process group: the train state with the
     full ``model`` state dict and the ``optimizer`` state keyed by parameter name (for users
@@ -382,7 +261,7 @@ def consolidate(path: Path) -> dict[str, Any]:
     state = read_train_state(path)
     with tempfile.TemporaryDirectory(prefix="ace3-dcp-") as scratch:
         directory = Path(scratch) / "dcp"
-        _extract(path, directory)
+        extract(path, directory)
         dcp_to_torch_save(directory, Path(scratch) / "full.pt")
         full = torch.load(Path(scratch) / "full.pt", map_location="cpu", weights_only=True)
     state.pop("archive", None)

@@ -17,7 +17,6 @@ any of them (or ``model.stop_training = True``) can stop the run, agreed across 
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.errors import NonFiniteLossError
 from ace3.runtime.build import Components
-from ace3.runtime.checkpointing import save_atomic
-from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.checkpointing import prune_checkpoint_files
+from ace3.runtime.distributed import DistContext
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.hooks import HookList, RunContext
 from ace3.runtime.loaders import batches_per_epoch, train_loader, train_sampler, validation_loader
@@ -40,15 +38,12 @@ from ace3.runtime.memory_meter import (
     training_state_bytes,
 )
 from ace3.runtime.metric_window import MetricWindow, NonFiniteLoss
-from ace3.runtime.model_parallel import PipelineStepRunner, evaluate_pipeline, full_state
-from ace3.runtime.model_parallel import checkpoint_payload as mp_checkpoint_payload
-from ace3.runtime.model_parallel import rng_states as mp_rng_states
+from ace3.runtime.model_parallel import PipelineStepRunner, evaluate_pipeline
 from ace3.runtime.optim import current_learning_rate
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import rank_seed
-from ace3.runtime.saving import checkpoint_payload, gather_rng, save_job_checkpoint
-from ace3.runtime.sharded_checkpoint import save_sharded_checkpoint, shared_temp_dir
-from ace3.runtime.sharding import full_model_state_dict, local_state_bytes, write_back
+from ace3.runtime.saving import save_job_checkpoint, save_model_file
+from ace3.runtime.sharding import local_state_bytes, write_back
 from ace3.runtime.step_counts import planned_total_steps, steps_per_epoch
 from ace3.runtime.steps import StepRunner
 
@@ -216,46 +211,9 @@ class Trainer:
         self.hooks.on_checkpoint(self.state.step, saved.path if saved is not None else None)
 
     def save_model(self, path: Path, weights_only: bool) -> None:
-        """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
-        ``path`` (written by rank 0; every rank must call this at the same point). A ZeRO job
-        writes its full checkpoint sharded (a ``.dcp.tar`` archive, whatever ``path`` is
-        called) and gathers the weights for ``weights_only``."""
-        parts = self.parts
-        if self.model_parallel is not None:  # gathered on rank 0, the plain formats
-            if weights_only:
-                state, _ = full_state(parts, self.ctx)
-                payload = state if self.ctx.is_main else None
-            else:
-                payload = mp_checkpoint_payload(parts, self.ctx, mp_rng_states(self.ctx))
-            if self.ctx.is_main:
-                save_atomic(payload, path)
-            barrier(self.ctx)
-            return
-        if parts.sharding is not None:
-            if weights_only:
-                state = full_model_state_dict(parts.model, parts.sharding, everywhere=False)
-                if self.ctx.is_main:
-                    save_atomic(state, path)
-            else:  # staged outside the artifacts directory, which the worker uploads
-                staging = shared_temp_dir(self.ctx)
-                rngs = gather_rng(self.ctx)
-                save_sharded_checkpoint(parts, self.ctx, path, self.config, rngs, staging)
-                barrier(self.ctx)
-                if self.ctx.local_rank == 0:
-                    shutil.rmtree(staging, ignore_errors=True)
-            barrier(self.ctx)
-            return
-        if weights_only:
-            barrier(self.ctx)
-            if self.ctx.is_main:
-                save_atomic(parts.precision.model_state_dict(parts.model), path)
-            barrier(self.ctx)
-            return
-        rngs = gather_rng(self.ctx)
-        if self.ctx.is_main:
-            assert rngs is not None
-            save_atomic(checkpoint_payload(parts, rngs, self.ctx.world_size, self.config), path)
-        barrier(self.ctx)
+        """For hooks (ModelCheckpoint): see :func:`ace3.runtime.saving.save_model_file` (every
+        rank must call this at the same point)."""
+        save_model_file(self.parts, self.ctx, self.config, path, weights_only)
 
     def _done(self) -> bool:
         max_steps = self.config.max_steps
@@ -440,17 +398,3 @@ class Trainer:
         else:
             state_bytes = training_state_bytes(parts.model, parts.optimizer)
         return memory_summary(reading, state_bytes)
-
-
-def prune_checkpoint_files(directory: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` ``step-*.pt`` / ``step-*.dcp.tar`` files (never the
-    newest one)."""
-    found = sorted(
-        (int(match.group(1)), path)
-        for path in directory.iterdir()
-        if (match := CHECKPOINT_NAME_RE.match(path.name))
-    )
-    doomed = [path for _, path in found[: max(0, len(found) - max(keep, 1))]]
-    for path in doomed:
-        path.unlink(missing_ok=True)
-    return doomed

@@ -15,7 +15,7 @@ from torch import nn
 import ace3
 from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.runtime.checkpointing import load_checkpoint
-from ace3.runtime.sharded_checkpoint import read_train_state
+from ace3.runtime.dcp_archive import read_train_state
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
