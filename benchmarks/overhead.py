@@ -46,9 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.synthetic import write_inputs  # noqa: E402
+
 SDK = REPO / "sdk"
 PLAIN = Path(__file__).resolve().parent / "plain_ddp.py"
 PROCS = 2
@@ -67,18 +69,6 @@ def build_model(inputs=256, width=512, depth=6, classes=10):
     layers.append(nn.Linear(width, classes))
     return nn.Sequential(*layers)
 """
-
-
-def write_inputs(root: Path, samples: int, inputs: int) -> tuple[Path, Path]:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((samples, inputs), dtype=np.float32)
-    teacher = rng.standard_normal((inputs, 10), dtype=np.float32)
-    y = (x @ teacher).argmax(axis=1).astype(np.int64)
-    data = root / "data.npz"
-    np.savez(data, inputs=x, targets=y)
-    model = root / "model.py"
-    model.write_text(MODEL_FILE)
-    return model, data
 
 
 def _env() -> dict[str, str]:
@@ -218,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     span = args.long - args.short
     with tempfile.TemporaryDirectory(prefix="ace3-overhead-") as scratch:
         root = Path(scratch)
-        model, data = write_inputs(root, args.batch_size * (args.long + 1), args.inputs)
+        model, data = write_inputs(root, args.batch_size * (args.long + 1), args.inputs, MODEL_FILE)
         for repeat in range(args.repeats):
             for name in ("engine", "plain"):
                 timings: dict[int, Timing] = {}

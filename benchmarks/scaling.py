@@ -38,9 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.synthetic import write_inputs  # noqa: E402
+
 SDK = REPO / "sdk"
 
 MODEL_FILE = """
@@ -67,18 +69,6 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "tensor": {"parallelism": "model", "model_sharding_strategy": "tensor"},
 }
 SPLITS_THE_MODEL = {"pipeline-gpipe", "pipeline-1f1b", "layer", "tensor"}
-
-
-def write_inputs(root: Path, samples: int) -> tuple[Path, Path]:
-    rng = np.random.default_rng(0)
-    inputs = rng.standard_normal((samples, 64), dtype=np.float32)
-    teacher = rng.standard_normal((64, 10), dtype=np.float32)
-    targets = (inputs @ teacher).argmax(axis=1).astype(np.int64)
-    data = root / "data.npz"
-    np.savez(data, inputs=inputs, targets=targets)
-    model = root / "model.py"
-    model.write_text(MODEL_FILE)
-    return model, data
 
 
 def job_config(strategy: str, procs: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -182,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="ace3-scaling-") as scratch:
         root = Path(scratch)
-        model, data = write_inputs(root, samples=args.batch_size * (args.steps + 2))
+        model, data = write_inputs(root, args.batch_size * (args.steps + 2), 64, MODEL_FILE)
         for strategy in args.strategies:
             for procs in args.procs:
                 results[strategy, procs] = run_cell(strategy, procs, args, root, model, data)

@@ -153,10 +153,8 @@ class NonFiniteLossRecord(_Record):
     value: Literal["nan", "inf", "-inf"]
 
 
-EventRecord = Annotated[
-    StartRecord | MetricsRecord | CheckpointRecord | SummaryRecord | NonFiniteLossRecord,
-    Field(discriminator="type"),
-]
+AnyRecord = StartRecord | MetricsRecord | CheckpointRecord | SummaryRecord | NonFiniteLossRecord
+EventRecord = Annotated[AnyRecord, Field(discriminator="type")]
 _RECORD: TypeAdapter[EventRecord] = TypeAdapter(EventRecord)
 
 

@@ -100,16 +100,14 @@ def _fsync_path(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(target: Path, mode: int = 0o666) -> Iterator[Path]:
-    """A temporary path next to ``target`` to write by name; on a clean exit it is fsync'ed and
-    renamed over ``target``, on an exception removed (``target`` untouched). ``mode``: the
-    permissions (less the umask) of the new file, those of ``open(target, "w")`` by default."""
+def _replacing(target: Path, mode: int) -> Iterator[tuple[Path, int]]:
+    """A new temporary file next to ``target`` (its path and an open read-write descriptor,
+    the caller's to close); on a clean exit it is renamed over ``target`` and the directory
+    fsync'ed, on an exception removed (``target`` untouched). The caller fsyncs the file."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp, fd = _create_temporary(target, mode)
-    os.close(fd)
     try:
-        yield tmp
-        _fsync_path(tmp)
+        yield tmp, fd
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -118,25 +116,27 @@ def atomic_path(target: Path, mode: int = 0o666) -> Iterator[Path]:
     fsync_directory(target.parent)
 
 
+@contextlib.contextmanager
+def atomic_path(target: Path, mode: int = 0o666) -> Iterator[Path]:
+    """A temporary path next to ``target`` to write by name; on a clean exit it is fsync'ed and
+    renamed over ``target``, on an exception removed (``target`` untouched). ``mode``: the
+    permissions (less the umask) of the new file, those of ``open(target, "w")`` by default."""
+    with _replacing(target, mode) as (tmp, fd):
+        os.close(fd)
+        yield tmp
+        _fsync_path(tmp)
+
+
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], mode: int = 0o666) -> WrittenFile:
     """Create or replace ``path`` atomically with what ``write(handle)`` writes; return its
     sha256 and size (read back from the written file, so they describe what is on disk)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, fd = _create_temporary(path, mode)
-    try:
-        with os.fdopen(fd, "w+b") as handle:
-            write(handle)
-            handle.flush()
-            _fsync(handle.fileno())
-            handle.seek(0)
-            digest = sha256_fileobj(handle)
-            size = os.fstat(handle.fileno()).st_size
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_directory(path.parent)
+    with _replacing(path, mode) as (_, fd), os.fdopen(fd, "w+b") as handle:
+        write(handle)
+        handle.flush()
+        _fsync(handle.fileno())
+        handle.seek(0)
+        digest = sha256_fileobj(handle)
+        size = os.fstat(handle.fileno()).st_size
     return WrittenFile(path=path.resolve(), sha256=digest, size_bytes=size)
 
 

@@ -77,18 +77,27 @@ def _entries(lines: list[str]) -> list[RankFailure]:
     return entries
 
 
-def failed_ranks(launcher_lines: Iterable[str]) -> list[RankFailure]:
-    """Every rank of torchrun's last error summary (its ``Failures:`` and its ``Root Cause``),
-    in order; empty without a summary."""
+def _last_summary(
+    launcher_lines: Iterable[str],
+) -> tuple[list[RankFailure], list[RankFailure]] | None:
+    """Torchrun's last error summary: the entries of its ``Failures:`` section and of its
+    ``Root Cause``; None without one."""
     lines = list(launcher_lines)
     starts = [index for index, line in enumerate(lines) if _ROOT_CAUSE in line]
     if not starts:
-        return []
-    summary_start = max(
+        return None
+    summary_start = max(  # (the tail may have lost the header of a long summary)
         (index for index, line in enumerate(lines[: starts[-1]]) if "Failures:" in line),
-        default=starts[-1],
+        default=0,
     )
-    return _entries(lines[summary_start:])
+    return _entries(lines[summary_start : starts[-1]]), _entries(lines[starts[-1] :])
+
+
+def failed_ranks(launcher_lines: Iterable[str]) -> list[RankFailure]:
+    """Every rank of torchrun's last error summary (its ``Failures:`` and its ``Root Cause``),
+    in order; empty without a summary."""
+    summary = _last_summary(launcher_lines)
+    return summary[0] + summary[1] if summary is not None else []
 
 
 def root_cause(
@@ -98,15 +107,10 @@ def root_cause(
     is a rank whose last error (in ``rank_stderr``) only echoes a peer's death (gloo's
     "Connection reset by peer"...) while another rank was killed by a signal: the killed rank is
     the cause. SIGTERM does not count, since torchrun sends it to the surviving ranks itself."""
-    lines = list(launcher_lines)
-    starts = [index for index, line in enumerate(lines) if _ROOT_CAUSE in line]
-    if not starts:
+    summary = _last_summary(launcher_lines)
+    if summary is None:
         return None
-    summary_start = max(  # (the tail may have lost the header of a long summary)
-        (index for index, line in enumerate(lines[: starts[-1]]) if "Failures:" in line),
-        default=0,
-    )
-    roots = _entries(lines[starts[-1] :])
+    failures, roots = summary
     root = roots[0] if roots else None
     if root is None or root.signal is not None:
         return root
@@ -114,9 +118,7 @@ def root_cause(
     if not echoes_a_peer("\n".join(root_lines[-5:])):
         return root
     killed = [
-        entry
-        for entry in _entries(lines[summary_start : starts[-1]])
-        if entry.signal is not None and entry.signal != signal.SIGTERM
+        entry for entry in failures if entry.signal is not None and entry.signal != signal.SIGTERM
     ]
     return killed[0] if killed else root
 

@@ -1050,13 +1050,10 @@ class Supervisor:
     def _halve_micro_batch(self, job: Job, attempt: int) -> bool:
         """Queue the next attempt with twice the micro-batch split (job.json), from the job's
         newest checkpoint; False when the micro-batch cannot be halved again (the attempt then
-        fails like any other). The halvings are bounded by log2 of the batch size, whatever a
-        job's exit status claims."""
-        halvings = job.micro_batch_halvings or 0
+        fails like any other). The update itself bounds the halvings by
+        :func:`max_micro_batch_halvings`, whatever a job's exit status claims."""
         limit = max_micro_batch_halvings(job.config, job.num_processes)
-        if halvings >= limit:
-            return False
-        split = 2 ** (halvings + 1)
+        split = 2 ** ((job.micro_batch_halvings or 0) + 1)
         reason = (
             f"attempt {attempt} ran out of memory inside a training step; the next one runs "
             f"micro-batch split {split} (the effective batch unchanged)"

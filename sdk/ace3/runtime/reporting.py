@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from ace3.events import (
+    AnyRecord,
     EventRecord,
     MetricsRecord,
     NonFiniteLossRecord,
@@ -28,21 +29,6 @@ from ace3.events import (
 class EventRecordError(ValueError):
     """A record the engine was asked to write breaks the events contract (a metric name that
     is too long, too many metrics, a step out of range...): which field, and why."""
-
-
-def _checked(kind: str, build: Callable[[], EventRecord]) -> EventRecord:
-    try:
-        return build()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(
-            text if len(text := str(part)) <= 60 else text[:60] + "..." for part in first["loc"]
-        )
-        raise EventRecordError(
-            f"cannot report the run's {kind} record: {where}: {first['msg']} (metric names are "
-            "1-200 characters without control characters, at most 256 in one report; the "
-            "model file's compute_metrics names become val_<name>)"
-        ) from None
 
 
 class EventWriter:
@@ -72,6 +58,26 @@ class EventWriter:
         self._handle.write(encode_record(record) + "\n")
         self._handle.flush()
 
+    def emit(self, record_type: type[AnyRecord], **fields: Any) -> None:
+        """Build, validate and write one record (nothing on other ranks). A record the contract
+        refuses raises :class:`EventRecordError` naming the field."""
+        if not self.enabled:
+            return
+        try:
+            record = record_type(**fields)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(
+                text if len(text := str(part)) <= 60 else text[:60] + "..." for part in first["loc"]
+            )
+            kind = record_type.model_fields["type"].default
+            raise EventRecordError(
+                f"cannot report the run's {kind} record: {where}: {first['msg']} (metric names "
+                "are 1-200 characters without control characters, at most 256 in one report; "
+                "the model file's compute_metrics names become val_<name>)"
+            ) from None
+        self.write(record)
+
     def start(
         self,
         total_steps: int,
@@ -82,47 +88,31 @@ class EventWriter:
     ) -> None:
         """The run's plan, before its first step: ``total_steps`` counts from step 0 and is an
         upper bound no step of the run exceeds."""
-        if self.enabled:
-            self.write(
-                _checked(
-                    "start",
-                    lambda: StartRecord(
-                        total_steps=total_steps,
-                        steps_per_epoch=steps_per_epoch,
-                        epochs=epochs,
-                        world_size=world_size,
-                        resumed_from_step=resumed_from_step,
-                    ),
-                )
-            )
+        self.emit(
+            StartRecord,
+            total_steps=total_steps,
+            steps_per_epoch=steps_per_epoch,
+            epochs=epochs,
+            world_size=world_size,
+            resumed_from_step=resumed_from_step,
+        )
 
     def metrics(self, step: int, epoch: float, values: dict[str, float]) -> None:
-        if self.enabled:
-            self.write(
-                _checked(
-                    "metrics",
-                    lambda: MetricsRecord(step=step, epoch=epoch, values=finite_or_none(values)),
-                )
-            )
+        self.emit(MetricsRecord, step=step, epoch=epoch, values=finite_or_none(values))
 
     def nonfinite_loss(
         self, step: int, reported_at_step: int, epoch: float, metric: str, value: str
     ) -> None:
         """``metric`` became ``value`` (``"nan"``, ``"inf"`` or ``"-inf"``: strings, so the line
         stays strict JSON) at ``step``; the run noticed at ``reported_at_step``."""
-        if self.enabled:
-            self.write(
-                _checked(
-                    "nonfinite_loss",
-                    lambda: NonFiniteLossRecord(
-                        step=step,
-                        reported_at_step=reported_at_step,
-                        epoch=epoch,
-                        metric=metric,
-                        value=value,  # type: ignore[arg-type]
-                    ),
-                )
-            )
+        self.emit(
+            NonFiniteLossRecord,
+            step=step,
+            reported_at_step=reported_at_step,
+            epoch=epoch,
+            metric=metric,
+            value=value,
+        )
 
     def summary(
         self,
@@ -131,18 +121,13 @@ class EventWriter:
         steps: int,
         epochs: float,
     ) -> None:
-        if self.enabled:
-            self.write(
-                _checked(
-                    "summary",
-                    lambda: SummaryRecord(
-                        final_metrics=finite_or_none(final_metrics),
-                        best_val_accuracy=best_val_accuracy,
-                        steps=steps,
-                        epochs=epochs,
-                    ),
-                )
-            )
+        self.emit(
+            SummaryRecord,
+            final_metrics=finite_or_none(final_metrics),
+            best_val_accuracy=best_val_accuracy,
+            steps=steps,
+            epochs=epochs,
+        )
 
     def close(self) -> None:
         if self._handle is not None:

@@ -91,16 +91,15 @@ def save_job_checkpoint(
             directory / checkpoint_name(state.step),
         )
     if saved is not None:
-        events.write(
-            CheckpointRecord(
-                step=state.step,
-                epoch=state.display_epoch(),
-                name=saved.path.name,
-                path=str(saved.path),
-                sha256=saved.sha256,
-                size_bytes=saved.size_bytes,
-                metrics=finite_or_none(dict(state.last_metrics)),
-            )
+        events.emit(
+            CheckpointRecord,
+            step=state.step,
+            epoch=state.display_epoch(),
+            name=saved.path.name,
+            path=str(saved.path),
+            sha256=saved.sha256,
+            size_bytes=saved.size_bytes,
+            metrics=finite_or_none(dict(state.last_metrics)),
         )
         print(
             f"checkpoint {saved.path.name} saved "

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
 
 from ace3.errors import StepOutOfMemoryError
 from ace3.runtime.build import Components, wrap_ddp
@@ -63,23 +63,6 @@ UNUSED_PARAMETERS_ADVICE = (
 
 def is_unused_parameter_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and _UNUSED_PARAMETER_MARKER in str(exc).lower()
-
-
-def _buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    """``tensors`` in order, grouped by dtype into runs of at most ``limit`` bytes (a tensor
-    larger than that on its own)."""
-    buckets: list[list[torch.Tensor]] = []
-    size = 0
-    for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        last = buckets[-1] if buckets else None
-        if last is None or last[0].dtype != tensor.dtype or size + nbytes > limit:
-            buckets.append([tensor])
-            size = nbytes
-        else:
-            last.append(tensor)
-            size += nbytes
-    return buckets
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -222,9 +205,9 @@ class StepRunner:
         return step_loss, samples
 
     def _first_step_sync(self) -> None:
-        """Step 1 of DDP over several processes: all-reduce the gradients ourselves (one
-        flattened copy per dtype) and learn whether some parameter got no gradient on some
-        rank. DDP's bucketed reduction, which every later step uses, needs
+        """Step 1 of DDP over several processes: all-reduce the gradients ourselves (flattened
+        in buckets of at most FIRST_STEP_BUCKET_BYTES per dtype, as DDP's) and learn whether some
+        parameter got no gradient on some rank. DDP's bucketed reduction, which every later step uses, needs
         ``find_unused_parameters=True`` for such a model (it would fail at step 2 otherwise),
         which costs a graph traversal per step: only a model that needs it gets it."""
         parts, world = self.parts, self.ctx.world_size
@@ -239,7 +222,7 @@ class StepRunner:
             grads.append(param.grad)
         flag = torch.tensor([float(unused)], device=self.ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        for bucket in _buckets(grads, FIRST_STEP_BUCKET_BYTES):  # (bounded extra memory)
+        for bucket in _take_tensors(grads, FIRST_STEP_BUCKET_BYTES):  # (bounded extra memory)
             flat = _flatten_dense_tensors(bucket)
             flat /= world  # (before the sum, as DDP's default hook does: the same arithmetic)
             dist.all_reduce(flat)
