@@ -24,7 +24,7 @@ SAFETENSORS_SUFFIX = ".safetensors"
 def save_checkpoint(checkpoint: Any, path: str | os.PathLike[str]) -> Path:
     """Write ``checkpoint`` (typically a dict of state dicts and numbers) to ``path``
     atomically; ``.safetensors`` paths take a flat dict of tensors. Returns the path."""
-    from ace3.runtime.checkpointing import save_atomic
+    from ace3.runtime.checkpoint.files import save_atomic
 
     target = Path(path).expanduser()
     if target.suffix == SAFETENSORS_SUFFIX:
@@ -64,7 +64,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     if not source.is_file():
         raise FileNotFoundError(f"checkpoint file not found: {source}")
     if source.name.endswith(".dcp.tar"):  # a sharded (ZeRO) training checkpoint
-        from ace3.runtime.sharded_checkpoint import consolidate
+        from ace3.runtime.checkpoint.sharded import consolidate
 
         return consolidate(source)
     if source.suffix == SAFETENSORS_SUFFIX:

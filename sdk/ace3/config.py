@@ -97,6 +97,20 @@ class TrainingConfig(_Schema):
         description="Pipeline stages: indices of the nn.Sequential layers where stages 2..N "
         "start (num_stages - 1 increasing indices); default: balanced by parameter count.",
     )
+    tensor_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Tensor-parallel degree T: linear layers sharded over T consecutive ranks; "
+        "data parallelism (DDP) over what remains: num_gpus * num_nodes = D x P x T.",
+    )
+    pipeline_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Pipeline degree P (num_stages is its alias): the model cut into P stages, "
+        "one per rank of each pipeline; data parallelism (DDP) over what remains.",
+    )
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0,
         description="ZeRO sharding: 0 plain DDP; 1 optimizer state sharded (DDP + "
@@ -296,9 +310,12 @@ class TrainingConfig(_Schema):
     @field_validator("batch_size")
     @classmethod
     def _batch_splits_across_processes(cls, batch_size: int, info: ValidationInfo) -> int:
-        if info.data.get("parallelism", "data") == "data":  # model parallel: every rank sees it
+        if info.data.get("parallelism", "data") == "data":  # model parallel: checked at run
             nodes = info.data.get("num_nodes", 1)
-            _check_batch_split(batch_size, info.data.get("num_gpus", 1), nodes)
+            split = (info.data.get("tensor_parallel_size") or 1) * (
+                info.data.get("pipeline_parallel_size") or 1
+            )
+            _check_batch_split(batch_size, info.data.get("num_gpus", 1), nodes, split)
         return batch_size
 
     @field_validator("betas")
@@ -331,7 +348,10 @@ class TrainingConfig(_Schema):
         # An assignment (at construction batch_size checks itself); data parallel only.
         if "batch_size" in info.data and info.data.get("parallelism", "data") == "data":
             other = info.data["num_nodes" if info.field_name == "num_gpus" else "num_gpus"]
-            _check_batch_split(info.data["batch_size"], value, other)
+            split = (info.data.get("tensor_parallel_size") or 1) * (
+                info.data.get("pipeline_parallel_size") or 1
+            )
+            _check_batch_split(info.data["batch_size"], value, other, split)
         return value
 
 
@@ -344,8 +364,22 @@ _OFFLOAD_WITH_STAGE_1 = (
 )
 
 
-def _check_batch_split(batch_size: int, num_gpus: int, num_nodes: int) -> None:
+def _check_batch_split(batch_size: int, num_gpus: int, num_nodes: int, split: int = 1) -> None:
+    """The global batch splits evenly over the data-parallel replicas (``split``: the ranks
+    of one replica, pipeline x tensor degree; a layout that does not divide is refused
+    elsewhere)."""
     world_size = num_gpus * num_nodes
+    if split > 1:
+        if world_size % split:
+            return
+        replicas = world_size // split
+        if batch_size % replicas:
+            raise ValueError(
+                f"batch_size ({batch_size}) must be divisible by the {replicas} data-parallel "
+                f"replicas (num_gpus * num_nodes = {world_size} over pipeline x tensor = "
+                f"{split}): it is the global batch, split evenly"
+            )
+        return
     if batch_size % world_size:
         raise ValueError(
             f"batch_size ({batch_size}) must be divisible by the number of processes "
@@ -499,37 +533,80 @@ def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
     return problems
 
 
-def pipeline_layout(config: TrainingConfig) -> tuple[int, int, str] | None:
-    """(stages, micro-batches per batch, schedule) for a job that runs a pipeline
-    (``parallelism='pipeline'``, or ``'model'`` with strategy ``layer`` or ``pipeline``); None
-    otherwise. ``layer`` is a pipeline with one micro-batch (GPipe: no overlap)."""
-    strategy = config.model_sharding_strategy
-    if config.parallelism == "pipeline" or (
-        config.parallelism == "model" and strategy in ("layer", "pipeline")
-    ):
-        stages = config.num_stages or config.world_size
-        if strategy == "layer":
-            return stages, 1, "gpipe"
-        micro = config.micro_batch_size or max(config.batch_size // stages, 1)
-        return stages, max(config.batch_size // micro, 1), config.pipeline_schedule
-    return None
+def runs_pipeline(config: TrainingConfig) -> bool:
+    """The job cuts the model into pipeline stages: ``parallelism='pipeline'``, ``'model'``
+    with strategy ``layer`` or ``pipeline``, or ``pipeline_parallel_size`` above 1."""
+    return (
+        config.parallelism == "pipeline"
+        or (config.parallelism == "model" and config.model_sharding_strategy in _PIPELINED)
+        or (config.pipeline_parallel_size or 1) > 1
+    )
+
+
+def runs_tensor_parallel(config: TrainingConfig) -> bool:
+    """The job shards linear layers: ``parallelism='model'`` with strategy ``tensor``, or
+    ``tensor_parallel_size`` above 1."""
+    return (config.parallelism == "model" and config.model_sharding_strategy == "tensor") or (
+        config.tensor_parallel_size or 1
+    ) > 1
+
+
+_PIPELINED = ("layer", "pipeline")
+
+
+def parallel_degrees(config: TrainingConfig, world_size: int | None = None) -> tuple[int, int]:
+    """(pipeline, tensor) degrees of a job on ``world_size`` processes (default: the config's
+    ``num_gpus * num_nodes``); the data-parallel degree is what remains, ``world_size /
+    (pipeline * tensor)``. The shorthands take every process: ``model_sharding_strategy=
+    'tensor'`` without ``tensor_parallel_size`` shards over all of them (what the pipeline
+    leaves), a pipeline without ``num_stages`` / ``pipeline_parallel_size`` has one stage per
+    process."""
+    world = config.world_size if world_size is None else world_size
+    pp = config.pipeline_parallel_size or config.num_stages or 1
+    tp = config.tensor_parallel_size or 1
+    shorthand_tensor = config.parallelism == "model" and config.model_sharding_strategy == "tensor"
+    if shorthand_tensor and config.tensor_parallel_size is None:
+        tp = max(world // pp, 1)
+    if runs_pipeline(config) and not (config.pipeline_parallel_size or config.num_stages):
+        pp = max(world // tp, 1)
+    return pp, tp
+
+
+def pipeline_layout(
+    config: TrainingConfig, world_size: int | None = None
+) -> tuple[int, int, str] | None:
+    """(stages, micro-batches per batch, schedule) for a job that runs a pipeline (see
+    :func:`runs_pipeline`); None otherwise. ``layer`` is a pipeline with one micro-batch
+    (GPipe: no overlap). The batch is a data-parallel replica's share of ``batch_size``."""
+    if not runs_pipeline(config):
+        return None
+    world = config.world_size if world_size is None else world_size
+    stages, tp = parallel_degrees(config, world)
+    replicas = max(world // (stages * tp), 1)
+    batch = max(config.batch_size // replicas, 1)
+    if config.model_sharding_strategy == "layer":
+        return stages, 1, "gpipe"
+    micro = config.micro_batch_size or max(batch // stages, 1)
+    return stages, max(batch // micro, 1), config.pipeline_schedule
 
 
 def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
-    """Settings that do not fit the parallelism chosen (data, model or pipeline)."""
+    """Settings that do not fit the layout chosen: data, pipeline and tensor degrees."""
     problems: list[ConfigProblem] = []
 
     def refuse(field: str, reason: str) -> None:
         problems.append(ConfigProblem(field=field, reason=f"{field}: {reason}"))
 
     mode, strategy = config.parallelism, config.model_sharding_strategy
+    pipelined, tensored = runs_pipeline(config), runs_tensor_parallel(config)
     pipeline_fields = ("num_stages", "micro_batch_size", "pipeline_split_points")
     if mode == "data":
-        for name in ("model_sharding_strategy", *pipeline_fields):
+        legacy = ("model_sharding_strategy", "num_stages")
+        for name in legacy if pipelined else (*legacy, *pipeline_fields[1:]):
             if getattr(config, name) is not None:
-                refuse(name, f"only used with parallelism='model' or 'pipeline'; got "
+                refuse(name, f"only used with parallelism='model' or 'pipeline'"
+                       f"{'' if name in legacy else ' or pipeline_parallel_size > 1'}; got "
                        f"{getattr(config, name)!r} with parallelism='data': remove it")  # fmt: skip
-        return problems
     if mode == "model" and strategy is None:
         refuse("model_sharding_strategy", "parallelism='model' needs one of 'layer', 'tensor', "
                "'pipeline' (e.g. model_sharding_strategy='layer')")  # fmt: skip
@@ -537,50 +614,69 @@ def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
     if mode == "pipeline" and strategy not in (None, "pipeline"):
         refuse("model_sharding_strategy", f"{strategy!r} is for parallelism='model'; "
                "parallelism='pipeline' needs none")  # fmt: skip
+    stages_alias, pp_size = config.num_stages, config.pipeline_parallel_size
+    if stages_alias is not None and pp_size is not None and stages_alias != pp_size:
+        refuse("pipeline_parallel_size", f"{pp_size} differs from num_stages={stages_alias}, "
+               "its alias: set one of them")  # fmt: skip
+    if not (pipelined or tensored):
+        return problems
+    world = config.world_size
+    stages, ways = parallel_degrees(config, world)
+    if world % (stages * ways):
+        field = "tensor_parallel_size" if config.tensor_parallel_size else (
+            "pipeline_parallel_size" if pp_size else "num_stages")  # fmt: skip
+        refuse(field, f"pipeline ({stages}) x tensor ({ways}) must divide the {world} processes "
+               "(num_gpus * num_nodes): one process per stage and tensor shard, data "
+               "parallelism over what remains")  # fmt: skip
+        return problems
+    replicas = world // (stages * ways)
+    if config.batch_size % replicas:
+        refuse("batch_size", f"{config.batch_size} must be divisible by the {replicas} "
+               "data-parallel replicas: it is the global batch, split evenly")  # fmt: skip
+    what = "pipeline" if pipelined else "tensor"
+    what = "pipeline and tensor" if pipelined and tensored else what
     if config.effective_zero_stage:
-        refuse("zero_stage", f"ZeRO sharding with parallelism={mode!r} is not implemented: use "
-               "zero_stage=0 and no offload")  # fmt: skip
+        refuse("zero_stage", f"ZeRO sharding with {what} parallelism is not implemented: the "
+               "data-parallel part of such a layout runs DDP; use zero_stage=0 and no "
+               "offload")  # fmt: skip
     if config.mixed_precision and config.amp_level in ("O2", "O3"):
-        refuse("amp_level", f"{config.amp_level!r} with parallelism={mode!r} is not implemented: "
+        refuse("amp_level", f"{config.amp_level!r} with {what} parallelism is not implemented: "
                "use amp_level='O1' (autocast) or mixed_precision=False")  # fmt: skip
     if config.gradient_checkpointing:
-        refuse("gradient_checkpointing", f"not implemented with parallelism={mode!r}: turn it "
+        refuse("gradient_checkpointing", f"not implemented with {what} parallelism: turn it "
                "off")  # fmt: skip
     board = config.tensorboard
     if board is not None and (board.log_graph or board.log_histograms):
-        refuse("tensorboard", f"log_graph and log_histograms are not implemented with "
-               f"parallelism={mode!r} (each rank holds part of the model): turn them off")  # fmt: skip
-    if strategy == "tensor":
+        refuse("tensorboard", f"log_graph and log_histograms are not implemented with {what} "
+               "parallelism (each rank holds part of the model): turn them off")  # fmt: skip
+    if tensored and config.optimizer in _PLAIN_TENSOR_OPTIMIZERS:
+        refuse("optimizer", f"{config.optimizer!r} on tensor-parallel (DTensor) parameters "
+               "is not implemented: use adamw, adam or sgd")  # fmt: skip
+    if not pipelined:
         for name in pipeline_fields:
             if getattr(config, name) is not None:
-                refuse(name, "a pipeline setting; model_sharding_strategy='tensor' does not use "
-                       "it: remove it")  # fmt: skip
-        if config.optimizer in _PLAIN_TENSOR_OPTIMIZERS:
-            refuse("optimizer", f"{config.optimizer!r} on tensor-parallel (DTensor) parameters "
-                   "is not implemented: use adamw, adam or sgd")  # fmt: skip
+                refuse(name, "a pipeline setting; tensor parallelism alone does not use it: "
+                       "remove it")  # fmt: skip
         return problems
     layout = pipeline_layout(config)
     assert layout is not None
-    stages, micro_batches, schedule = layout
-    world = config.world_size
-    if config.num_stages is not None and config.num_stages != world:
-        refuse("num_stages", f"{config.num_stages} stages need one process each: set num_gpus * "
-               f"num_nodes = {config.num_stages} (it is {world}); data parallel x pipeline is "
-               "not implemented")  # fmt: skip
+    _, micro_batches, schedule = layout
     if strategy == "layer":
         for name in ("micro_batch_size", "num_stages"):
             if getattr(config, name) is not None:
                 refuse(name, "model_sharding_strategy='layer' runs one micro-batch on one stage "
                        "per process: remove it, or use model_sharding_strategy='pipeline'")  # fmt: skip
-    micro = config.micro_batch_size or config.batch_size // stages
-    if strategy != "layer" and (micro < 1 or config.batch_size % micro):
+    batch = config.batch_size // replicas
+    micro = config.micro_batch_size or batch // stages
+    if strategy != "layer" and (micro < 1 or batch % micro):
         field = "micro_batch_size" if config.micro_batch_size else "batch_size"
-        refuse(field, f"batch_size ({config.batch_size}) must be a multiple of the micro-batch "
-               f"({micro if micro >= 1 else 'batch_size / num_stages'}): set micro_batch_size to "
-               "a divisor of batch_size")  # fmt: skip
+        share = f" (each of the {replicas} replicas' {batch})" if replicas > 1 else ""
+        refuse(field, f"batch_size ({config.batch_size}){share} must be a multiple of the "
+               f"micro-batch ({micro if micro >= 1 else 'batch_size / num_stages'}): set "
+               "micro_batch_size to a divisor of it")  # fmt: skip
     elif schedule == "1f1b" and micro_batches < stages:
         refuse("micro_batch_size", f"the 1f1b schedule needs at least one micro-batch per stage: "
-               f"batch_size {config.batch_size} / micro_batch_size {micro} = {micro_batches} < "
+               f"a batch of {batch} / micro_batch_size {micro} = {micro_batches} < "
                f"{stages} stages; use a smaller micro_batch_size or pipeline_schedule='gpipe'")  # fmt: skip
     points = config.pipeline_split_points
     if points is not None and (

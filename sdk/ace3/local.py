@@ -26,7 +26,7 @@ from ace3.config import TrainingConfig
 from ace3.events import CheckpointRecord, EventRecord, MetricsRecord, SummaryRecord
 from ace3.results import MetricsView
 from ace3.runtime.build import build_local
-from ace3.runtime.checkpointing import load_checkpoint
+from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.dataset_files import make_dataset
 from ace3.runtime.datasets import DEFAULT_VALIDATION_SPLIT, load_dataset, split_holdout
 from ace3.runtime.distributed import destroy_distributed, init_distributed

@@ -47,7 +47,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ace3.config import TrainingConfig, pipeline_layout
+from ace3.config import TrainingConfig, parallel_degrees, runs_pipeline
 from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
 from ace3.events import (
     CheckpointRecord,
@@ -120,11 +120,13 @@ def max_micro_batch_halvings(config: dict[str, Any], num_processes: int) -> int:
         settings = TrainingConfig.model_validate(config)
     except ValueError:
         return 0
-    if not settings.dynamic_batch_size or pipeline_layout(settings) is not None:
+    if not settings.dynamic_batch_size or runs_pipeline(settings):
         return 0
-    per_rank = settings.batch_size
-    if settings.parallelism == "data":  # the global batch split evenly over the processes
-        per_rank = max(1, settings.batch_size // max(1, num_processes))
+    # The global batch splits evenly over the data-parallel replicas (all the processes, unless
+    # tensor parallelism groups them).
+    processes = max(1, num_processes)
+    stages, ways = parallel_degrees(settings, processes)
+    per_rank = max(1, settings.batch_size // max(1, processes // (stages * ways)))
     return max(0, per_rank.bit_length() - 1)
 
 

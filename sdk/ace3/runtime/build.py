@@ -1,5 +1,5 @@
-"""Build everything a rank trains with: data, model, optimizer, precision, DDP or ZeRO
-sharding (:mod:`ace3.runtime.sharding`); apply a resume.
+"""Build everything a rank trains with: data, model, precision, the parallelism strategy
+(:mod:`ace3.runtime.parallel`), optimizer, schedule; apply a resume.
 
 Two entry points share :func:`assemble`: :func:`build` for a job (the model file and dataset
 files named by ``job.json``) and :func:`build_local` for an in-process run of a live
@@ -13,40 +13,23 @@ checkpoint's per-rank RNG states on top.
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig, unsupported_settings
-from ace3.runtime.checkpointing import load_checkpoint
+from ace3.runtime.checkpoint.files import load_checkpoint
+from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
 from ace3.runtime.distributed import DistContext
-from ace3.runtime.grad_checkpointing import enable_gradient_checkpointing
 from ace3.runtime.job_spec import JobSpec
-from ace3.runtime.optim import ScheduleDriver, build_optimizer, build_scheduler
-from ace3.runtime.precision import Precision, resolve_precision
-from ace3.runtime.rng import rank_seed, restore_rng, seed_all
-from ace3.runtime.sharded_checkpoint import (
-    is_sharded_checkpoint,
-    load_full_model_and_optimizer,
-    load_sharded_model_and_optimizer,
-    resume_train_state,
-)
-from ace3.runtime.sharding import (
-    ShardingPlan,
-    plan_notes,
-    shard_model,
-    sharding_plan,
-    trainable,
-    training_copy,
-    zero_redundancy_optimizer,
-)
+from ace3.runtime.optim import build_scheduler
+from ace3.runtime.parallel import Strategy, strategy_for
+from ace3.runtime.precision import resolve_precision
+from ace3.runtime.rng import rank_seed, seed_all
 from ace3.runtime.step_counts import total_optimizer_steps
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode, build_model, load_user_code
@@ -59,35 +42,6 @@ DROPOUT_TYPES = (
     nn.AlphaDropout,
     nn.FeatureAlphaDropout,
 )
-
-
-@dataclass
-class Components:
-    """What the training loop needs."""
-
-    config: TrainingConfig
-    user: UserCode
-    model: nn.Module  # the plain module (what checkpoints store); sharded in place at ZeRO-2/3
-    ddp: nn.Module  # what forward passes run through: DDP, or the sharded module (ZeRO-2/3)
-    optimizer: torch.optim.Optimizer
-    scaler: Any  # ace3.amp loss scaler (a pass-through when no scaling is needed)
-    precision: Precision
-    scheduler: ScheduleDriver | None
-    train_set: Dataset[Any]
-    validation_set: Dataset[Any] | None
-    per_rank_batch: int
-    state: TrainState
-    collate_fn: Any = None  # an in-process run may bring its DataLoader's collate_fn
-    sharding: ShardingPlan | None = None  # ZeRO stage 1-3; None for plain DDP
-    # ZeRO-2/3 in process: the caller's module, which gets the trained weights at the end
-    # (``model`` is then a sharded copy of it).
-    write_back_to: nn.Module | None = None
-    # Model-parallel / pipeline jobs: ace3.runtime.model_parallel.ModelParallelRun (``model``
-    # and ``ddp`` are then this rank's stage, or the tensor-parallel model).
-    model_parallel: Any = None
-    # Each loader batch runs as this many micro-batches from the first step: what an earlier
-    # attempt that ran out of memory left (job.json), 1 otherwise.
-    micro_batch_split: int = 1
 
 
 def refuse_unsupported(config: TrainingConfig) -> None:
@@ -104,21 +58,17 @@ def apply_dropout_override(model: nn.Module, config: TrainingConfig, ctx: DistCo
         print(f"dropout override p={config.dropout} applied to {changed} module(s)")
 
 
-def check_config(config: TrainingConfig, ctx: DistContext) -> int:
+def check_config(config: TrainingConfig, ctx: DistContext, strategy: Strategy) -> int:
     """Refuse settings the engine does not implement; return the per-rank micro-batch."""
     refuse_unsupported(config)
-    if config.batch_size % ctx.world_size:
-        raise ValueError(
-            f"batch_size ({config.batch_size}) must be divisible by the {ctx.world_size} "
-            "processes of this job: it is the global batch, split evenly"
-        )
+    per_rank_batch = strategy.per_rank_batch
     if ctx.is_main and config.world_size != ctx.world_size:
         print(
             f"warning: the config asks for num_gpus * num_nodes = {config.world_size} processes "
             f"but {ctx.world_size} were started; batch_size {config.batch_size} is split over "
-            f"{ctx.world_size}"
+            f"{strategy.dims.dp} data-parallel replica(s)"
         )
-    return config.batch_size // ctx.world_size
+    return per_rank_batch
 
 
 def override_dropout(model: nn.Module, p: float | None) -> int:
@@ -131,45 +81,6 @@ def override_dropout(model: nn.Module, p: float | None) -> int:
             module.p = p
             count += 1
     return count
-
-
-def _restore(ckpt: dict[str, Any], parts: Components, ctx: DistContext) -> TrainState:
-    """Load a training checkpoint into ``parts``; what it lacks (optimizer, scheduler) is said.
-
-    A sharded checkpoint (ZeRO) loads on any number of ranks and at any stage; a plain one
-    into a ZeRO job is sharded on load; both are collectives."""
-    sharded = is_sharded_checkpoint(ckpt)
-    if sharded:
-        load_sharded_model_and_optimizer(ckpt, parts, ctx)
-    elif parts.sharding is not None:
-        load_full_model_and_optimizer(ckpt, parts, ctx)
-    else:
-        parts.precision.load_model_state_dict(parts.model, ckpt["model"])
-        if ckpt.get("optimizer"):
-            parts.optimizer.load_state_dict(ckpt["optimizer"])
-        elif ctx.is_main:
-            print(
-                "note: the checkpoint holds no optimizer state (save_optimizer=False): "
-                "the optimizer starts fresh, so the run will not match an uninterrupted one"
-            )
-    if ckpt.get("scaler") and parts.scaler.is_enabled():
-        parts.scaler.load_state_dict(ckpt["scaler"])
-    if parts.scheduler is not None:
-        if ckpt.get("scheduler"):
-            parts.scheduler.load_state_dict(ckpt["scheduler"])
-        elif ctx.is_main:
-            print("note: the checkpoint holds no scheduler state: the schedule restarts")
-    if sharded:
-        return resume_train_state(ckpt, parts, ctx, parts.config)
-    saved_world = int(ckpt.get("world_size") or 0)
-    if saved_world != ctx.world_size:
-        # batch_in_epoch counts each rank's batches: another process count would skip the wrong ones.
-        raise ValueError(
-            f"this checkpoint was written by {saved_world} processes and this run has "
-            f"{ctx.world_size}: resume it with num_gpus * num_nodes = {saved_world}"
-        )
-    restore_rng(ckpt["rng_per_rank"][ctx.rank])
-    return TrainState.from_checkpoint(ckpt)
 
 
 def build(job: JobSpec, ctx: DistContext) -> Components:
@@ -212,26 +123,6 @@ def build_local(
     )
 
 
-def _buffer_sync(every_forward: bool) -> dict[str, bool]:
-    """DDP's "sync buffers at each forward" switch: ``forward_sync_buffers`` in recent torch
-    (``broadcast_buffers`` is deprecated there), ``broadcast_buffers`` before."""
-    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
-        return {"forward_sync_buffers": every_forward}
-    return {"broadcast_buffers": every_forward}
-
-
-def wrap_ddp(model: nn.Module, ctx: DistContext, find_unused_parameters: bool = False) -> nn.Module:
-    """DDP as a hand-written loop sets it up: bucketed all-reduce overlapped with the backward
-    pass, rank 0's buffers broadcast at each synchronised forward."""
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(
-        model,
-        device_ids=device_ids,
-        find_unused_parameters=find_unused_parameters,
-        **_buffer_sync(True),
-    )
-
-
 def assemble(
     config: TrainingConfig,
     ctx: DistContext,
@@ -243,53 +134,26 @@ def assemble(
     resume_label: str | None,
     live_module: bool = False,
 ) -> Components:
-    """Dropout override, device, precision, checkpointing, optimizer, schedule, resume, DDP
-    (or ZeRO sharding). ``live_module``: the caller keeps using ``model`` (an in-process run),
-    so ZeRO-2/3 shard a copy and write the trained weights back at the end."""
-    if config.parallelism != "data":  # pipeline, layer or tensor parallel
-        from ace3.runtime.model_parallel import assemble_model_parallel
-
-        return assemble_model_parallel(
-            config, ctx, user, model, train_set, validation_set, ckpt, resume_label
-        )
-    per_rank_batch = check_config(config, ctx)
+    """Dropout override, the strategy's split or shards, precision, optimizer, schedule,
+    resume. ``live_module``: the caller keeps using ``model`` (an in-process run)."""
+    strategy = strategy_for(config, ctx)
+    per_rank_batch = check_config(config, ctx, strategy)
     apply_dropout_override(model, config, ctx)
-    model.to(ctx.device)
     precision = resolve_precision(config, ctx.device)
-    precision.prepare_model(model)
-    plan = sharding_plan(config, ctx.device)
-    original = None
-    if plan is not None and plan.fsdp and live_module:
-        original, model = model, training_copy(model)
-    if config.gradient_checkpointing:
-        how = enable_gradient_checkpointing(model, config.checkpoint_segments)
-        if ctx.is_main:
-            print(f"gradient checkpointing: {how}")
-    if plan is not None and ctx.is_main:
-        for note in plan_notes(plan, config, ctx.world_size):
+    if ctx.is_main:
+        for note in strategy.describe():
             print(note, flush=True)
-    if plan is not None and plan.fsdp:
-        units = shard_model(model, plan, ctx)  # O0/O1 only: the optimizer takes the params
-        if ctx.is_main:
-            print(f"FSDP units: {units} layer(s) + the root")
-        optimizer = build_optimizer(trainable(model), config)
-    else:
-        optimizer = build_optimizer(precision.optimizer_parameters(model), config)
-        if plan is not None:  # stage 1: the same optimizer, its state sharded
-            optimizer = zero_redundancy_optimizer(precision.optimizer_parameters(model), optimizer)
-    scheduler = build_scheduler(
-        optimizer, config, total_optimizer_steps(config, train_set, ctx.world_size, per_rank_batch)
-    )
+    local = strategy.prepare(model, precision, user, ckpt, live_module)
+    optimizer = strategy.make_optimizer(local, precision)
+    steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
+    scheduler = build_scheduler(optimizer, config, steps)
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
-    forward: nn.Module = model
-    if plan is None or not plan.fsdp:
-        forward = wrap_ddp(model, ctx, find_unused_parameters=bool(config.find_unused_parameters))
+    strategy.wrap(local)
     parts = Components(
         config=config,
         user=user,
-        model=model,
-        ddp=forward,
+        model=local,
         optimizer=optimizer,
         scaler=scaler,
         precision=precision,
@@ -298,11 +162,10 @@ def assemble(
         validation_set=validation_set,
         per_rank_batch=per_rank_batch,
         state=TrainState(),
-        sharding=plan,
-        write_back_to=original,
+        strategy=strategy,
     )
     if ckpt is not None:
-        parts.state = _restore(ckpt, parts, ctx)
+        parts.state = strategy.restore(ckpt, parts)
         if ctx.is_main:
             print(
                 f"resumed from {resume_label} at step {parts.state.step} "

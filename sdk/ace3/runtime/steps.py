@@ -1,22 +1,9 @@
 """One optimizer step: accumulation over micro-batches, loss scaling, clipping, OOM recovery.
 
-Gradients are synchronised the way a hand-written loop would (no collective of ours in the
-step, no host read):
-
-- DDP (and ZeRO-1, whose model is replicated): every micro-batch but the last runs under
-  ``no_sync()``; the last one's backward all-reduces the accumulated gradients in DDP's
-  buckets, overlapped with the backward pass. DDP broadcasts rank 0's buffers (BatchNorm
-  statistics) at each forward pass, as it does by default. A one-process run needs no
-  collective at all: every micro-batch runs under ``no_sync()``. Step 1 alone all-reduces
-  the gradients itself, to learn whether the model leaves some parameter without a gradient
-  (DDP then needs ``find_unused_parameters=True``, which only such a model gets).
-- ZeRO-2/3 (FSDP, ``parts.sharding.fsdp``): every micro-batch but the last runs with FSDP's
-  gradient reduce-scatter turned off (``set_requires_gradient_sync(False)``), the last one
-  reduce-scatters inside its backward pass; buffers are broadcast from rank 0 once per step
-  (FSDP does not sync them).
-- Tensor parallel: no DDP; the sharded layers' collectives run inside forward and backward.
-
-Clipping uses torch's ``clip_grad_norm_`` (the global norm over sharded DTensor gradients too).
+The parallelism strategy (:mod:`ace3.runtime.parallel`) runs the micro-batches' forward and
+backward passes and synchronises their gradients the way a hand-written loop would (no
+collective of ours in the step, no host read), then clips; this runner adds what every
+strategy shares: zeroing, micro-batch weights, the loss scaler, the optimizer step.
 
 Out of memory (``dynamic_batch_size``, the default) costs nothing per step; it is handled when
 it happens. A one-process run drops the step's gradients, halves its micro-batch (doubling the
@@ -34,23 +21,18 @@ as the unsplit one.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
 
 from ace3.errors import StepOutOfMemoryError
-from ace3.runtime.build import Components, wrap_ddp
+from ace3.runtime.components import Components
 from ace3.runtime.distributed import DistContext
-from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
-from ace3.runtime.sharding import set_gradient_sync, trainable
+from ace3.runtime.losses import batch_size_of
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-FIRST_STEP_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
 # DDP's reducer, at the forward pass after a backward that left some parameter without a
 # gradient (find_unused_parameters=False).
 _UNUSED_PARAMETER_MARKER = "expected to have finished reduction in the prior iteration"
@@ -98,21 +80,12 @@ class StepRunner:
 
     def __init__(self, parts: Components, ctx: DistContext, config: Any) -> None:
         self.parts, self.ctx, self.config = parts, ctx, config
+        self.strategy = parts.strategy
         # Each loader batch runs as this many micro-batches: 1, or what an earlier attempt that
         # ran out of memory left (job.json's micro_batch_split).
         self.split = max(1, int(getattr(parts, "micro_batch_split", 1) or 1))
-        self.fsdp = parts.sharding is not None and parts.sharding.fsdp
-        # Tensor parallel: no DDP; every rank runs the same batch and the sharded layers'
-        # collectives run inside the forward and backward passes.
-        self.tensor_parallel = getattr(parts, "model_parallel", None) is not None
-        self.recovers_from_oom = bool(config.dynamic_batch_size)
-        # One process: DDP would all-reduce over itself; its gradients are already the mean.
-        self.local_only = ctx.world_size == 1 and not self.fsdp and not self.tensor_parallel
-        # DDP over several processes: unless the config says, the first step learns whether
-        # every parameter gets a gradient (see _first_step_sync); until then DDP's own reduction
-        # stays off.
-        self.first_step = config.find_unused_parameters is None and not (
-            self.local_only or self.fsdp or self.tensor_parallel
+        self.recovers_from_oom = bool(config.dynamic_batch_size) and (
+            self.strategy.splits_micro_batches
         )
         self.last_step_skipped = False  # the loss scaler skipped the last step (overflow)
 
@@ -127,30 +100,6 @@ class StepRunner:
                 chunks.append((piece, batch_size_of(piece) / total / group))
         return chunks
 
-    def _sync(self, final: bool) -> contextlib.AbstractContextManager[Any]:
-        """How this micro-batch's backward synchronises gradients (see the module docstring)."""
-        parts = self.parts
-        if self.fsdp:
-            set_gradient_sync(parts.ddp, final)
-            return contextlib.nullcontext()
-        if self.tensor_parallel or (final and not self.local_only and not self.first_step):
-            return contextlib.nullcontext()
-        return parts.ddp.no_sync()  # type: ignore[operator,no-any-return]
-
-    def _forward_backward(self, chunks: list[tuple[Any, float]]) -> tuple[torch.Tensor, int]:
-        parts = self.parts
-        step_loss = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
-        samples = 0
-        for i, (raw, weight) in enumerate(chunks):
-            batch = move_to_device(raw, self.ctx.device)
-            samples += batch_size_of(batch)
-            with self._sync(final=i == len(chunks) - 1):
-                with parts.precision.autocast():
-                    loss = forward_loss(parts.ddp, batch, parts.user.compute_loss).loss
-                parts.scaler.scale(loss * weight).backward()
-            step_loss += loss.detach().float() * weight
-        return step_loss, samples
-
     def _drop_gradients(self) -> None:
         self.parts.precision.zero_grad(self.parts.optimizer)
         gc.collect()
@@ -159,13 +108,12 @@ class StepRunner:
 
     def run(self, batches: list[Any], step: int) -> tuple[torch.Tensor, int]:
         """Run one optimizer step over ``batches`` (loader batches); return (mean loss, samples)."""
-        parts, config = self.parts, self.config
+        parts, config, strategy = self.parts, self.config, self.strategy
         while True:
             parts.precision.zero_grad(parts.optimizer)
-            if self.fsdp and self.ctx.world_size > 1:
-                self._broadcast_buffers()
+            strategy.before_step(parts)
             try:
-                step_loss, samples = self._forward_backward(self._micro_batches(batches))
+                step_loss, samples = strategy.forward_backward(self._micro_batches(batches), parts)
                 break
             except Exception as exc:
                 if is_unused_parameter_error(exc):
@@ -176,21 +124,12 @@ class StepRunner:
                 # (and their activations), so dropping the step frees its memory.
                 failure = exc.with_traceback(None)
             self._after_oom(failure, batches, step)
-        if self.first_step:
-            self._first_step_sync()
+        strategy.after_backward(parts)
         precision = parts.precision
         precision.grads_to_optimizer()
         if config.max_grad_norm is not None:
             parts.scaler.unscale_(parts.optimizer)
-            clipped = (
-                trainable(parts.model) if self.fsdp else precision.clip_parameters(parts.model)
-            )
-            if self.tensor_parallel:  # DTensor and plain gradients together
-                from ace3.runtime.tensor_parallel import clip_mixed_grad_norm
-
-                clip_mixed_grad_norm(clipped, config.max_grad_norm)
-            else:
-                torch.nn.utils.clip_grad_norm_(clipped, config.max_grad_norm)
+            strategy.clip_gradients(parts, config.max_grad_norm)
         scale = parts.scaler.get_scale()
         parts.scaler.step(parts.optimizer)
         self.last_step_skipped = bool(parts.scaler.last_step_skipped)
@@ -204,48 +143,6 @@ class StepRunner:
             )
         return step_loss, samples
 
-    def _first_step_sync(self) -> None:
-        """Step 1 of DDP over several processes: all-reduce the gradients ourselves (flattened
-        in buckets of at most FIRST_STEP_BUCKET_BYTES per dtype, as DDP's) and learn whether some
-        parameter got no gradient on some rank. DDP's bucketed reduction, which every later step uses, needs
-        ``find_unused_parameters=True`` for such a model (it would fail at step 2 otherwise),
-        which costs a graph traversal per step: only a model that needs it gets it."""
-        parts, world = self.parts, self.ctx.world_size
-        grads: list[torch.Tensor] = []
-        unused = 0
-        for param in parts.model.parameters():
-            if not param.requires_grad:
-                continue
-            if param.grad is None:  # unused this step on this rank: it still takes part
-                param.grad = torch.zeros_like(param)
-                unused += 1
-            grads.append(param.grad)
-        flag = torch.tensor([float(unused)], device=self.ctx.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        for bucket in _take_tensors(grads, FIRST_STEP_BUCKET_BYTES):  # (bounded extra memory)
-            flat = _flatten_dense_tensors(bucket)
-            flat /= world  # (before the sum, as DDP's default hook does: the same arithmetic)
-            dist.all_reduce(flat)
-            for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
-                grad.copy_(synced)
-            del flat
-        self.first_step = False
-        if flag.item() > 0:
-            parts.ddp = None  # type: ignore[assignment]  # (its buckets go before the new ones)
-            gc.collect()
-            parts.ddp = wrap_ddp(parts.model, self.ctx, find_unused_parameters=True)
-            if self.ctx.is_main:
-                print(
-                    "some parameters got no gradient in step 1: DDP runs with "
-                    "find_unused_parameters=True (slower; a model that uses every parameter "
-                    "in each forward pass avoids it)",
-                    flush=True,
-                )
-
-    def _broadcast_buffers(self) -> None:
-        for buffer in self.parts.model.buffers():
-            dist.broadcast(buffer, src=0)
-
     def _after_oom(self, failure: BaseException, batches: list[Any], step: int) -> None:
         """Halve the micro-batch and let the caller run the step again (one process), or end
         the attempt (see the module docstring)."""
@@ -258,7 +155,7 @@ class StepRunner:
                 "model does not fit; use mixed precision, gradient checkpointing or a smaller "
                 "model"
             ) from failure
-        if self.ctx.world_size > 1 or self.fsdp:  # (FSDP's hooks cannot redo a step either)
+        if not self.strategy.in_place_oom_retry():
             raise StepOutOfMemoryError(step + 1, current, self.split) from failure
         self.split *= 2
         print(

@@ -25,25 +25,18 @@ import torch
 import torch.distributed as dist
 
 from ace3.errors import NonFiniteLossError
-from ace3.runtime.build import Components
-from ace3.runtime.checkpointing import prune_checkpoint_files
+from ace3.runtime.checkpoint.files import prune_checkpoint_files
+from ace3.runtime.checkpoint.writer import save_job_checkpoint
+from ace3.runtime.components import Components
 from ace3.runtime.distributed import DistContext
-from ace3.runtime.evaluation import evaluate
 from ace3.runtime.hooks import HookList, RunContext
 from ace3.runtime.loaders import batches_per_epoch, train_loader, train_sampler, validation_loader
-from ace3.runtime.memory_meter import (
-    PeakMemoryMeter,
-    max_over_ranks,
-    memory_summary,
-    training_state_bytes,
-)
+from ace3.runtime.losses import move_to_device
+from ace3.runtime.memory_meter import PeakMemoryMeter, max_over_ranks, memory_summary
 from ace3.runtime.metric_window import MetricWindow, NonFiniteLoss
-from ace3.runtime.model_parallel import PipelineStepRunner, evaluate_pipeline
 from ace3.runtime.optim import current_learning_rate
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import rank_seed
-from ace3.runtime.saving import save_job_checkpoint, save_model_file
-from ace3.runtime.sharding import local_state_bytes, write_back
 from ace3.runtime.step_counts import planned_total_steps, steps_per_epoch
 from ace3.runtime.steps import StepRunner
 
@@ -77,14 +70,11 @@ class Trainer:
         self.hooks = hooks or HookList()
         self.events = events or EventWriter(place.output_dir / "events.jsonl", enabled=ctx.is_main)
         self.memory = memory
-        # Model-parallel / pipeline jobs: every rank reads the same batches (one data replica).
-        self.model_parallel = parts.model_parallel
-        data_rank, data_world = (0, 1) if self.model_parallel else (ctx.rank, ctx.world_size)
-        self.steps: Any = (
-            PipelineStepRunner(parts, ctx, parts.config)
-            if self.model_parallel is not None and self.model_parallel.is_pipeline
-            else StepRunner(parts, ctx, parts.config)
-        )
+        self.strategy = parts.strategy
+        # Every rank of a data replica (its stages and tensor shards) reads the same batches.
+        data_rank, data_world = self.strategy.dims.replica
+        self.counts_samples = self.strategy.dims.counts_samples
+        self.steps = StepRunner(parts, ctx, parts.config)
         self.sampler = train_sampler(parts.train_set, data_rank, data_world, self.config.seed)
         self.batches_per_epoch = batches_per_epoch(self.sampler, parts.per_rank_batch)
         self.val_loader = None
@@ -160,29 +150,8 @@ class Trainer:
             # Not "train_loss": metrics are keyed by (step, name), and an interval report can
             # share this step.
             values["epoch_train_loss"] = self.epoch_window.reduce(self.ctx.world_size).loss
-        if self.val_loader is not None and self.model_parallel is not None:
-            if self.model_parallel.is_pipeline:
-                values.update(evaluate_pipeline(self.parts, self.val_loader, self.ctx))
-            else:  # tensor parallel: every rank evaluates the same batches (means unchanged)
-                parts = self.parts
-                values.update(
-                    evaluate(parts.model, self.val_loader, self.ctx.device, parts.precision,
-                             parts.user)
-                )  # fmt: skip
-        elif self.val_loader is not None:
-            parts = self.parts
-            if self.ctx.world_size > 1:
-                # Every rank validates with rank 0's buffers (BatchNorm statistics): the ones the
-                # checkpoint holds. DDP only syncs them at the next forward pass.
-                for buffer in parts.model.buffers():
-                    dist.broadcast(buffer, src=0)
-            lockstep = parts.sharding is not None and parts.sharding.fsdp
-            values.update(
-                evaluate(
-                    parts.model, self.val_loader, self.ctx.device, parts.precision, parts.user,
-                    lockstep=lockstep,
-                )
-            )  # fmt: skip
+        if self.val_loader is not None:
+            values.update(self.strategy.evaluate(self.parts, self.val_loader))
         if values:
             self._metrics(values)
             self._log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()))
@@ -202,18 +171,16 @@ class Trainer:
         }
         if self.place.checkpoint_dir is None:
             return
-        saved = save_job_checkpoint(
-            self.parts, self.ctx, self.place.checkpoint_dir, self.events, self.config
-        )
+        saved = save_job_checkpoint(self.parts, self.ctx, self.place.checkpoint_dir, self.events)
         self.last_saved_step = self.state.step
         if self.ctx.is_main and saved is not None and self.place.keep_checkpoints:
             prune_checkpoint_files(self.place.checkpoint_dir, self.place.keep_checkpoints)
         self.hooks.on_checkpoint(self.state.step, saved.path if saved is not None else None)
 
     def save_model(self, path: Path, weights_only: bool) -> None:
-        """For hooks (ModelCheckpoint): see :func:`ace3.runtime.saving.save_model_file` (every
-        rank must call this at the same point)."""
-        save_model_file(self.parts, self.ctx, self.config, path, weights_only)
+        """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
+        ``path`` (written by rank 0; every rank must call this at the same point)."""
+        self.strategy.save_model_file(self.parts, path, weights_only)
 
     def _done(self) -> bool:
         max_steps = self.config.max_steps
@@ -254,8 +221,8 @@ class Trainer:
             state.batch_in_epoch += group
             if parts.scheduler is not None:
                 parts.scheduler.after_optimizer_step()
-            if self.model_parallel is not None and not self.ctx.is_main:
-                samples = 0  # every rank ran the same samples: count them once
+            if not self.counts_samples:
+                samples = 0  # every rank of the replica ran the same samples: count them once
             self.window.add(step_loss, samples, state.step)
             self.epoch_window.add(step_loss, samples, state.step)
             if hooks.wants_batch_logs:
@@ -345,8 +312,7 @@ class Trainer:
                 self._save()
             summary = self._summary()
             self.hooks.on_train_end(dict(summary))
-            if parts.write_back_to is not None and parts.sharding is not None:
-                write_back(parts.model, parts.write_back_to, parts.sharding)
+            self.strategy.finish(parts)
             return summary
         finally:
             self.hooks.close()
@@ -359,8 +325,6 @@ class Trainer:
                 self.parts.train_set, self.sampler, self.parts.per_rank_batch, 0, 0, 0,
                 pin_memory=False, collate_fn=self.parts.collate_fn,
             )  # fmt: skip
-            from ace3.runtime.losses import move_to_device
-
             return move_to_device(next(iter(loader)), self.ctx.device)
         except Exception:
             return None
@@ -392,9 +356,4 @@ class Trainer:
         collective)."""
         assert self.memory is not None
         reading = max_over_ranks(self.memory.reading(), self.ctx.device)
-        parts = self.parts
-        if parts.sharding is not None or self.model_parallel is not None:  # this rank's part
-            state_bytes = local_state_bytes(parts.model, parts.optimizer)
-        else:
-            state_bytes = training_state_bytes(parts.model, parts.optimizer)
-        return memory_summary(reading, state_bytes)
+        return memory_summary(reading, self.strategy.state_bytes(self.parts))

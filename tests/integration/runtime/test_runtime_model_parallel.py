@@ -179,3 +179,79 @@ def test_a_pipeline_checkpoint_resumes_on_the_pipeline_and_on_one_process(
         for step, value in want.items():
             assert got[step] == pytest.approx(value, rel=REL_TOL), (name, step)
     assert json.dumps(summary(workdir / "resumed-pipeline")["steps"]) == str(STEPS)
+
+
+# -- composed layouts on one DeviceMesh: data x pipeline x tensor ----------------------------------
+COMPOSED = {
+    "data2-tensor2": {"tensor_parallel_size": 2},
+    "data2-pipeline2": {"pipeline_parallel_size": 2, "micro_batch_size": 16},
+    "pipeline2-tensor2": {"pipeline_parallel_size": 2, "tensor_parallel_size": 2,
+                          "micro_batch_size": 16, "save_interval": 2,
+                          "pipeline_split_points": [4]},  # a Linear pair in each stage
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def composed_runs(workdir: Path) -> dict[str, tuple[Path, str]]:
+    runs = {}
+    for name, config in COMPOSED.items():
+        job_dir = workdir / name
+        done = run_job(job_for(workdir, 4, **config), job_dir, nproc=4)
+        runs[name] = (job_dir, done.stdout)
+    return runs
+
+
+@pytest.mark.parametrize("name", list(COMPOSED))
+def test_composed_layouts_on_four_ranks_match_one_process(
+    reference: Path, composed_runs: dict[str, tuple[Path, str]], name: str
+) -> None:
+    job_dir, stdout = composed_runs[name]
+    check_against(job_dir, reference)
+    layout = {
+        "data2-tensor2": "parallel layout: data 2 x tensor 2 = 4 process(es)",
+        "data2-pipeline2": "parallel layout: data 2 x pipeline 2 = 4 process(es)",
+        "pipeline2-tensor2": "parallel layout: data 1 x pipeline 2 x tensor 2 = 4 process(es)",
+    }[name]
+    assert layout in stdout
+    if name == "pipeline2-tensor2":  # each stage's Linear pair sharded over its two ranks
+        assert "stage 0: model parallel (tensor) over 2 process(es)" in stdout
+        assert "stage 1: model parallel (tensor) over 2 process(es)" in stdout
+
+
+def test_data_x_pipeline_x_tensor_on_eight_ranks_matches_one_process(
+    workdir: Path, reference: Path
+) -> None:
+    job_dir = workdir / "data2-pipeline2-tensor2"
+    config = {"pipeline_parallel_size": 2, "tensor_parallel_size": 2, "micro_batch_size": 16,
+              "pipeline_split_points": [4]}  # fmt: skip
+    done = run_job(job_for(workdir, 8, **config), job_dir, nproc=8)
+    assert "parallel layout: data 2 x pipeline 2 x tensor 2 = 8 process(es)" in done.stdout
+    check_against(job_dir, reference)
+
+
+def test_a_pipeline_x_tensor_checkpoint_resumes_as_data_x_pipeline_only_with_one_replica(
+    workdir: Path, composed_runs: dict[str, tuple[Path, str]]
+) -> None:
+    import torch
+
+    job_dir, _ = composed_runs["pipeline2-tensor2"]
+    saved = {e["step"]: e for e in events(job_dir) if e["type"] == "checkpoint"}
+    ckpt = torch.load(saved[2]["path"], weights_only=True)
+    # Gathered: full weights under the model's own names, one replica.
+    assert ckpt["model"]["0.weight"].shape == (64, 64) and ckpt["world_size"] == 1
+    assert ckpt["model_parallel"]["pipeline_parallel_size"] == 2
+    want = {s: v for s, v in losses(job_dir).items() if s > 2}
+    out = workdir / "resumed-on-tensor-2"
+    config = {"tensor_parallel_size": 2}
+    run_job(job_for(workdir, 2, resume=Path(saved[2]["path"]), **config), out, nproc=2)
+    got = losses(out)
+    assert sorted(got) == sorted(want)
+    for step, value in want.items():
+        assert got[step] == pytest.approx(value, rel=REL_TOL), step
+    # Two replicas cannot continue a one-replica run (each counts its own batches): refused.
+    refused = workdir / "refused-two-replicas"
+    job = job_for(workdir, 4, resume=Path(saved[2]["path"]), **COMPOSED["data2-pipeline2"])
+    failed = run_job(job, refused, nproc=4, expect_ok=False)
+    assert "written by a job of 1 data-parallel replica(s) and this job has 2" in (
+        failed.stdout + failed.stderr
+    )

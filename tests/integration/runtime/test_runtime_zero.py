@@ -47,8 +47,11 @@ def build_model(hidden=64):
 """
 
 
-def run_job(job: dict[str, Any], job_dir: Path, nproc: int) -> subprocess.CompletedProcess:
-    """Write job.json and run it under ``torchrun --standalone`` with ``nproc`` ranks."""
+def run_job(
+    job: dict[str, Any], job_dir: Path, nproc: int, expect_ok: bool = True
+) -> subprocess.CompletedProcess:
+    """Write job.json and run it under ``torchrun --standalone`` with ``nproc`` ranks (and
+    check that it succeeded, or with ``expect_ok=False`` that it failed)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     job = {**job, "output_dir": str(job_dir / "output")}
     (job_dir / "job.json").write_text(json.dumps(job))
@@ -64,7 +67,9 @@ def run_job(job: dict[str, Any], job_dir: Path, nproc: int) -> subprocess.Comple
            "--nproc-per-node", str(nproc), "-m", "ace3.runtime", "--job",
            str(job_dir / "job.json")]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert (done.returncode == 0) == expect_ok, (
+        f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    )
     return done
 
 

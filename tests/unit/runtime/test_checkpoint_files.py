@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ace3
-from ace3.runtime.checkpointing import prune_checkpoint_files
+from ace3.runtime.checkpoint.files import prune_checkpoint_files
 
 
 def test_save_is_atomic_and_load_round_trips(tmp_path: Path) -> None:

@@ -8,9 +8,14 @@ from torch import nn
 
 import ace3
 from ace3.config import pipeline_layout, unsupported_settings
-from ace3.runtime.pipeline import pad_to, per_sample_loss
-from ace3.runtime.stage_split import balanced_split_points, pipeline_stages, split_sequential
-from ace3.runtime.tensor_parallel import linear_pairs
+from ace3.runtime.parallel.dims import ParallelDims
+from ace3.runtime.parallel.pipeline_schedule import pad_to, per_sample_loss
+from ace3.runtime.parallel.stage_split import (
+    balanced_split_points,
+    pipeline_stages,
+    split_sequential,
+)
+from ace3.runtime.parallel.tensor_plan import linear_pairs
 
 
 def mlp() -> nn.Sequential:
@@ -119,8 +124,19 @@ def test_the_document_snippets_are_accepted() -> None:
          "1f1b schedule needs"),
         (dict(parallelism="pipeline", num_stages=2, micro_batch_size=5), {"micro_batch_size"},
          "multiple of the micro-batch"),
-        (dict(parallelism="pipeline", num_stages=2, num_gpus=4), {"num_stages"},
-         "one process each"),
+        (dict(parallelism="pipeline", num_stages=3, num_gpus=4), {"num_stages"},
+         "must divide the 4 processes"),
+        (dict(num_gpus=4, tensor_parallel_size=3), {"tensor_parallel_size"},
+         "must divide the 4 processes"),
+        (dict(parallelism="pipeline", num_gpus=4, pipeline_parallel_size=2, num_stages=4),
+         {"pipeline_parallel_size"},
+         "its alias"),
+        (dict(num_gpus=4, tensor_parallel_size=2, zero_stage=2), {"zero_stage"},
+         "runs DDP"),
+        (dict(num_gpus=4, tensor_parallel_size=2, micro_batch_size=8),
+         {"micro_batch_size"}, "pipeline_parallel_size > 1"),
+        (dict(num_gpus=4, pipeline_parallel_size=2, batch_size=64, micro_batch_size=32),
+         {"micro_batch_size"}, "1f1b schedule needs"),
         (dict(parallelism="pipeline", num_stages=2, zero_stage=2), {"zero_stage"}, "ZeRO"),
         (dict(parallelism="pipeline", num_stages=3, batch_size=48,
               pipeline_split_points=[2]),
@@ -141,3 +157,47 @@ def test_misfitting_settings_are_refused_with_a_reason(
     problems = unsupported_settings(ace3.TrainingConfig(**fields))
     assert {p.field for p in problems} == refused
     assert any(words in p.reason for p in problems), [p.reason for p in problems]
+
+
+@pytest.mark.parametrize(
+    ("fields", "world", "degrees"),
+    [
+        (dict(num_gpus=8), 8, (8, 1, 1)),
+        (dict(num_gpus=8, tensor_parallel_size=2), 8, (4, 1, 2)),
+        (dict(num_gpus=8, pipeline_parallel_size=2, batch_size=64), 8, (4, 2, 1)),
+        (dict(num_gpus=8, pipeline_parallel_size=2, tensor_parallel_size=2), 8, (2, 2, 2)),
+        (dict(parallelism="pipeline", num_stages=2, num_gpus=4), 4, (2, 2, 1)),
+        (dict(parallelism="pipeline", num_stages=4), 4, (1, 4, 1)),
+        (dict(parallelism="model", model_sharding_strategy="tensor", num_gpus=4), 4, (1, 1, 4)),
+        (dict(parallelism="model", model_sharding_strategy="layer", num_gpus=3), 3, (1, 3, 1)),
+        (dict(parallelism="model", model_sharding_strategy="tensor", num_gpus=4,
+              pipeline_parallel_size=2), 4, (1, 2, 2)),
+    ],
+)  # fmt: skip
+def test_the_layout_degrees_multiply_to_the_processes(
+    fields: dict, world: int, degrees: tuple[int, int, int]
+) -> None:
+    config = ace3.TrainingConfig(**fields)
+    assert unsupported_settings(config) == []
+    dims = ParallelDims.for_job(config, world, rank=0)
+    assert (dims.dp, dims.pp, dims.tp) == degrees and dims.world_size == world
+
+
+def test_ranks_are_laid_out_tensor_innermost_then_stages_then_replicas() -> None:
+    coords = []
+    for rank in range(8):
+        dims = ParallelDims(dp=2, pp=2, tp=2, rank=rank)
+        coords.append((dims.dp_rank, dims.pp_rank, dims.tp_rank))
+        assert dims.global_rank(*coords[-1]) == rank
+        assert dims.replica == (dims.dp_rank, 2)
+        assert dims.counts_samples == (dims.pp_rank == 0 and dims.tp_rank == 0)
+    assert coords[:4] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+    assert coords[4] == (1, 0, 0)
+
+
+def test_a_pipeline_replica_splits_its_share_of_the_batch_into_micro_batches() -> None:
+    config = ace3.TrainingConfig(num_gpus=4, pipeline_parallel_size=2, batch_size=64,
+                                 micro_batch_size=8)  # fmt: skip
+    assert pipeline_layout(config) == (2, 4, "1f1b")  # 2 replicas x 32 samples = 4 x 8
+    with pytest.raises(ValueError, match="divisible by the 2 data-parallel replicas"):
+        ace3.TrainingConfig(num_gpus=4, tensor_parallel_size=2, batch_size=63)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ace3.runtime.checkpointing import (
+from ace3.runtime.checkpoint.files import (
     checkpoint_name,
     load_checkpoint,
     save_atomic,

@@ -14,8 +14,8 @@ from torch import nn
 
 import ace3
 from ace3.checkpoint_names import CHECKPOINT_NAME_RE
-from ace3.runtime.checkpointing import load_checkpoint
-from ace3.runtime.dcp_archive import read_train_state
+from ace3.runtime.checkpoint.archive import read_train_state
+from ace3.runtime.checkpoint.files import load_checkpoint
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +138,7 @@ def test_checkpoints_resume_across_stages(tmp_path: Path, saved_at: int, resumed
 
 
 def test_a_sharded_checkpoint_consolidates_into_plain_weights(tmp_path: Path) -> None:
-    from ace3.runtime.sharded_checkpoint import consolidate
+    from ace3.runtime.checkpoint.sharded import consolidate
 
     module = _model()
     result = _train(module, tmp_path, zero_stage=3, max_steps=2)

@@ -104,6 +104,8 @@ def test_out_of_memory_halvings_are_bounded_by_the_per_rank_micro_batch() -> Non
     tensor = {"batch_size": 64, "num_gpus": 2, "parallelism": "model",
               "model_sharding_strategy": "tensor"}  # fmt: skip
     assert max_micro_batch_halvings(tensor, 2) == 6, "every rank runs the whole batch"
+    data_x_tensor = {"batch_size": 64, "num_gpus": 4, "tensor_parallel_size": 2}
+    assert max_micro_batch_halvings(data_x_tensor, 4) == 5, "2 replicas of 32 samples"
     assert max_micro_batch_halvings({"batch_size": 64, "dynamic_batch_size": False}, 1) == 0
     pipeline = {"batch_size": 64, "num_gpus": 2, "parallelism": "pipeline"}
     assert max_micro_batch_halvings(pipeline, 2) == 0

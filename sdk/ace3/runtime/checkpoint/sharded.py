@@ -14,7 +14,7 @@ stage: ``{"model": {fqn: tensor}, "optimizer": {"state": {fqn: {...}}, "param_gr
 each rank writes the optimizer state of the parameters it owns. So DCP can re-shard on load:
 a checkpoint resumes on any number of ranks, and at any ZeRO stage.
 
-Loading: :func:`ace3.runtime.checkpointing.load_checkpoint` reads only ``train_state.pt``
+Loading: :func:`ace3.runtime.checkpoint.files.load_checkpoint` reads only ``train_state.pt``
 (sha256 checked first). While the job is assembled, :func:`load_sharded_model_and_optimizer`
 extracts the tar once per machine into a temporary directory, and every rank ``dcp.load``-s
 the shards it needs for the current world size into its freshly sharded model and optimizer.
@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ace3.config import TrainingConfig
-from ace3.runtime.checkpointing import SavedCheckpoint
-from ace3.runtime.dcp_archive import (
+from ace3.runtime.checkpoint.archive import (
     SHARDED_FORMAT,
     TRAIN_STATE,
     extract,
@@ -51,14 +50,15 @@ from ace3.runtime.dcp_archive import (
     pack,
     read_train_state,
 )
+from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.loaders import batches_per_epoch, train_sampler
+from ace3.runtime.parallel.sharding import is_zero_redundancy, local_optimizer
 from ace3.runtime.rng import rank_seed, restore_rng, seed_all
-from ace3.runtime.sharding import is_zero_redundancy, local_optimizer
 from ace3.runtime.train_state import TrainState
 
 if TYPE_CHECKING:
-    from ace3.runtime.build import Components
+    from ace3.runtime.components import Components
 
 
 def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
@@ -208,7 +208,7 @@ def train_state_payload(
         "world_size": ctx.world_size,
         "batch_size": config.batch_size,
         "batches_per_epoch": position_batches,
-        "zero_stage": parts.sharding.stage if parts.sharding is not None else 0,
+        "zero_stage": parts.strategy.zero_stage,
         "has_optimizer": bool(config.save_optimizer),
         "format": SHARDED_FORMAT,
     }
@@ -239,7 +239,7 @@ def save_sharded_checkpoint(
     if not ctx.is_main:
         return None
     assert rng_per_rank is not None
-    sampler = train_sampler(parts.train_set, ctx.rank, ctx.world_size, config.seed)
+    sampler = train_sampler(parts.train_set, *parts.strategy.dims.replica, config.seed)
     payload = train_state_payload(
         parts, ctx, config, rng_per_rank, batches_per_epoch(sampler, parts.per_rank_batch)
     )
@@ -346,7 +346,7 @@ def resume_train_state(
         seed_all(rank_seed(config.seed + state.step, ctx.rank))
     if saved_world == ctx.world_size and saved_batch == config.batch_size:
         return state
-    sampler = train_sampler(parts.train_set, ctx.rank, ctx.world_size, config.seed)
+    sampler = train_sampler(parts.train_set, *parts.strategy.dims.replica, config.seed)
     now_per_epoch = batches_per_epoch(sampler, parts.per_rank_batch)
     saved_per_epoch = int(ckpt.get("batches_per_epoch") or now_per_epoch)
     if state.batch_in_epoch >= saved_per_epoch:

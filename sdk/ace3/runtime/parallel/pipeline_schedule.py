@@ -1,6 +1,6 @@
 """Pipeline-parallel steps and validation on ``torch.distributed.pipelining``.
 
-Each process runs one stage (:mod:`ace3.runtime.stage_split`) as a ``PipelineStage``; a
+Each process runs one stage (:mod:`ace3.runtime.parallel.stage_split`) as a ``PipelineStage``; a
 ``ScheduleGPipe`` or ``Schedule1F1B`` moves activations forward and gradients backward between
 neighbouring ranks with point-to-point sends (gloo or nccl).
 
@@ -23,7 +23,6 @@ Clipping takes the global gradient norm: each stage's sum of squares, all-reduce
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -94,6 +93,7 @@ class PipelineRunner:
         micro_size: int,
         schedule: str,
         device: torch.device,
+        group: Any = None,
     ) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -104,7 +104,7 @@ class PipelineRunner:
         self.first, self.last = stage_index == 0, stage_index == num_stages - 1
         self.n_microbatches, self.micro_size = n_microbatches, micro_size
         self.device = device
-        self.stage = PipelineStage(stage_module, stage_index, num_stages, device)
+        self.stage = PipelineStage(stage_module, stage_index, num_stages, device, group=group)
         cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
         self.schedule = cls(
             self.stage, n_microbatches=n_microbatches, loss_fn=self._loss, scale_grads=False
@@ -180,26 +180,12 @@ class PipelineRunner:
         return list(self._sums)
 
 
-def broadcast_from_last(values: list[float], num_stages: int, device: torch.device) -> list[float]:
-    """The last stage's ``values`` on every rank (stage ``i`` runs on rank ``i``)."""
+def broadcast_from_last(
+    values: list[float], src: int, device: torch.device, group: Any = None
+) -> list[float]:
+    """The last stage's ``values`` (global rank ``src``) on every stage of its pipeline
+    (``group``: the pipeline's process group; None: every rank is one stage)."""
     vector = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(vector, src=num_stages - 1)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.broadcast(vector, src=src, group=group)
     return vector.tolist()
-
-
-def clip_global_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
-    """Scale every rank's gradients so that the norm over all of them is at most ``max_norm``
-    (as ``clip_grad_norm_`` would on the whole model); returns the global norm."""
-    grads = [p.grad for p in params if p.grad is not None]
-    device = grads[0].device if grads else torch.device("cpu")
-    squares = torch.zeros((), dtype=torch.float32, device=device)
-    for grad in grads:
-        squares += torch.linalg.vector_norm(grad.detach().float()) ** 2
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(squares)
-    norm = squares.sqrt()
-    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    for grad in grads:
-        grad.mul_(coefficient.to(grad.dtype))
-    return float(norm.item())

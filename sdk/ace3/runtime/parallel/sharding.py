@@ -101,13 +101,14 @@ def _units(model: nn.Module) -> list[nn.Module]:
     return [child for child in largest.children() if any(True for _ in child.parameters())]
 
 
-def shard_model(model: nn.Module, plan: ShardingPlan, ctx: DistContext) -> int:
+def shard_model(model: nn.Module, plan: ShardingPlan, ctx: DistContext, mesh: Any = None) -> int:
     """Apply FSDP2 ``fully_shard`` to ``model`` in place (units, then the root); return the
     number of units below the root."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    if mesh is None:
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": plan.stage == 3}
     if plan.offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
@@ -165,12 +166,12 @@ def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 # -- whole-model views --------------------------------------------------------------------------
 def full_model_state_dict(
-    model: nn.Module, plan: ShardingPlan | None, everywhere: bool = True
+    model: nn.Module, sharded: bool, everywhere: bool = True
 ) -> dict[str, Any]:
     """The unsharded model state (plain CPU tensors) on every rank, or only on rank 0 (an
     empty dict elsewhere) when not ``everywhere``. A collective at stages 2/3: every rank
     must call it."""
-    if plan is None or not plan.fsdp:
+    if not sharded:
         return {key: value.detach().cpu() for key, value in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -180,9 +181,9 @@ def full_model_state_dict(
     return {key: value.detach().cpu() for key, value in state.items()}
 
 
-def write_back(trained: nn.Module, original: nn.Module, plan: ShardingPlan) -> None:
+def write_back(trained: nn.Module, original: nn.Module) -> None:
     """Load the trained (sharded) copy's weights into the caller's module. A collective."""
-    state = full_model_state_dict(trained, plan)
+    state = full_model_state_dict(trained, sharded=True)
     with torch.no_grad():
         original.load_state_dict(state)
 

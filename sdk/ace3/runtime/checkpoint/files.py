@@ -7,7 +7,7 @@ them.
 
 Sharded jobs (ZeRO) write ``step-XXXXXXXX.dcp.tar`` instead: one uncompressed tar of a
 ``torch.distributed.checkpoint`` directory plus the train state (see
-:mod:`ace3.runtime.sharded_checkpoint`, :mod:`ace3.runtime.dcp_archive`); :func:`load_checkpoint`
+:mod:`ace3.runtime.checkpoint.sharded`, :mod:`ace3.runtime.checkpoint.archive`); :func:`load_checkpoint`
 recognises it by its content.
 """
 
@@ -38,7 +38,7 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
 
     A sharded checkpoint (``.dcp.tar``) gives its train state only, with ``archive`` (its path)
     and ``format`` 2: the weights are loaded by every rank when the job is assembled
-    (:func:`ace3.runtime.sharded_checkpoint.load_sharded_model_and_optimizer`)."""
+    (:func:`ace3.runtime.checkpoint.sharded.load_sharded_model_and_optimizer`)."""
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if expected_sha256 is not None:
@@ -48,7 +48,7 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
                 f"checkpoint {path} is corrupt or not the expected file: sha256 {actual}, "
                 f"expected {expected_sha256.lower()}"
             )
-    from ace3.runtime.dcp_archive import is_sharded_archive, read_train_state
+    from ace3.runtime.checkpoint.archive import is_sharded_archive, read_train_state
 
     if is_sharded_archive(path):
         return read_train_state(path)

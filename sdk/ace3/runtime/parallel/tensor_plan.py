@@ -21,13 +21,9 @@ the mask from that rank's own generator.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-import torch
 from torch import nn
-
-from ace3.runtime.distributed import DistContext
 
 ELEMENTWISE = (
     nn.ReLU,
@@ -85,23 +81,30 @@ def automatic_plan(model: nn.Module, ways: int) -> dict[str, Any]:
     return plan
 
 
-def parallelize(model: nn.Module, ctx: DistContext, user_module: Any = None) -> str:
-    """Shard ``model`` in place over all ranks; return what rank 0 logs."""
-    from torch.distributed.device_mesh import init_device_mesh
+def parallelize(
+    model: nn.Module, mesh: Any, user_module: Any = None, required: bool = True
+) -> str:
+    """Shard ``model`` in place over the 1-D ``mesh`` of its tensor-parallel ranks; return
+    what rank 0 logs. With nothing to shard: an error when ``required``, else the model stays
+    replicated over the mesh (a pipeline stage without a Linear pair)."""
     from torch.distributed.tensor.parallel import parallelize_module
+
+    ways = mesh.size()
 
     custom = getattr(user_module, "tensor_parallel_plan", None) if user_module else None
     if custom is not None:
         plan = dict(custom(model))
         source = "tensor_parallel_plan from the model file"
     else:
-        plan = automatic_plan(model, ctx.world_size)
+        plan = automatic_plan(model, ways)
         source = "automatic plan (Linear pairs: ColwiseParallel, then RowwiseParallel)"
+    if not plan and not required:
+        return "nothing to shard (no Linear pair): replicated on its tensor-parallel ranks"
     if not plan:
         raise ValueError(
             "model_sharding_strategy='tensor' found nothing to shard: the automatic plan needs "
             "two nn.Linear layers in a row inside an nn.Sequential (only element-wise layers "
-            f"between them) with a hidden width divisible by {ctx.world_size}; or define "
+            f"between them) with a hidden width divisible by {ways}; or define "
             "tensor_parallel_plan(model) -> {module name: ColwiseParallel() | "
             "RowwiseParallel() | ...} in the model file"
         )
@@ -112,29 +115,9 @@ def parallelize(model: nn.Module, ctx: DistContext, user_module: Any = None) -> 
             f"the tensor-parallel plan names modules the model does not have: {unknown}; "
             f"the model's modules include {sorted(n for n in names if n)[:10]}"
         )
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     parallelize_module(model, mesh, plan)
     styles = ", ".join(f"{name}: {type(style).__name__}" for name, style in plan.items())
     return (
-        f"model parallel (tensor) over {ctx.world_size} process(es), {source}: {styles}; other "
+        f"model parallel (tensor) over {ways} process(es), {source}: {styles}; other "
         "layers replicated"
     )
-
-
-def clip_mixed_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
-    """``clip_grad_norm_`` over a mix of DTensor (sharded) and plain (replicated) gradients:
-    the norm of the whole model's gradient, the same on every rank. A collective."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norms = []
-    for grad in grads:
-        norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        norms.append(norm)
-    if not norms:
-        return 0.0
-    total = torch.linalg.vector_norm(torch.stack(norms))
-    coefficient = min(max_norm / (float(total.item()) + 1e-6), 1.0)
-    for grad in grads:
-        grad.mul_(coefficient)
-    return float(total.item())

@@ -4,7 +4,7 @@
 What the archive holds, how it is written (packed atomically) and read back (its members
 checked: plain files at the top level only; extracted once per machine), and where shards are
 staged. What goes into it and how it is loaded into a sharded model is
-:mod:`ace3.runtime.sharded_checkpoint`.
+:mod:`ace3.runtime.checkpoint.sharded`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""The plain checkpoint format (``step-XXXXXXXX.pt``, ``format`` 1) and what every format shares
+on resume: the loss scaler, the schedule, the RNG states and the loop position.
+
+A plain checkpoint holds plain tensors and containers only (``torch.load(weights_only=True)``):
+the full-precision ``model`` state dict, the ``optimizer`` state dict, the scheduler and loss
+scaler state, the train state (:class:`ace3.runtime.train_state.TrainState`), every rank's RNG
+states and the number of data-parallel replicas that wrote it (``world_size``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.rng import capture_rng, restore_rng
+from ace3.runtime.train_state import TrainState
+
+if TYPE_CHECKING:
+    from ace3.runtime.components import Components
+
+NO_OPTIMIZER_NOTE = (
+    "note: the checkpoint holds no optimizer state (save_optimizer=False): the optimizer "
+    "starts fresh, so the run will not match an uninterrupted one"
+)
+
+
+def gather_rng(ctx: DistContext) -> list[Any] | None:
+    """Every rank's RNG states, on rank 0 (None elsewhere). A collective, behind a barrier."""
+    barrier(ctx)
+    mine = capture_rng()
+    if ctx.world_size == 1:
+        return [mine]
+    gathered: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(mine, gathered, dst=0)
+    return gathered
+
+
+def schedule_state(parts: Components) -> dict[str, Any]:
+    """The loss scaler's and the scheduler's state (empty with ``save_scheduler=False``)."""
+    keep = parts.config.save_scheduler
+    scheduler, scaler = parts.scheduler, parts.scaler
+    return {
+        "scaler": scaler.state_dict() if keep and scaler.is_enabled() else {},
+        "scheduler": scheduler.state_dict() if keep and scheduler is not None else {},
+    }
+
+
+def plain_payload(parts: Components, rng_per_rank: list[Any], replicas: int) -> dict[str, Any]:
+    """A data-parallel job's checkpoint: ``model`` holds full-precision weights whatever the
+    precision level; the optimizer state is left out with ``save_optimizer=False``."""
+    config = parts.config
+    return {
+        "model": parts.precision.model_state_dict(parts.model),
+        "optimizer": parts.optimizer.state_dict() if config.save_optimizer else {},
+        **schedule_state(parts),
+        **parts.state.to_checkpoint(),
+        "rng_per_rank": rng_per_rank,
+        "world_size": replicas,
+        "format": 1,
+    }
+
+
+def load_plain_weights(ckpt: dict[str, Any], parts: Components, ctx: DistContext) -> None:
+    """A plain checkpoint's weights and optimizer state into a replicated model."""
+    parts.precision.load_model_state_dict(parts.model, ckpt["model"])
+    if ckpt.get("optimizer"):
+        parts.optimizer.load_state_dict(ckpt["optimizer"])
+    elif ctx.is_main:
+        print(NO_OPTIMIZER_NOTE)
+
+
+def restore_schedule(ckpt: dict[str, Any], parts: Components, ctx: DistContext) -> None:
+    """The loss scaler and the scheduler (a checkpoint without them is said)."""
+    if ckpt.get("scaler") and parts.scaler.is_enabled():
+        parts.scaler.load_state_dict(ckpt["scaler"])
+    if parts.scheduler is not None:
+        if ckpt.get("scheduler"):
+            parts.scheduler.load_state_dict(ckpt["scheduler"])
+        elif ctx.is_main:
+            print("note: the checkpoint holds no scheduler state: the schedule restarts")
+
+
+def resume_position(ckpt: dict[str, Any], ctx: DistContext, replicas: int) -> TrainState:
+    """The loop position and this rank's RNG states of a plain checkpoint, which resumes only
+    with as many data-parallel replicas as wrote it (``batch_in_epoch`` counts each replica's
+    batches: another count would skip the wrong ones)."""
+    saved = int(ckpt.get("world_size") or 0)
+    if saved != replicas:
+        raise ValueError(
+            f"this checkpoint was written by {saved} processes and this run has {replicas} "
+            "(counting data-parallel replicas: num_gpus * num_nodes / (pipeline_parallel_size "
+            f"* tensor_parallel_size)): resume it with {saved}"
+        )
+    rngs = ckpt.get("rng_per_rank") or []
+    if len(rngs) == ctx.world_size:
+        restore_rng(rngs[ctx.rank])
+    elif ctx.is_main:
+        print(
+            f"note: the checkpoint holds the random state of {len(rngs)} process(es), this "
+            f"job has {ctx.world_size}: dropout and other random draws start fresh"
+        )
+    return TrainState.from_checkpoint(ckpt)

@@ -1,0 +1,47 @@
+"""What the training loop of one rank holds: built by :mod:`ace3.runtime.build`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ace3.config import TrainingConfig
+from ace3.runtime.optim import ScheduleDriver
+from ace3.runtime.parallel.base import Strategy
+from ace3.runtime.precision import Precision
+from ace3.runtime.train_state import TrainState
+from ace3.runtime.user_code import UserCode
+
+
+@dataclass
+class Components:
+    """What the training loop needs."""
+
+    config: TrainingConfig
+    user: UserCode
+    # This rank's module, as checkpoints name it: the whole model, its pipeline stage, or the
+    # model with sharded (DTensor) parameters.
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any  # ace3.amp loss scaler (a pass-through when no scaling is needed)
+    precision: Precision
+    scheduler: ScheduleDriver | None
+    train_set: Dataset[Any]
+    validation_set: Dataset[Any] | None
+    per_rank_batch: int
+    state: TrainState
+    strategy: Strategy
+    collate_fn: Any = None  # an in-process run may bring its DataLoader's collate_fn
+    # Each loader batch runs as this many micro-batches from the first step: what an earlier
+    # attempt that ran out of memory left (job.json), 1 otherwise.
+    micro_batch_split: int = 1
+
+    @property
+    def forward(self) -> nn.Module:
+        """What forward passes run through (DDP, the sharded module, the stage, ...)."""
+        assert self.strategy.forward is not None
+        return self.strategy.forward

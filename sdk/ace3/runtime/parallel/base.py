@@ -1,0 +1,170 @@
+"""What every parallelism strategy does for the engine; the loop never asks which one runs.
+
+A strategy is made for one job attempt (:func:`ace3.runtime.parallel.strategy_for`), then:
+
+1. **build**: :meth:`Strategy.prepare` places, casts and splits or shards the model (returns
+   this rank's module), :meth:`Strategy.make_optimizer` builds the optimizer over it and
+   :meth:`Strategy.wrap` sets :attr:`Strategy.forward`, what forward passes run through;
+   :meth:`Strategy.restore` loads a checkpoint into all of it;
+2. **step** (:class:`ace3.runtime.steps.StepRunner`): :meth:`before_step`,
+   :meth:`forward_backward` (micro-batches, each under :meth:`sync_context`),
+   :meth:`after_backward`, :meth:`clip_gradients`;
+3. **validation**: :meth:`evaluate`;
+4. **checkpoints** (:mod:`ace3.runtime.checkpoint.writer`): :meth:`save_checkpoint`,
+   :meth:`save_model_file`;
+5. **end**: :meth:`state_bytes` (memory report), :meth:`finish`.
+
+Data: every rank of one data replica reads the same batches; :attr:`dims` says which replica
+this rank belongs to and how many there are, :attr:`per_rank_batch` how many samples each
+loader batch holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from ace3.config import TrainingConfig
+from ace3.runtime.checkpoint.files import SavedCheckpoint
+from ace3.runtime.distributed import DistContext
+from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
+from ace3.runtime.memory_meter import training_state_bytes
+from ace3.runtime.parallel.dims import ParallelDims
+from ace3.runtime.precision import Precision
+from ace3.runtime.train_state import TrainState
+from ace3.runtime.user_code import UserCode
+
+if TYPE_CHECKING:
+    from ace3.runtime.components import Components
+
+MicroBatches = list[tuple[Any, float]]  # (micro-batch, its loss weight); weights sum to 1
+
+
+class Strategy(ABC):
+    """One parallelism: how the model is split, stepped, evaluated and checkpointed."""
+
+    name: ClassVar[str]
+    # Out of memory inside a step: a one-process run may halve its micro-batch and redo the
+    # step; False where the step cannot be split (a pipeline's buffers have fixed shapes).
+    splits_micro_batches: ClassVar[bool] = True
+
+    def __init__(self, config: TrainingConfig, ctx: DistContext, dims: ParallelDims) -> None:
+        self.config, self.ctx, self.dims = config, ctx, dims
+        self.forward: nn.Module | None = None  # set by wrap()
+        self.zero_stage = 0  # the ZeRO stage the run's state is sharded at (checkpoints say it)
+
+    # -- layout ---------------------------------------------------------------------------------
+    @property
+    def per_rank_batch(self) -> int:
+        """Samples in each loader batch of this rank: the global batch over the replicas."""
+        replicas = self.dims.dp
+        if self.config.batch_size % replicas:
+            raise ValueError(
+                f"batch_size ({self.config.batch_size}) must be divisible by the {replicas} "
+                "data-parallel replicas of this job: it is the global batch, split evenly"
+            )
+        return self.config.batch_size // replicas
+
+    def describe(self) -> list[str]:
+        """What rank 0 logs about the layout at build time."""
+        return []
+
+    def in_place_oom_retry(self) -> bool:
+        """Whether an out-of-memory step may be redone here with a smaller micro-batch (only
+        when no peer can be waiting in a collective of the failed step)."""
+        return self.ctx.world_size == 1
+
+    # -- build ----------------------------------------------------------------------------------
+    @abstractmethod
+    def prepare(
+        self,
+        model: nn.Module,
+        precision: Precision,
+        user: UserCode,
+        ckpt: dict[str, Any] | None,
+        live_module: bool,
+    ) -> nn.Module:
+        """Place, cast and split or shard ``model``; return this rank's module (what the
+        optimizer steps). ``live_module``: the caller keeps using ``model``."""
+
+    def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
+        from ace3.runtime.optim import build_optimizer
+
+        return build_optimizer(precision.optimizer_parameters(model), self.config)
+
+    def wrap(self, model: nn.Module) -> None:
+        """Set :attr:`forward` (the module forward passes run through)."""
+        self.forward = model
+
+    @abstractmethod
+    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
+        """Load a checkpoint into ``parts`` (a collective); return the position to go on from."""
+
+    # -- the step -------------------------------------------------------------------------------
+    def before_step(self, parts: Components) -> None:
+        """Before the step's first forward pass."""
+        return None
+
+    def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
+        """How the backward pass of a micro-batch synchronises gradients (``final``: the last
+        micro-batch of the optimizer step)."""
+        return contextlib.nullcontext()
+
+    def forward_backward(self, chunks: MicroBatches, parts: Components) -> tuple[torch.Tensor, int]:
+        """Forward and backward every micro-batch (gradients accumulate); return (the step's
+        mean loss as a device tensor, the samples this rank ran)."""
+        step_loss = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        samples = 0
+        assert self.forward is not None
+        for i, (raw, weight) in enumerate(chunks):
+            batch = move_to_device(raw, self.ctx.device)
+            samples += batch_size_of(batch)
+            with self.sync_context(final=i == len(chunks) - 1):
+                with parts.precision.autocast():
+                    loss = forward_loss(self.forward, batch, parts.user.compute_loss).loss
+                parts.scaler.scale(loss * weight).backward()
+            step_loss += loss.detach().float() * weight
+        return step_loss, samples
+
+    def after_backward(self, parts: Components) -> None:
+        """After the step's last backward pass, before clipping and the optimizer step."""
+        return None
+
+    def clip_gradients(self, parts: Components, max_norm: float) -> None:
+        """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``."""
+        torch.nn.utils.clip_grad_norm_(parts.precision.clip_parameters(parts.model), max_norm)
+
+    # -- validation -----------------------------------------------------------------------------
+    @abstractmethod
+    def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
+        """``val_loss`` (and accuracy, user metrics) over the whole validation set."""
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    @abstractmethod
+    def checkpoint_name(self, step: int) -> str:
+        """The file name of the checkpoint of ``step``."""
+
+    @abstractmethod
+    def save_checkpoint(
+        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+    ) -> SavedCheckpoint | None:
+        """Write the training checkpoint at ``path`` (every rank calls it at the same point);
+        return the file on rank 0, None elsewhere."""
+
+    @abstractmethod
+    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+        """For hooks: the full training checkpoint, or the weights alone, at ``path``."""
+
+    # -- the end --------------------------------------------------------------------------------
+    def state_bytes(self, parts: Components) -> int:
+        """Bytes this rank holds for parameters, gradients and optimizer state."""
+        return training_state_bytes(parts.model, parts.optimizer)
+
+    def finish(self, parts: Components) -> None:
+        """After the last checkpoint (e.g. hand the trained weights to the caller's module)."""
+        return None

@@ -1,0 +1,292 @@
+"""Data parallelism: a replicated model under ``DistributedDataParallel`` (ZeRO stage 0), and
+ZeRO-1 (the same, with the optimizer state sharded by ``ZeroRedundancyOptimizer``).
+
+Gradients are synchronised as a hand-written loop would: every micro-batch but the last of an
+optimizer step runs under ``no_sync()``; the last one's backward all-reduces the accumulated
+gradients in DDP's buckets, overlapped with the backward pass. DDP broadcasts rank 0's buffers
+(BatchNorm statistics) at each synchronised forward pass, as it does by default. A one-process
+run needs no collective at all: every micro-batch runs under ``no_sync()``.
+
+Step 1 (several processes, ``find_unused_parameters=None``) all-reduces the gradients itself,
+to learn whether the model leaves some parameter without a gradient; DDP then needs
+``find_unused_parameters=True`` (a graph traversal per step), which only such a model gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
+from torch.nn.parallel import DistributedDataParallel
+
+from ace3.config import TrainingConfig
+from ace3.runtime.checkpoint.archive import sharded_checkpoint_name, shared_temp_dir
+from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
+from ace3.runtime.checkpoint.plain import (
+    gather_rng,
+    load_plain_weights,
+    plain_payload,
+    restore_schedule,
+    resume_position,
+)
+from ace3.runtime.checkpoint.sharded import (
+    is_sharded_checkpoint,
+    load_full_model_and_optimizer,
+    load_sharded_model_and_optimizer,
+    resume_train_state,
+    save_sharded_checkpoint,
+)
+from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.evaluation import evaluate
+from ace3.runtime.grad_checkpointing import enable_gradient_checkpointing
+from ace3.runtime.parallel.base import Strategy
+from ace3.runtime.parallel.sharding import (
+    STAGE_SUMMARY,
+    full_model_state_dict,
+    local_state_bytes,
+    zero_redundancy_optimizer,
+)
+from ace3.runtime.precision import Precision
+from ace3.runtime.train_state import TrainState
+from ace3.runtime.user_code import UserCode
+
+if TYPE_CHECKING:
+    from ace3.runtime.components import Components
+
+FIRST_STEP_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
+
+
+def _buffer_sync(every_forward: bool) -> dict[str, bool]:
+    """DDP's "sync buffers at each forward" switch: ``forward_sync_buffers`` in recent torch
+    (``broadcast_buffers`` is deprecated there), ``broadcast_buffers`` before."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": every_forward}
+    return {"broadcast_buffers": every_forward}
+
+
+def wrap_ddp(
+    model: nn.Module,
+    ctx: DistContext,
+    find_unused_parameters: bool = False,
+    process_group: Any = None,
+) -> nn.Module:
+    """DDP as a hand-written loop sets it up: bucketed all-reduce overlapped with the backward
+    pass, rank 0's buffers broadcast at each synchronised forward."""
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(
+        model,
+        device_ids=device_ids,
+        find_unused_parameters=find_unused_parameters,
+        process_group=process_group,
+        **_buffer_sync(True),
+    )
+
+
+def place_on_device(model: nn.Module, precision: Precision, ctx: DistContext) -> None:
+    """Move ``model`` to this rank's device and cast it for the precision level."""
+    model.to(ctx.device)
+    precision.prepare_model(model)
+
+
+def checkpoint_activations(model: nn.Module, config: TrainingConfig, ctx: DistContext) -> None:
+    """Gradient checkpointing when the config asks for it (said once in the log)."""
+    if config.gradient_checkpointing:
+        how = enable_gradient_checkpointing(model, config.checkpoint_segments)
+        if ctx.is_main:
+            print(f"gradient checkpointing: {how}")
+
+
+class DataParallel(Strategy):
+    """ZeRO stage 0: every rank holds the whole model and optimizer state."""
+
+    name = "ddp"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config, ctx = self.config, self.ctx
+        # One process: DDP would all-reduce over itself; its gradients are already the mean.
+        self.local_only = ctx.world_size == 1
+        # Until step 1 has shown whether every parameter gets a gradient, DDP's own reduction
+        # stays off (see the module docstring).
+        self.first_step = config.find_unused_parameters is None and not self.local_only
+
+    # -- build ----------------------------------------------------------------------------------
+    def prepare(
+        self,
+        model: nn.Module,
+        precision: Precision,
+        user: UserCode,
+        ckpt: dict[str, Any] | None,
+        live_module: bool,
+    ) -> nn.Module:
+        place_on_device(model, precision, self.ctx)
+        checkpoint_activations(model, self.config, self.ctx)
+        return model
+
+    def wrap(self, model: nn.Module) -> None:
+        find_unused = bool(self.config.find_unused_parameters)
+        self.forward = wrap_ddp(model, self.ctx, find_unused_parameters=find_unused)
+
+    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
+        """A sharded checkpoint (ZeRO) loads on any number of ranks and at any stage; a plain
+        one needs as many processes as wrote it. Both are collectives."""
+        ctx = self.ctx
+        sharded = is_sharded_checkpoint(ckpt)
+        if sharded:
+            load_sharded_model_and_optimizer(ckpt, parts, ctx)
+        else:
+            self._load_plain(ckpt, parts)
+        restore_schedule(ckpt, parts, ctx)
+        if sharded:
+            return resume_train_state(ckpt, parts, ctx, self.config)
+        return resume_position(ckpt, ctx, self.dims.dp)
+
+    def _load_plain(self, ckpt: dict[str, Any], parts: Components) -> None:
+        load_plain_weights(ckpt, parts, self.ctx)
+
+    # -- the step -------------------------------------------------------------------------------
+    def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
+        if final and not self.local_only and not self.first_step:
+            return contextlib.nullcontext()
+        return self.forward.no_sync()  # type: ignore[union-attr,operator,no-any-return]
+
+    def after_backward(self, parts: Components) -> None:
+        if self.first_step:
+            self._first_step_sync(parts)
+
+    def _first_step_sync(self, parts: Components) -> None:
+        """Step 1 over several processes: all-reduce the gradients ourselves (flattened in
+        buckets of at most FIRST_STEP_BUCKET_BYTES per dtype, as DDP's) and learn whether some
+        parameter got no gradient on some rank. DDP's bucketed reduction, which every later step
+        uses, needs ``find_unused_parameters=True`` for such a model (it would fail at step 2
+        otherwise), which costs a graph traversal per step: only a model that needs it gets
+        it."""
+        world = self.ctx.world_size
+        grads: list[torch.Tensor] = []
+        unused = 0
+        for param in parts.model.parameters():
+            if not param.requires_grad:
+                continue
+            if param.grad is None:  # unused this step on this rank: it still takes part
+                param.grad = torch.zeros_like(param)
+                unused += 1
+            grads.append(param.grad)
+        flag = torch.tensor([float(unused)], device=self.ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        for bucket in _take_tensors(grads, FIRST_STEP_BUCKET_BYTES):  # (bounded extra memory)
+            flat = _flatten_dense_tensors(bucket)
+            flat /= world  # (before the sum, as DDP's default hook does: the same arithmetic)
+            dist.all_reduce(flat)
+            for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
+                grad.copy_(synced)
+            del flat
+        self.first_step = False
+        if flag.item() > 0:
+            self.forward = None  # (its buckets go before the new ones)
+            gc.collect()
+            self.forward = wrap_ddp(parts.model, self.ctx, find_unused_parameters=True)
+            if self.ctx.is_main:
+                print(
+                    "some parameters got no gradient in step 1: DDP runs with "
+                    "find_unused_parameters=True (slower; a model that uses every parameter "
+                    "in each forward pass avoids it)",
+                    flush=True,
+                )
+
+    # -- validation -----------------------------------------------------------------------------
+    def _broadcast_buffers(self, parts: Components) -> None:
+        if self.ctx.world_size > 1:
+            for buffer in parts.model.buffers():
+                dist.broadcast(buffer, src=0)
+
+    def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
+        # Every rank validates with rank 0's buffers (BatchNorm statistics): the ones the
+        # checkpoint holds. DDP only syncs them at the next forward pass.
+        self._broadcast_buffers(parts)
+        return evaluate(parts.model, loader, self.ctx.device, parts.precision, parts.user)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoint_name(self, step: int) -> str:
+        return checkpoint_name(step)
+
+    def save_checkpoint(
+        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+    ) -> SavedCheckpoint | None:
+        if not self.ctx.is_main:
+            return None
+        assert rng_per_rank is not None
+        return save_atomic(plain_payload(parts, rng_per_rank, self.dims.dp), path)
+
+    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+        ctx = self.ctx
+        if weights_only:
+            barrier(ctx)
+            if ctx.is_main:
+                save_atomic(parts.precision.model_state_dict(parts.model), path)
+        else:
+            rngs = gather_rng(ctx)
+            self.save_checkpoint(parts, path, rngs)
+        barrier(ctx)
+
+
+class ZeroRedundancy(DataParallel):
+    """ZeRO stage 1: the model replicated under DDP, each rank keeps (and updates) the optimizer
+    state of its share of the parameters and broadcasts them after the step. Checkpoints are
+    sharded (:mod:`ace3.runtime.checkpoint.sharded`)."""
+
+    name = "zero1"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.zero_stage = 1
+
+    def describe(self) -> list[str]:
+        return [f"ZeRO stage 1 over {self.ctx.world_size} rank(s): {STAGE_SUMMARY[1]}"]
+
+    def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
+        template = super().make_optimizer(model, precision)
+        return zero_redundancy_optimizer(precision.optimizer_parameters(model), template)
+
+    def _load_plain(self, ckpt: dict[str, Any], parts: Components) -> None:
+        load_full_model_and_optimizer(ckpt, parts, self.ctx)
+
+    def checkpoint_name(self, step: int) -> str:
+        return sharded_checkpoint_name(step)
+
+    def save_checkpoint(
+        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+    ) -> SavedCheckpoint | None:
+        return save_sharded_checkpoint(parts, self.ctx, path, self.config, rng_per_rank)
+
+    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+        """A full checkpoint is written sharded (a ``.dcp.tar`` archive, whatever ``path`` is
+        called), staged outside the artifacts directory, which the worker uploads; the weights
+        alone are gathered."""
+        ctx = self.ctx
+        if weights_only:
+            state = full_model_state_dict(parts.model, self.shards_parameters, everywhere=False)
+            if ctx.is_main:
+                save_atomic(state, path)
+        else:
+            staging = shared_temp_dir(ctx)
+            rngs = gather_rng(ctx)
+            save_sharded_checkpoint(parts, ctx, path, self.config, rngs, staging)
+            barrier(ctx)
+            if ctx.local_rank == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+        barrier(ctx)
+
+    @property
+    def shards_parameters(self) -> bool:
+        return False
+
+    def state_bytes(self, parts: Components) -> int:
+        return local_state_bytes(parts.model, parts.optimizer)

@@ -1,0 +1,170 @@
+"""What the strategies that split the model (pipeline stages, tensor shards) share: the
+whole model is built on every rank first (its names are the checkpoint's), a resume loads
+into it before the split, and checkpoints are gathered into the plain format
+(:mod:`ace3.runtime.checkpoint.gathered`).
+
+Data parallelism over such a layout (``dp > 1``: several copies of the pipeline or of the
+tensor-parallel group) averages each rank's gradients with the ranks that hold the same part
+in the other replicas, after the step's last backward pass: one all-reduce per bucket of at
+most ``GRADIENT_BUCKET_BYTES`` over the ``dp`` process group (not overlapped with the backward
+pass, unlike DDP's), and rank 0 of each ``dp`` group broadcasts the buffers (BatchNorm
+statistics) before every step, as DDP does. Clipping takes the norm of the whole model's
+gradient: sharded (DTensor) gradients' norms over their tensor-parallel peers, summed over the
+stages of the pipeline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
+
+from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
+from ace3.runtime.checkpoint.gathered import GatheredCheckpoint
+from ace3.runtime.checkpoint.plain import gather_rng
+from ace3.runtime.distributed import barrier
+from ace3.runtime.parallel.base import Strategy
+from ace3.runtime.parallel.sharding import local_state_bytes
+from ace3.runtime.precision import Precision
+from ace3.runtime.train_state import TrainState
+
+if TYPE_CHECKING:
+    from ace3.runtime.components import Components
+
+GRADIENT_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (its storage), a plain tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
+def clip_split_grad_norm(
+    params: list[nn.Parameter], max_norm: float, stage_group: Any = None
+) -> torch.Tensor:
+    """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``:
+    sharded (DTensor) gradients' norms over their peers, plain ones as they are, squares
+    summed over the pipeline's stages (``stage_group``; None: no other stage). Returns the
+    norm (a device tensor: no host read)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    device = _local(grads[0]).device if grads else torch.device("cpu")
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    for grad in grads:
+        norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        squares += norm**2
+    if stage_group is not None and dist.get_world_size(stage_group) > 1:
+        dist.all_reduce(squares, group=stage_group)
+    total = squares.sqrt()
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for grad in grads:
+        _local(grad).mul_(coefficient.to(grad.dtype))
+    return total
+
+
+class SplitModel(Strategy):
+    """A strategy whose ranks each hold part of the model."""
+
+    gathered: GatheredCheckpoint | None = None
+
+    def describe(self) -> list[str]:
+        dims = self.dims
+        if dims.dp == 1 and (dims.pp == 1 or dims.tp == 1):
+            return []
+        return [f"parallel layout: {dims.describe()}"]
+
+    def _dp_group(self) -> Any:
+        return self.dims.group(self.ctx.device.type, "dp")
+
+    def _stage_group(self) -> Any:
+        """The ranks that hold the other stages of this rank's pipeline (None: one stage)."""
+        return self.dims.group(self.ctx.device.type, "pp") if self.dims.pp > 1 else None
+
+    def start_split(
+        self, model: nn.Module, precision: Precision, ckpt: dict[str, Any] | None
+    ) -> None:
+        """Before the split: refuse what cannot run split, load a resume's weights."""
+        if precision.needs_scaler:
+            raise ValueError(
+                "float16 loss scaling is not implemented with "
+                f"parallelism={self.config.parallelism!r}; use amp_dtype='bfloat16' or "
+                "mixed_precision=False"
+            )
+        self.gathered = GatheredCheckpoint(model, self.dims, self.ctx)
+        if ckpt is not None:
+            self.gathered.load_weights(ckpt)
+
+    # -- data parallelism over the split model -------------------------------------------------
+    def before_step(self, parts: Components) -> None:
+        if self.dims.dp > 1:
+            dims = self.dims
+            source = dims.global_rank(0, dims.pp_rank, dims.tp_rank)
+            for buffer in parts.model.buffers():
+                dist.broadcast(_local(buffer), src=source, group=self._dp_group())
+
+    def after_backward(self, parts: Components) -> None:
+        """Average the gradients over the data-parallel replicas (see the module docstring)."""
+        replicas = self.dims.dp
+        if replicas == 1:
+            return
+        grads: list[torch.Tensor] = []
+        for param in parts.model.parameters():
+            if not param.requires_grad:
+                continue
+            if param.grad is None:  # unused in this replica's step: it still takes part
+                param.grad = torch.zeros_like(param)
+            grads.append(_local(param.grad))
+        group = self._dp_group()
+        for bucket in _take_tensors(grads, GRADIENT_BUCKET_BYTES):
+            flat = _flatten_dense_tensors(bucket)
+            flat /= replicas
+            dist.all_reduce(flat, group=group)
+            for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
+                grad.copy_(synced)
+            del flat
+
+    def clip_gradients(self, parts: Components, max_norm: float) -> None:
+        clip_split_grad_norm(
+            parts.precision.clip_parameters(parts.model), max_norm, self._stage_group()
+        )
+
+    def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
+        if not precision.optimizer_parameters(model):
+            raise ValueError(
+                f"rank {self.ctx.rank}'s part of the model has no trainable parameters: choose "
+                "other split points (pipeline_split_points) or fewer processes"
+            )
+        return super().make_optimizer(model, precision)
+
+    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
+        assert self.gathered is not None
+        return self.gathered.restore(ckpt, parts)
+
+    def checkpoint_name(self, step: int) -> str:
+        return checkpoint_name(step)
+
+    def save_checkpoint(
+        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+    ) -> SavedCheckpoint | None:
+        assert self.gathered is not None
+        payload = self.gathered.payload(parts, rng_per_rank)
+        return save_atomic(payload, path) if payload is not None else None
+
+    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+        assert self.gathered is not None
+        if weights_only:
+            state, _ = self.gathered.full_state(parts)
+            if self.ctx.is_main:
+                save_atomic(state, path)
+        else:
+            self.save_checkpoint(parts, path, gather_rng(self.ctx))
+        barrier(self.ctx)
+
+    def state_bytes(self, parts: Components) -> int:
+        return local_state_bytes(parts.model, parts.optimizer)
