@@ -81,9 +81,7 @@ def automatic_plan(model: nn.Module, ways: int) -> dict[str, Any]:
     return plan
 
 
-def parallelize(
-    model: nn.Module, mesh: Any, user_module: Any = None, required: bool = True
-) -> str:
+def parallelize(model: nn.Module, mesh: Any, user_module: Any = None, required: bool = True) -> str:
     """Shard ``model`` in place over the 1-D ``mesh`` of its tensor-parallel ranks; return
     what rank 0 logs. With nothing to shard: an error when ``required``, else the model stays
     replicated over the mesh (a pipeline stage without a Linear pair)."""
