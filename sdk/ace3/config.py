@@ -635,10 +635,14 @@ def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
                "data-parallel replicas: it is the global batch, split evenly")  # fmt: skip
     what = "pipeline" if pipelined else "tensor"
     what = "pipeline and tensor" if pipelined and tensored else what
-    if config.effective_zero_stage:
-        refuse("zero_stage", f"ZeRO sharding with {what} parallelism is not implemented: the "
-               "data-parallel part of such a layout runs DDP; use zero_stage=0 and no "
-               "offload")  # fmt: skip
+    if config.effective_zero_stage and replicas == 1:
+        refuse("zero_stage", f"ZeRO shards the state over data-parallel replicas, and this "
+               f"{what}-parallel layout has one ({world} processes = pipeline {stages} x "
+               f"tensor {ways}): use zero_stage=0 and no offload, or more processes")  # fmt: skip
+    elif config.zero_stage == 1:
+        refuse("zero_stage", f"ZeRO-1 with {what} parallelism is not implemented: use "
+               "zero_stage=2 or 3 (FSDP over the data-parallel replicas) or 0 (gradients "
+               "averaged over the replicas, DDP-style)")  # fmt: skip
     if config.mixed_precision and config.amp_level in ("O2", "O3"):
         refuse("amp_level", f"{config.amp_level!r} with {what} parallelism is not implemented: "
                "use amp_level='O1' (autocast) or mixed_precision=False")  # fmt: skip

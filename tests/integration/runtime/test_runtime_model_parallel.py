@@ -188,6 +188,10 @@ COMPOSED = {
     "pipeline2-tensor2": {"pipeline_parallel_size": 2, "tensor_parallel_size": 2,
                           "micro_batch_size": 16, "save_interval": 2,
                           "pipeline_split_points": [4]},  # a Linear pair in each stage
+    # ZeRO over the replicas: FSDP on the dp dimension (2-D DTensors with the tensor shards).
+    "zero3-data2-tensor2": {"tensor_parallel_size": 2, "zero_stage": 3, "save_interval": 2},
+    "zero2-data2-pipeline2": {"pipeline_parallel_size": 2, "micro_batch_size": 16,
+                              "zero_stage": 2},
 }  # fmt: skip
 
 
@@ -211,11 +215,38 @@ def test_composed_layouts_on_four_ranks_match_one_process(
         "data2-tensor2": "parallel layout: data 2 x tensor 2 = 4 process(es)",
         "data2-pipeline2": "parallel layout: data 2 x pipeline 2 = 4 process(es)",
         "pipeline2-tensor2": "parallel layout: data 1 x pipeline 2 x tensor 2 = 4 process(es)",
+        "zero3-data2-tensor2": "ZeRO stage 3 over 2 rank(s)",
+        "zero2-data2-pipeline2": "ZeRO stage 2 over 2 rank(s)",
     }[name]
     assert layout in stdout
     if name == "pipeline2-tensor2":  # each stage's Linear pair sharded over its two ranks
         assert "stage 0: model parallel (tensor) over 2 process(es)" in stdout
         assert "stage 1: model parallel (tensor) over 2 process(es)" in stdout
+
+
+def test_a_zero_3_data_x_tensor_checkpoint_resumes_sharded_and_on_plain_data_parallel(
+    workdir: Path, composed_runs: dict[str, tuple[Path, str]]
+) -> None:
+    """The gathered checkpoint of 2-D (FSDP x tensor) parameters and optimizer state resumes
+    re-sharded on the same layout and unsharded on two plain data-parallel processes."""
+    import torch
+
+    job_dir, _ = composed_runs["zero3-data2-tensor2"]
+    saved = {e["step"]: e for e in events(job_dir) if e["type"] == "checkpoint"}
+    ckpt = torch.load(saved[2]["path"], weights_only=True)
+    assert ckpt["model"]["0.weight"].shape == (64, 64) and ckpt["world_size"] == 2
+    assert len(ckpt["optimizer"]["state"]) == 8
+    want = {s: v for s, v in losses(job_dir).items() if s > 2}
+    for name, nproc, config in [
+        ("resumed-zero3-tensor", 4, COMPOSED["zero3-data2-tensor2"]),
+        ("resumed-plain-data", 2, {}),
+    ]:
+        out = workdir / name
+        run_job(job_for(workdir, nproc, resume=Path(saved[2]["path"]), **config), out, nproc)
+        got = losses(out)
+        assert sorted(got) == sorted(want), (name, got)
+        for step, value in want.items():
+            assert got[step] == pytest.approx(value, rel=REL_TOL), (name, step)
 
 
 def test_data_x_pipeline_x_tensor_on_eight_ranks_matches_one_process(

@@ -81,13 +81,14 @@ class PipelineParallel(SplitModel):
         local = stages[dims.pp_rank].to(ctx.device)
         if dims.tp > 1:
             self._shard_stage(local, user)
+        precision.prepare_model(local)
+        self.shard_replicas(local)
         batch = self.per_rank_batch
         micro_size = batch // micro_batches
         self.runner = PipelineRunner(
             local, dims.pp_rank, stages_count, micro_batches, micro_size, schedule, ctx.device,
             group=self._group(),
         )  # fmt: skip
-        precision.prepare_model(local)
         if ctx.is_main:
             if config.model_sharding_strategy == "layer":
                 print(
@@ -142,11 +143,23 @@ class PipelineParallel(SplitModel):
         broadcasts)."""
         runner = self.runner
         runner.reset_sums()
+        padding = 0
+        if self.plan is not None:  # sharded replicas run their forward passes in lockstep
+            most = torch.tensor([len(loader)], dtype=torch.float64, device=self.ctx.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            padding = int(most.item()) - len(loader)
         parts.model.eval()
         try:
+            batch = None
             for batch in loader:
                 with parts.precision.autocast():
                     runner.eval_batch(batch)
+            for _ in range(padding):  # uncounted passes over a batch of this replica's
+                filler = batch if batch is not None else next(iter(loader), None)
+                if filler is None:
+                    filler = loader.collate_fn([loader.dataset[0]])
+                with parts.precision.autocast():
+                    runner.eval_batch(filler, counted=False)
         finally:
             parts.model.train()
         sums = broadcast_from_last(

@@ -167,9 +167,12 @@ class PipelineRunner:
         return float(sum(float(loss.detach().double().item()) for loss in losses)), real
 
     @torch.no_grad()
-    def eval_batch(self, batch: Any) -> None:
-        """Forward one batch; the last stage adds its loss and accuracy to the sums."""
+    def eval_batch(self, batch: Any, counted: bool = True) -> None:
+        """Forward one batch; the last stage adds its loss and accuracy to the sums (none of
+        its samples when not ``counted``: a padding pass)."""
         inputs, targets, _ = self._prepare(batch, 1.0)
+        if not counted:
+            self._real = 0
         self._call(self.schedule.eval, inputs, targets)
 
     def reset_sums(self) -> None:

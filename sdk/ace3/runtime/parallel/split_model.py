@@ -15,6 +15,7 @@ stages of the pipeline.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,13 @@ from ace3.runtime.checkpoint.gathered import GatheredCheckpoint
 from ace3.runtime.checkpoint.plain import gather_rng
 from ace3.runtime.distributed import barrier
 from ace3.runtime.parallel.base import Strategy
-from ace3.runtime.parallel.sharding import local_state_bytes
+from ace3.runtime.parallel.sharding import (
+    local_state_bytes,
+    plan_notes,
+    set_gradient_sync,
+    shard_model,
+    sharding_plan,
+)
 from ace3.runtime.precision import Precision
 from ace3.runtime.train_state import TrainState
 
@@ -73,11 +80,37 @@ class SplitModel(Strategy):
 
     gathered: GatheredCheckpoint | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # ZeRO-2/3 over the replicas: FSDP over the dp dimension of the mesh (none with one).
+        plan = sharding_plan(self.config, self.ctx.device)
+        self.plan = plan if plan is not None and plan.fsdp and self.dims.dp > 1 else None
+        if self.plan is not None:
+            self.zero_stage = self.plan.stage
+
     def describe(self) -> list[str]:
-        dims = self.dims
-        if dims.dp == 1 and (dims.pp == 1 or dims.tp == 1):
-            return []
-        return [f"parallel layout: {dims.describe()}"]
+        dims, notes = self.dims, []
+        if dims.dp > 1 or (dims.pp > 1 and dims.tp > 1):
+            notes.append(f"parallel layout: {dims.describe()}")
+        if self.plan is not None:
+            notes.extend(plan_notes(self.plan, self.config, dims.dp))
+        elif self.config.effective_zero_stage:
+            notes.append("ZeRO sharding has no effect with one data-parallel replica")
+        return notes
+
+    def shard_replicas(self, local: nn.Module) -> None:
+        """ZeRO-2/3: shard this rank's part over its peers in the other replicas (FSDP2 over
+        the ``dp`` mesh dimension; with tensor parallelism the parameters become 2-D
+        DTensors)."""
+        if self.plan is None:
+            return
+        mesh = self.dims.submesh(self.ctx.device.type, "dp")
+        units = shard_model(local, self.plan, self.ctx, mesh=mesh)
+        if self.ctx.is_main:
+            print(f"FSDP over the replicas: {units} layer(s) + the root", flush=True)
+
+    def in_place_oom_retry(self) -> bool:
+        return self.plan is None and super().in_place_oom_retry()
 
     def _dp_group(self) -> Any:
         return self.dims.group(self.ctx.device.type, "dp")
@@ -108,10 +141,17 @@ class SplitModel(Strategy):
             for buffer in parts.model.buffers():
                 dist.broadcast(_local(buffer), src=source, group=self._dp_group())
 
+    def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
+        if self.plan is not None:  # FSDP reduce-scatters in the step's last backward only
+            assert self.forward is not None
+            set_gradient_sync(self.forward, final)
+        return contextlib.nullcontext()
+
     def after_backward(self, parts: Components) -> None:
-        """Average the gradients over the data-parallel replicas (see the module docstring)."""
+        """Average the gradients over the data-parallel replicas (see the module docstring;
+        FSDP has reduce-scattered them already)."""
         replicas = self.dims.dp
-        if replicas == 1:
+        if replicas == 1 or self.plan is not None:
             return
         grads: list[torch.Tensor] = []
         for param in parts.model.parameters():

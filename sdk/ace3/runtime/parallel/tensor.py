@@ -39,9 +39,14 @@ class TensorParallel(SplitModel):
         precision.prepare_model(model)
         if ctx.is_main:
             print(describe, flush=True)
+        self.shard_replicas(model)
         return model
 
     def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
         # Every rank of a replica evaluates the same batches: the sums over all ranks are
-        # tensor_parallel_size times those of the replicas, so the means are unchanged.
-        return evaluate(parts.model, loader, self.ctx.device, parts.precision, parts.user)
+        # tensor_parallel_size times those of the replicas, so the means are unchanged. Sharded
+        # replicas' forward passes are collectives: they run in lockstep.
+        return evaluate(
+            parts.model, loader, self.ctx.device, parts.precision, parts.user,
+            lockstep=self.plan is not None,
+        )  # fmt: skip
