@@ -97,6 +97,14 @@ class TrainingConfig(_Schema):
         description="Pipeline stages: indices of the nn.Sequential layers where stages 2..N "
         "start (num_stages - 1 increasing indices); default: balanced by parameter count.",
     )
+    data_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Data-parallel degree D, if you want it checked: it is always what the "
+        "processes leave, num_gpus * num_nodes / (pipeline_parallel_size * "
+        "tensor_parallel_size); another value is refused.",
+    )
     tensor_parallel_size: int | None = Field(
         None,
         ge=1,
@@ -618,10 +626,16 @@ def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
     if stages_alias is not None and pp_size is not None and stages_alias != pp_size:
         refuse("pipeline_parallel_size", f"{pp_size} differs from num_stages={stages_alias}, "
                "its alias: set one of them")  # fmt: skip
-    if not (pipelined or tensored):
-        return problems
     world = config.world_size
     stages, ways = parallel_degrees(config, world)
+    wanted = config.data_parallel_size
+    if wanted is not None and (world % (stages * ways) or wanted != world // (stages * ways)):
+        refuse("data_parallel_size", f"{wanted} is not what the layout leaves: num_gpus * "
+               f"num_nodes = {world} over pipeline {stages} x tensor {ways} is "
+               f"{world / (stages * ways):g} data-parallel replica(s); set num_gpus * num_nodes "
+               f"= {wanted * stages * ways}, or leave data_parallel_size out")  # fmt: skip
+    if not (pipelined or tensored):
+        return problems
     if world % (stages * ways):
         field = "tensor_parallel_size" if config.tensor_parallel_size else (
             "pipeline_parallel_size" if pp_size else "num_stages")  # fmt: skip

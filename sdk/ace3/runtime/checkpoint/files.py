@@ -20,6 +20,7 @@ import torch
 
 from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.files import WrittenFile, sha256_file, write_atomic
+from ace3.runtime.checkpoint.archive import is_sharded_archive, read_train_state
 
 SavedCheckpoint = WrittenFile  # a checkpoint file written atomically
 
@@ -48,8 +49,6 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
                 f"checkpoint {path} is corrupt or not the expected file: sha256 {actual}, "
                 f"expected {expected_sha256.lower()}"
             )
-    from ace3.runtime.checkpoint.archive import is_sharded_archive, read_train_state
-
     if is_sharded_archive(path):
         return read_train_state(path)
     state = torch.load(path, map_location="cpu", weights_only=True)

@@ -34,6 +34,7 @@ from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
 from ace3.runtime.memory_meter import training_state_bytes
+from ace3.runtime.optim import build_optimizer
 from ace3.runtime.parallel.dims import ParallelDims
 from ace3.runtime.precision import Precision
 from ace3.runtime.train_state import TrainState
@@ -93,8 +94,6 @@ class Strategy(ABC):
         optimizer steps). ``live_module``: the caller keeps using ``model``."""
 
     def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
-        from ace3.runtime.optim import build_optimizer
-
         return build_optimizer(precision.optimizer_parameters(model), self.config)
 
     def wrap(self, model: nn.Module) -> None:

@@ -20,6 +20,7 @@ from torch import nn
 
 from ace3.runtime.checkpoint.sharded import save_sharded_checkpoint
 from ace3.runtime.evaluation import evaluate
+from ace3.runtime.optim import build_optimizer
 from ace3.runtime.parallel.ddp import ZeroRedundancy, checkpoint_activations, place_on_device
 from ace3.runtime.parallel.sharding import (
     ShardingPlan,
@@ -82,8 +83,6 @@ class FullyShardedDataParallel(ZeroRedundancy):
         return model
 
     def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
-        from ace3.runtime.optim import build_optimizer
-
         return build_optimizer(trainable(model), self.config)
 
     def wrap(self, model: nn.Module) -> None:

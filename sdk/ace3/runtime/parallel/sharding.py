@@ -36,6 +36,7 @@ from torch import nn
 
 from ace3.config import TrainingConfig
 from ace3.runtime.distributed import DistContext
+from ace3.runtime.memory_meter import training_state_bytes
 
 STAGE_SUMMARY = {
     1: "optimizer state sharded (DDP + ZeroRedundancyOptimizer)",
@@ -191,6 +192,4 @@ def write_back(trained: nn.Module, original: nn.Module) -> None:
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes this rank holds for parameters, gradients and optimizer state: the local shards of
     sharded (DTensor) tensors, and only this rank's ZeroRedundancyOptimizer state."""
-    from ace3.runtime.memory_meter import training_state_bytes
-
     return training_state_bytes(model, local_optimizer(optimizer))
