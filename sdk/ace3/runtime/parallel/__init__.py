@@ -2,7 +2,7 @@
 :mod:`ace3.runtime.parallel.base` for what each one does for the engine).
 
 - :class:`~ace3.runtime.parallel.ddp.DataParallel`: DDP (ZeRO stage 0);
-- :class:`~ace3.runtime.parallel.ddp.ZeroRedundancy`: ZeRO-1;
+- :class:`~ace3.runtime.parallel.zero1.ZeroRedundancy`: ZeRO-1;
 - :class:`~ace3.runtime.parallel.fsdp.FullyShardedDataParallel`: ZeRO-2/3 and offload;
 - :class:`~ace3.runtime.parallel.pipeline.PipelineParallel`: pipeline and layer parallel;
 - :class:`~ace3.runtime.parallel.tensor.TensorParallel`: tensor parallel.
@@ -16,12 +16,13 @@ from __future__ import annotations
 from ace3.config import TrainingConfig, runs_pipeline, runs_tensor_parallel
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.parallel.base import Strategy
-from ace3.runtime.parallel.ddp import DataParallel, ZeroRedundancy
+from ace3.runtime.parallel.ddp import DataParallel
 from ace3.runtime.parallel.dims import ParallelDims
 from ace3.runtime.parallel.fsdp import FullyShardedDataParallel
 from ace3.runtime.parallel.pipeline import PipelineParallel
 from ace3.runtime.parallel.sharding import sharding_plan
 from ace3.runtime.parallel.tensor import TensorParallel
+from ace3.runtime.parallel.zero1 import ZeroRedundancy
 
 
 def strategy_for(config: TrainingConfig, ctx: DistContext) -> Strategy:

@@ -1,5 +1,5 @@
-"""Data parallelism: a replicated model under ``DistributedDataParallel`` (ZeRO stage 0), and
-ZeRO-1 (the same, with the optimizer state sharded by ``ZeroRedundancyOptimizer``).
+"""Data parallelism: a replicated model under ``DistributedDataParallel`` (ZeRO stage 0; ZeRO-1
+builds on it in :mod:`ace3.runtime.parallel.zero1`).
 
 Gradients are synchronised as a hand-written loop would: every micro-batch but the last of an
 optimizer step runs under ``no_sync()``; the last one's backward all-reduces the accumulated
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,6 @@ from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense
 from torch.nn.parallel import DistributedDataParallel
 
 from ace3.config import TrainingConfig
-from ace3.runtime.checkpoint.archive import sharded_checkpoint_name, shared_temp_dir
 from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
 from ace3.runtime.checkpoint.plain import (
     gather_rng,
@@ -39,21 +37,13 @@ from ace3.runtime.checkpoint.plain import (
 )
 from ace3.runtime.checkpoint.sharded import (
     is_sharded_checkpoint,
-    load_full_model_and_optimizer,
     load_sharded_model_and_optimizer,
     resume_train_state,
-    save_sharded_checkpoint,
 )
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.grad_checkpointing import enable_gradient_checkpointing
 from ace3.runtime.parallel.base import Strategy
-from ace3.runtime.parallel.sharding import (
-    STAGE_SUMMARY,
-    full_model_state_dict,
-    local_state_bytes,
-    zero_redundancy_optimizer,
-)
 from ace3.runtime.precision import Precision
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
@@ -235,58 +225,3 @@ class DataParallel(Strategy):
             rngs = gather_rng(ctx)
             self.save_checkpoint(parts, path, rngs)
         barrier(ctx)
-
-
-class ZeroRedundancy(DataParallel):
-    """ZeRO stage 1: the model replicated under DDP, each rank keeps (and updates) the optimizer
-    state of its share of the parameters and broadcasts them after the step. Checkpoints are
-    sharded (:mod:`ace3.runtime.checkpoint.sharded`)."""
-
-    name = "zero1"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.zero_stage = 1
-
-    def describe(self) -> list[str]:
-        return [f"ZeRO stage 1 over {self.ctx.world_size} rank(s): {STAGE_SUMMARY[1]}"]
-
-    def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
-        template = super().make_optimizer(model, precision)
-        return zero_redundancy_optimizer(precision.optimizer_parameters(model), template)
-
-    def _load_plain(self, ckpt: dict[str, Any], parts: Components) -> None:
-        load_full_model_and_optimizer(ckpt, parts, self.ctx)
-
-    def checkpoint_name(self, step: int) -> str:
-        return sharded_checkpoint_name(step)
-
-    def save_checkpoint(
-        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
-    ) -> SavedCheckpoint | None:
-        return save_sharded_checkpoint(parts, self.ctx, path, self.config, rng_per_rank)
-
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
-        """A full checkpoint is written sharded (a ``.dcp.tar`` archive, whatever ``path`` is
-        called), staged outside the artifacts directory, which the worker uploads; the weights
-        alone are gathered."""
-        ctx = self.ctx
-        if weights_only:
-            state = full_model_state_dict(parts.model, self.shards_parameters, everywhere=False)
-            if ctx.is_main:
-                save_atomic(state, path)
-        else:
-            staging = shared_temp_dir(ctx)
-            rngs = gather_rng(ctx)
-            save_sharded_checkpoint(parts, ctx, path, self.config, rngs, staging)
-            barrier(ctx)
-            if ctx.local_rank == 0:
-                shutil.rmtree(staging, ignore_errors=True)
-        barrier(ctx)
-
-    @property
-    def shards_parameters(self) -> bool:
-        return False
-
-    def state_bytes(self, parts: Components) -> int:
-        return local_state_bytes(parts.model, parts.optimizer)

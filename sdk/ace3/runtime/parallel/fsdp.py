@@ -21,7 +21,7 @@ from torch import nn
 from ace3.runtime.checkpoint.sharded import save_sharded_checkpoint
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.optim import build_optimizer
-from ace3.runtime.parallel.ddp import ZeroRedundancy, checkpoint_activations, place_on_device
+from ace3.runtime.parallel.ddp import checkpoint_activations, place_on_device
 from ace3.runtime.parallel.sharding import (
     ShardingPlan,
     plan_notes,
@@ -31,6 +31,7 @@ from ace3.runtime.parallel.sharding import (
     training_copy,
     write_back,
 )
+from ace3.runtime.parallel.zero1 import ZeroRedundancy
 from ace3.runtime.precision import Precision
 from ace3.runtime.user_code import UserCode
 
