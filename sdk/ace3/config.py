@@ -39,8 +39,10 @@ class TrainingConfig(_Schema):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed
-    over every process (``num_gpus * num_nodes``); each process sees ``batch_size / world_size``
-    samples. With ``gradient_accumulation_steps = k`` one optimizer step consumes ``k *
+    over every process (``num_gpus * num_nodes``); each data-parallel replica sees ``batch_size
+    / replicas`` samples (a replica is one process, or with pipeline and tensor parallelism the
+    ``pipeline_parallel_size * tensor_parallel_size`` processes that hold one copy of the
+    model). With ``gradient_accumulation_steps = k`` one optimizer step consumes ``k *
     batch_size`` samples. On one process this matches the document's accumulation example
     (32 per device x 8 steps = 256); on several it matches its data-parallel example
     (256 across all GPUs).
@@ -110,14 +112,14 @@ class TrainingConfig(_Schema):
         ge=1,
         le=1024,
         description="Tensor-parallel degree T: linear layers sharded over T consecutive ranks; "
-        "data parallelism (DDP) over what remains: num_gpus * num_nodes = D x P x T.",
+        "data parallelism over what remains: num_gpus * num_nodes = D x P x T.",
     )
     pipeline_parallel_size: int | None = Field(
         None,
         ge=1,
         le=1024,
         description="Pipeline degree P (num_stages is its alias): the model cut into P stages, "
-        "one per rank of each pipeline; data parallelism (DDP) over what remains.",
+        "one per rank of each pipeline; data parallelism over what remains.",
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0,
@@ -301,16 +303,20 @@ class TrainingConfig(_Schema):
     @model_validator(mode="before")
     @classmethod
     def _pipeline_processes_default_to_stages(cls, data: Any) -> Any:
-        """``parallelism='pipeline'`` with ``num_stages`` and no ``num_gpus`` runs one process
-        per stage (the document's pipeline example gives only ``num_stages``)."""
-        if (
+        """``parallelism='pipeline'`` with ``num_stages`` (or ``pipeline_parallel_size``) and no
+        ``num_gpus`` runs one process per stage, times the tensor and data degrees given (the
+        document's pipeline example gives only ``num_stages``)."""
+        if not (
             isinstance(data, Mapping)
             and data.get("parallelism") == "pipeline"
-            and isinstance(data.get("num_stages"), int)
             and data.get("num_gpus") is None
             and data.get("num_nodes", 1) == 1
         ):
-            return {**data, "num_gpus": data["num_stages"]}
+            return data
+        stages = data.get("pipeline_parallel_size") or data.get("num_stages")
+        ways, replicas = data.get("tensor_parallel_size") or 1, data.get("data_parallel_size") or 1
+        if all(isinstance(value, int) for value in (stages, ways, replicas)):
+            return {**data, "num_gpus": stages * ways * replicas}
         return data
 
     # Field validators (not a model validator) so that a refused assignment keeps the old value
@@ -498,7 +504,8 @@ def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
     how = "offload (which runs ZeRO-3)" if implied else f"zero_stage={stage}"
     plain = "turn offload off" if implied else "zero_stage=0"
     problems = []
-    if config.num_nodes > 1:
+    split = runs_pipeline(config) or runs_tensor_parallel(config)  # checked with the layout
+    if config.num_nodes > 1 and not split:
         problems.append(
             ConfigProblem(
                 field="num_nodes",
@@ -517,7 +524,7 @@ def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
                 "parameters are not sharded); use amp_level='O1' (autocast), or " + plain,
             )
         )
-    if stage >= 2 and config.optimizer in _PLAIN_TENSOR_OPTIMIZERS:
+    if stage >= 2 and config.optimizer in _PLAIN_TENSOR_OPTIMIZERS and not split:
         problems.append(
             ConfigProblem(
                 field="optimizer",
@@ -649,7 +656,12 @@ def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
                "data-parallel replicas: it is the global batch, split evenly")  # fmt: skip
     what = "pipeline" if pipelined else "tensor"
     what = "pipeline and tensor" if pipelined and tensored else what
-    if config.effective_zero_stage and replicas == 1:
+    if config.offload:
+        asked = next(name for name in _OFFLOAD_FIELDS if getattr(config, name))
+        refuse(asked, f"offload with {what} parallelism is not implemented (the "
+               "gathered checkpoints and the clipping norm would cross devices): turn it "
+               "off; zero_stage=2 or 3 shards the state over the replicas")  # fmt: skip
+    elif config.effective_zero_stage and replicas == 1:
         refuse("zero_stage", f"ZeRO shards the state over data-parallel replicas, and this "
                f"{what}-parallel layout has one ({world} processes = pipeline {stages} x "
                f"tensor {ways}): use zero_stage=0 and no offload, or more processes")  # fmt: skip
@@ -667,11 +679,17 @@ def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
     if board is not None and (board.log_graph or board.log_histograms):
         refuse("tensorboard", f"log_graph and log_histograms are not implemented with {what} "
                "parallelism (each rank holds part of the model): turn them off")  # fmt: skip
-    if tensored and config.optimizer in _PLAIN_TENSOR_OPTIMIZERS:
-        refuse("optimizer", f"{config.optimizer!r} on tensor-parallel (DTensor) parameters "
-               "is not implemented: use adamw, adam or sgd")  # fmt: skip
+    if (tensored or config.effective_zero_stage >= 2) and config.optimizer in (
+        _PLAIN_TENSOR_OPTIMIZERS
+    ):
+        refuse("optimizer", f"{config.optimizer!r} on sharded (DTensor) parameters is not "
+               "implemented: use adamw, adam or sgd")  # fmt: skip
+    if config.mixed_precision and config.amp_dtype == "float16":
+        refuse("amp_dtype", f"float16 loss scaling with {what} parallelism is not implemented "
+               "(the scaler would have to agree across ranks that hold different parts): use "
+               "amp_dtype='bfloat16'")  # fmt: skip
     if not pipelined:
-        for name in pipeline_fields:
+        for name in pipeline_fields if mode != "data" else ():  # (data mode: refused above)
             if getattr(config, name) is not None:
                 refuse(name, "a pipeline setting; tensor parallelism alone does not use it: "
                        "remove it")  # fmt: skip
@@ -702,7 +720,4 @@ def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
     ):
         refuse("pipeline_split_points", f"{points} must be {stages - 1} increasing layer indices "
                "above 0 (where stages 2.. start)")  # fmt: skip
-    if config.mixed_precision and config.amp_dtype == "float16":
-        refuse("amp_dtype", "float16 loss scaling across pipeline stages is not implemented: use "
-               "amp_dtype='bfloat16'")  # fmt: skip
     return problems

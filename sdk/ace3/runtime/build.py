@@ -59,8 +59,8 @@ def apply_dropout_override(model: nn.Module, config: TrainingConfig, ctx: DistCo
 
 
 def check_config(config: TrainingConfig, ctx: DistContext, strategy: Strategy) -> int:
-    """Refuse settings the engine does not implement; return the per-rank micro-batch."""
-    refuse_unsupported(config)
+    """Say where the processes started differ from the config; return the per-rank
+    micro-batch."""
     per_rank_batch = strategy.per_rank_batch
     if ctx.is_main and config.world_size != ctx.world_size:
         print(
@@ -136,6 +136,7 @@ def assemble(
 ) -> Components:
     """Dropout override, the strategy's split or shards, precision, optimizer, schedule,
     resume. ``live_module``: the caller keeps using ``model`` (an in-process run)."""
+    refuse_unsupported(config)  # every reason at once, before the layout is worked out
     strategy = strategy_for(config, ctx)
     per_rank_batch = check_config(config, ctx, strategy)
     apply_dropout_override(model, config, ctx)

@@ -39,9 +39,3 @@ class Components:
     # Each loader batch runs as this many micro-batches from the first step: what an earlier
     # attempt that ran out of memory left (job.json), 1 otherwise.
     micro_batch_split: int = 1
-
-    @property
-    def forward(self) -> nn.Module:
-        """What forward passes run through (DDP, the sharded module, the stage, ...)."""
-        assert self.strategy.forward is not None
-        return self.strategy.forward

@@ -191,7 +191,10 @@ COMPOSED = {
     # ZeRO over the replicas: FSDP on the dp dimension (2-D DTensors with the tensor shards).
     "zero3-data2-tensor2": {"tensor_parallel_size": 2, "zero_stage": 3, "save_interval": 2},
     "zero2-data2-pipeline2": {"pipeline_parallel_size": 2, "micro_batch_size": 16,
-                              "zero_stage": 2},
+                              "zero_stage": 2, "save_interval": 2, "save_optimizer": False},
+    # ZeRO-2 keeps parameters gathered after validation's forward passes: the final save
+    # (after validation) must still see the sharded ones.
+    "zero2-data2-tensor2": {"tensor_parallel_size": 2, "zero_stage": 2},
 }  # fmt: skip
 
 
@@ -217,6 +220,7 @@ def test_composed_layouts_on_four_ranks_match_one_process(
         "pipeline2-tensor2": "parallel layout: data 1 x pipeline 2 x tensor 2 = 4 process(es)",
         "zero3-data2-tensor2": "ZeRO stage 3 over 2 rank(s)",
         "zero2-data2-pipeline2": "ZeRO stage 2 over 2 rank(s)",
+        "zero2-data2-tensor2": "ZeRO stage 2 over 2 rank(s)",
     }[name]
     assert layout in stdout
     if name == "pipeline2-tensor2":  # each stage's Linear pair sharded over its two ranks
@@ -247,6 +251,21 @@ def test_a_zero_3_data_x_tensor_checkpoint_resumes_sharded_and_on_plain_data_par
         assert sorted(got) == sorted(want), (name, got)
         for step, value in want.items():
             assert got[step] == pytest.approx(value, rel=REL_TOL), (name, step)
+
+
+def test_clipping_takes_the_norm_over_every_stage_and_shard(workdir: Path) -> None:
+    """A max_grad_norm that clips every step: the pipeline's stages and the tensor shards
+    scale by the whole model's norm, as one process does."""
+    reference = workdir / "clipped-reference"
+    run_job(job_for(workdir, 1, max_grad_norm=0.05), reference, nproc=1)
+    for name, nproc, config in [
+        ("clipped-pipeline2", 2, {"parallelism": "pipeline", "num_stages": 2,
+                                  "micro_batch_size": 16}),
+        ("clipped-pipeline2-tensor2", 4, COMPOSED["pipeline2-tensor2"]),
+    ]:  # fmt: skip
+        job_dir = workdir / name
+        run_job(job_for(workdir, nproc, **{**config, "max_grad_norm": 0.05}), job_dir, nproc)
+        assert_curves_agree(losses(job_dir), losses(reference))
 
 
 def test_data_x_pipeline_x_tensor_on_eight_ranks_matches_one_process(

@@ -86,6 +86,8 @@ class GatheredCheckpoint:
     def full_state(self, parts: Components) -> tuple[dict[str, Any], dict[str, Any]]:
         """The whole model state dict and the optimizer state dict of an unsplit job, on rank
         0 (empty dicts elsewhere). A collective."""
+        # The key order, on every rank alike (a sharded module's state_dict runs FSDP's hooks).
+        order = list(self.full_model.state_dict())
         model_state, opt_by_name = self._local(parts)
         ctx, dims = self.ctx, self.dims
         if ctx.world_size > 1:
@@ -100,7 +102,6 @@ class GatheredCheckpoint:
             for states, opts in gathered:
                 model_state.update(states)
                 opt_by_name.update(opts)
-        order = self.full_model.state_dict()
         ordered = {key: model_state[key] for key in order if key in model_state}
         if not parts.config.save_optimizer:
             return ordered, {}

@@ -49,7 +49,6 @@ MicroBatches = list[tuple[Any, float]]  # (micro-batch, its loss weight); weight
 class Strategy(ABC):
     """One parallelism: how the model is split, stepped, evaluated and checkpointed."""
 
-    name: ClassVar[str]
     # Out of memory inside a step: a one-process run may halve its micro-batch and redo the
     # step; False where the step cannot be split (a pipeline's buffers have fixed shapes).
     splits_micro_batches: ClassVar[bool] = True

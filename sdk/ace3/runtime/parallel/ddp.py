@@ -97,8 +97,6 @@ def checkpoint_activations(model: nn.Module, config: TrainingConfig, ctx: DistCo
 class DataParallel(Strategy):
     """ZeRO stage 0: every rank holds the whole model and optimizer state."""
 
-    name = "ddp"
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config, ctx = self.config, self.ctx

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch.distributed as dist
+
 from ace3.config import TrainingConfig, parallel_degrees
 
 MESH_NAMES = ("dp", "pp", "tp")
@@ -102,8 +104,8 @@ class ParallelDims:
         return self.mesh(device_type)[name]
 
     def group(self, device_type: str, name: str) -> Any:
-        """The process group of this rank's peers along ``name``; None (the default group)
-        when that dimension spans the whole job."""
+        """The process group of this rank's peers along ``name`` (the default group, without
+        building a mesh, when that dimension spans the whole job)."""
         if getattr(self, name) == self.world_size:
-            return None
+            return dist.group.WORLD
         return self.submesh(device_type, name).get_group()

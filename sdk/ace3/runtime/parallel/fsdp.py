@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ace3.runtime.checkpoint.sharded import save_sharded_checkpoint
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.optim import build_optimizer
 from ace3.runtime.parallel.ddp import checkpoint_activations, place_on_device
 from ace3.runtime.parallel.sharding import (
     ShardingPlan,
     plan_notes,
+    reshard,
     set_gradient_sync,
     shard_model,
     trainable,
@@ -36,16 +36,11 @@ from ace3.runtime.precision import Precision
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    from ace3.runtime.checkpoint.files import SavedCheckpoint
     from ace3.runtime.components import Components
 
 
 class FullyShardedDataParallel(ZeroRedundancy):
     """ZeRO-2/3: parameters, gradients and optimizer state sharded over the ranks."""
-
-    name = "fsdp"
 
     def __init__(self, *args: Any, plan: ShardingPlan, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -104,15 +99,12 @@ class FullyShardedDataParallel(ZeroRedundancy):
     # -- validation -----------------------------------------------------------------------------
     def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
         self._broadcast_buffers(parts)
-        return evaluate(
-            parts.model, loader, self.ctx.device, parts.precision, parts.user, lockstep=True
-        )
-
-    # -- checkpoints ----------------------------------------------------------------------------
-    def save_checkpoint(
-        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
-    ) -> SavedCheckpoint | None:
-        return save_sharded_checkpoint(parts, self.ctx, path, self.config, rng_per_rank)
+        try:
+            return evaluate(
+                parts.model, loader, self.ctx.device, parts.precision, parts.user, lockstep=True
+            )
+        finally:  # ZeRO-2 keeps the parameters gathered after a forward without backward
+            reshard(parts.model)
 
     def finish(self, parts: Components) -> None:
         if self.write_back_to is not None:

@@ -38,7 +38,6 @@ def _stage_label(stage: nn.Module) -> str:
 
 
 class PipelineParallel(SplitModel):
-    name = "pipeline"
     splits_micro_batches = False
 
     runner: PipelineRunner
@@ -62,12 +61,6 @@ class PipelineParallel(SplitModel):
         layout = pipeline_layout(config, ctx.world_size)
         assert layout is not None
         stages_count, micro_batches, schedule = layout
-        if dims.pp != stages_count:
-            raise ValueError(
-                f"this pipeline has {stages_count} stages and the job started {dims.pp} "
-                f"pipeline ranks: run one process per stage (num_gpus * num_nodes = "
-                f"{stages_count * dims.dp * dims.tp})"
-            )
         for name in ("compute_loss", "compute_metrics"):
             if getattr(user, name) is not None:
                 raise ValueError(
@@ -143,6 +136,7 @@ class PipelineParallel(SplitModel):
         broadcasts)."""
         runner = self.runner
         runner.reset_sums()
+        self._sync_buffers(parts)
         padding = 0
         if self.plan is not None:  # sharded replicas run their forward passes in lockstep
             most = torch.tensor([len(loader)], dtype=torch.float64, device=self.ctx.device)
@@ -162,6 +156,7 @@ class PipelineParallel(SplitModel):
                     runner.eval_batch(filler, counted=False)
         finally:
             parts.model.train()
+            self.after_evaluation(parts)
         sums = broadcast_from_last(
             runner.sums, self._last_stage_rank(), self.ctx.device, self._group()
         )

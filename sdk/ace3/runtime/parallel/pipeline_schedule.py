@@ -4,8 +4,8 @@ Each process runs one stage (:mod:`ace3.runtime.parallel.stage_split`) as a ``Pi
 ``ScheduleGPipe`` or ``Schedule1F1B`` moves activations forward and gradients backward between
 neighbouring ranks with point-to-point sends (gloo or nccl).
 
-Batches: every rank reads the same batches (``batch_size`` is the whole batch here, not split
-over processes). Each batch runs as ``n_microbatches`` micro-batches of ``micro_size`` samples;
+Batches: every stage of a pipeline reads the same batches (its data-parallel replica's share
+of ``batch_size``). Each batch runs as ``n_microbatches`` micro-batches of ``micro_size`` samples;
 a shorter batch (the last of an epoch) is padded to the full size with copies of its first
 sample whose loss is not counted, so every micro-batch has the shape the stages agreed on at
 the first step (a pipeline's receive buffers have fixed shapes).
@@ -16,9 +16,7 @@ samples drop out; each micro-batch's loss is its samples' sum divided by the bat
 sample count and by the batches accumulated in the optimizer step. Summed over micro-batches
 and batches this is the mean loss a single process computes on the same samples, and its
 gradient is the same mean gradient (``scale_grads=False``: the scale is in the loss). The step's
-loss is broadcast from the last stage so every rank (rank 0 writes the metrics) has it.
-
-Clipping takes the global gradient norm: each stage's sum of squares, all-reduced.
+loss is broadcast from the last stage so every stage (rank 0 writes the metrics) has it.
 """
 
 from __future__ import annotations

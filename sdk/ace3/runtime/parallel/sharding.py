@@ -19,9 +19,10 @@ Offload (``cpu_offload``, ``offload_optimizer``, ``offload_parameters``: any of 
 ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer state live in (pinned) CPU
 memory and the optimizer steps on the CPU. On a CPU device it has no effect and is skipped.
 
-The engine's step runner drives gradient synchronisation: at stages 2/3 it turns FSDP's
-reduce-scatter off (``set_requires_gradient_sync(False)``) for every micro-batch but the last
-of an optimizer step.
+The strategies (:mod:`ace3.runtime.parallel.fsdp`, :mod:`ace3.runtime.parallel.split_model`)
+drive gradient synchronisation: at stages 2/3 FSDP's reduce-scatter is off
+(``set_requires_gradient_sync(False)``) for every micro-batch but the last of an optimizer
+step.
 """
 
 from __future__ import annotations
@@ -124,6 +125,16 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Stages 2/3: reduce-scatter gradients in this backward pass (``enabled``) or keep
     accumulating them unsharded (every micro-batch but the last of a step)."""
     model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+
+
+def reshard(model: nn.Module) -> None:
+    """Free the gathered parameters every FSDP module of ``model`` still holds (its sharded
+    parameters become the registered ones again)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:

@@ -32,6 +32,7 @@ from ace3.runtime.parallel.base import Strategy
 from ace3.runtime.parallel.sharding import (
     local_state_bytes,
     plan_notes,
+    reshard,
     set_gradient_sync,
     shard_model,
     sharding_plan,
@@ -119,6 +120,21 @@ class SplitModel(Strategy):
         """The ranks that hold the other stages of this rank's pipeline (None: one stage)."""
         return self.dims.group(self.ctx.device.type, "pp") if self.dims.pp > 1 else None
 
+    def _sync_buffers(self, parts: Components) -> None:
+        """Every replica takes replica 0's buffers (BatchNorm statistics), as DDP does."""
+        if self.dims.dp > 1:
+            dims = self.dims
+            source = dims.global_rank(0, dims.pp_rank, dims.tp_rank)
+            for buffer in parts.model.buffers():
+                dist.broadcast(_local(buffer), src=source, group=self._dp_group())
+
+    def after_evaluation(self, parts: Components) -> None:
+        """ZeRO-2 keeps parameters gathered after a forward pass (reshard_after_forward=False):
+        a validation pass has no backward to free them, so they are re-sharded here (the
+        optimizer and checkpoints hold the sharded ones)."""
+        if self.plan is not None:
+            reshard(parts.model)
+
     def start_split(
         self, model: nn.Module, precision: Precision, ckpt: dict[str, Any] | None
     ) -> None:
@@ -135,14 +151,12 @@ class SplitModel(Strategy):
 
     # -- data parallelism over the split model -------------------------------------------------
     def before_step(self, parts: Components) -> None:
-        if self.dims.dp > 1:
-            dims = self.dims
-            source = dims.global_rank(0, dims.pp_rank, dims.tp_rank)
-            for buffer in parts.model.buffers():
-                dist.broadcast(_local(buffer), src=source, group=self._dp_group())
+        self._sync_buffers(parts)
 
     def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
         if self.plan is not None:  # FSDP reduce-scatters in the step's last backward only
+            # (the tensor-parallel step; a pipeline's PipelineStage drives FSDP itself, once
+            # per schedule step, so once per accumulated batch)
             assert self.forward is not None
             set_gradient_sync(self.forward, final)
         return contextlib.nullcontext()

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class TensorParallel(SplitModel):
-    name = "tensor"
+    """Linear layers sharded over the tensor-parallel ranks of every replica."""
 
     def prepare(
         self,
@@ -46,7 +46,11 @@ class TensorParallel(SplitModel):
         # Every rank of a replica evaluates the same batches: the sums over all ranks are
         # tensor_parallel_size times those of the replicas, so the means are unchanged. Sharded
         # replicas' forward passes are collectives: they run in lockstep.
-        return evaluate(
-            parts.model, loader, self.ctx.device, parts.precision, parts.user,
-            lockstep=self.plan is not None,
-        )  # fmt: skip
+        self._sync_buffers(parts)
+        try:
+            return evaluate(
+                parts.model, loader, self.ctx.device, parts.precision, parts.user,
+                lockstep=self.plan is not None,
+            )  # fmt: skip
+        finally:
+            self.after_evaluation(parts)

@@ -1,8 +1,8 @@
-"""Tensor parallelism (``parallelism='model'``, ``model_sharding_strategy='tensor'``) on
-``torch.distributed.tensor.parallel``.
+"""Tensor-parallel plans (``tensor_parallel_size``, or ``parallelism='model'`` with
+``model_sharding_strategy='tensor'``) on ``torch.distributed.tensor.parallel``.
 
-The model is sharded over a 1-D device mesh of all the job's processes with
-``parallelize_module``. The plan:
+The model (or a pipeline stage) is sharded over the 1-D device mesh of its tensor-parallel
+ranks with ``parallelize_module``. The plan:
 
 - the model file's ``tensor_parallel_plan(model) -> dict[str, ParallelStyle]`` (module names
   of ``model`` to ``ColwiseParallel()``, ``RowwiseParallel()``, ...) when it defines one;
@@ -15,7 +15,7 @@ The model is sharded over a 1-D device mesh of all the job's processes with
   left whole. Every other layer is replicated: every rank computes it on the same inputs, so
   its gradients agree without any synchronisation.
 
-Every rank reads the same batches. Dropout between a pair's layers draws each rank's shard of
+Every rank of the mesh reads the same batches. Dropout between a pair's layers draws each rank's shard of
 the mask from that rank's own generator.
 """
 

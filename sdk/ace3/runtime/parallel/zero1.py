@@ -40,8 +40,6 @@ class ZeroRedundancy(DataParallel):
     state of its share of the parameters and broadcasts them after the step. Checkpoints are
     sharded (:mod:`ace3.runtime.checkpoint.sharded`)."""
 
-    name = "zero1"
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.zero_stage = 1
