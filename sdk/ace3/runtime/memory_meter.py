@@ -2,10 +2,13 @@
 
 Used twice: by the engine on every rank of a job (:class:`PeakMemoryMeter`, whose readings go
 into the job summary) and by ``ace3.MemoryProfiler`` around in-process training (which reuses
-:class:`RssSampler`). The CPU side samples the resident set size (RSS) of this process on a
-background thread: ``/proc/self/statm`` every few milliseconds on Linux; elsewhere the
-kernel's lifetime maximum from ``resource.getrusage`` (exact for a new maximum, blind to peaks
-below an earlier one). The GPU side reads ``torch.cuda.max_memory_allocated`` (reset at start):
+:class:`RssSampler`). The CPU side reads the resident set size (RSS) of this process: on Linux
+the kernel's own high-water mark (``VmHWM`` in ``/proc/self/status``, reset at start through
+``/proc/self/clear_refs``), exact and with nothing running in between; where that reset is not
+allowed, ``/proc/self/statm`` sampled on a background thread every few milliseconds (a thread
+that competes with training for the CPU: a few percent of a step on a busy machine); elsewhere
+the kernel's lifetime maximum from ``resource.getrusage`` (exact for a new maximum, blind to
+peaks below an earlier one). The GPU side reads ``torch.cuda.max_memory_allocated`` (reset at start):
 what tensors held at the worst moment, not counting the allocator's cache or CUDA's context.
 
 ``training_state_bytes`` sizes what training must keep: parameters, gradients and optimizer
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +30,12 @@ from typing import Any, Literal
 MIB = 1024 * 1024
 DEFAULT_INTERVAL_S = 0.005
 _STATM = Path("/proc/self/statm")
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+# Samplers reading the high-water mark in this process: a reset (another sampler starting)
+# first hands each of them the peak so far, so none loses what it measured.
+_HWM_SAMPLERS: weakref.WeakSet[RssSampler] = weakref.WeakSet()
+_HWM_LOCK = threading.Lock()
 
 
 def _page_size() -> int:
@@ -44,6 +54,29 @@ def _statm_rss_bytes() -> int | None:
     return int(fields[1]) * _page_size()
 
 
+def _hwm_bytes() -> int | None:
+    """The resident-set high-water mark of this process (``VmHWM``, bytes), or None."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _reset_hwm() -> bool:
+    """Set the high-water mark to the current RSS (Linux >= 4.0); False where not allowed.
+    The samplers already reading it take their peak so far first."""
+    for sampler in list(_HWM_SAMPLERS):
+        sampler.sample()
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def _max_rss_bytes() -> int:
     """The kernel's lifetime maximum resident set of this process (bytes)."""
     import resource
@@ -54,18 +87,19 @@ def _max_rss_bytes() -> int:
 
 class RssSampler:
     """Tracks the peak resident set size of this process between :meth:`start` and
-    :meth:`stop`, sampling on a daemon thread every ``interval_s`` seconds.
+    :meth:`stop`: the kernel's high-water mark where it can be reset (``method`` ``hwm``:
+    exact, no thread), else sampling on a daemon thread every ``interval_s`` seconds.
 
-    ``baseline_bytes`` is the RSS at start; ``peak_bytes`` the largest sample (at least the
-    baseline); ``samples`` how many readings were taken. Peaks shorter than the interval can
-    be missed; a final reading is taken at stop.
+    ``baseline_bytes`` is the RSS at start; ``peak_bytes`` the largest reading (at least the
+    baseline); ``samples`` how many readings were taken. When sampling, peaks shorter than the
+    interval can be missed; a final reading is taken at stop.
     """
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         if not isinstance(interval_s, (int, float)) or not 0.0 < interval_s <= 10.0:
             raise ValueError(f"interval_s must be a number in (0, 10] seconds, got {interval_s!r}")
         self.interval_s = float(interval_s)
-        self.method: Literal["statm", "getrusage"] = (
+        self.method: Literal["hwm", "statm", "getrusage"] = (
             "statm" if _statm_rss_bytes() is not None else "getrusage"
         )
         self.baseline_bytes = 0
@@ -77,10 +111,14 @@ class RssSampler:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        return self._thread is not None or self in _HWM_SAMPLERS
 
     def _read(self) -> int:
-        if self.method == "statm":
+        if self.method == "hwm":
+            value = _hwm_bytes()
+            if value is not None:
+                return value
+        if self.method in ("hwm", "statm"):
             value = _statm_rss_bytes()
             if value is not None:
                 return value
@@ -97,8 +135,17 @@ class RssSampler:
             self.sample()
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self.running:
             raise RuntimeError("RssSampler.start(): already started; call stop() first")
+        with _HWM_LOCK:
+            if self.method != "getrusage" and _hwm_bytes() is not None and _reset_hwm():
+                self.method = "hwm"
+                self.baseline_bytes = self.peak_bytes = _statm_rss_bytes() or self._read()
+                self.samples = 1
+                _HWM_SAMPLERS.add(self)
+                return
+        if self.method == "hwm":  # (a reset allowed before is refused now)
+            self.method = "statm"
         if self.method == "statm":
             self.baseline_bytes = self._read()
         else:
@@ -111,8 +158,13 @@ class RssSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        if self._thread is None:
+        if not self.running:
             raise RuntimeError("RssSampler.stop(): not started; call start() first")
+        if self._thread is None:  # the high-water mark: one last reading
+            with _HWM_LOCK:
+                self.sample()
+                _HWM_SAMPLERS.discard(self)
+            return
         self._stop.set()
         self._thread.join()
         self._thread = None
@@ -149,7 +201,7 @@ class MemoryReading:
     absolute_peak_mb: float
     baseline_mb: float
     samples: int
-    method: str  # "cuda_max_memory_allocated", "statm" or "getrusage"
+    method: str  # "cuda_max_memory_allocated", "hwm", "statm" or "getrusage"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -116,7 +116,7 @@ class Strategy(ABC):
     def forward_backward(self, chunks: MicroBatches, parts: Components) -> tuple[torch.Tensor, int]:
         """Forward and backward every micro-batch (gradients accumulate); return (the step's
         mean loss as a device tensor, the samples this rank ran)."""
-        step_loss = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        step_loss: torch.Tensor | None = None
         samples = 0
         assert self.forward is not None
         for i, (raw, weight) in enumerate(chunks):
@@ -125,8 +125,12 @@ class Strategy(ABC):
             with self.sync_context(final=i == len(chunks) - 1):
                 with parts.precision.autocast():
                     loss = forward_loss(self.forward, batch, parts.user.compute_loss).loss
-                parts.scaler.scale(loss * weight).backward()
-            step_loss += loss.detach().float() * weight
+                # (a weight of 1, one micro-batch a step, costs no extra operation)
+                parts.scaler.scale(loss * weight if weight != 1.0 else loss).backward()
+            part = loss.detach().float()
+            part = part * weight if weight != 1.0 else part
+            step_loss = part if step_loss is None else step_loss + part
+        assert step_loss is not None
         return step_loss, samples
 
     def after_backward(self, parts: Components) -> None:
