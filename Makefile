@@ -24,9 +24,10 @@ services:
 demo: install
 	@bash scripts/demo.sh
 
-## test: lint, then every test (unit, integration, end-to-end) against real Postgres, Redis, Celery, torchrun
+## test: lint and the import rules, then every test (unit, integration, end-to-end) against real Postgres, Redis, Celery, torchrun
 test: install services
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 
 ## test-fast: only the tests not marked slow
@@ -36,6 +37,7 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff format .

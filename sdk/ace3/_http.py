@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
+from ace3._version import __version__ as SDK_VERSION
 from ace3.errors import APIConnectionError, APIStatusError, APITimeoutError, status_error_class
 
-SDK_VERSION = "0.1.0"
 USER_AGENT = f"ace3-python/{SDK_VERSION}"
 
 DEFAULT_TIMEOUT = 60.0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ace3.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.config import TrainingConfig
-from ace3.errors import UnsupportedFeatureError
+from ace3.errors import JobCancelledError, UnsupportedFeatureError
 from ace3.files import sha256_file
 from ace3.results import JobHandle
 from ace3.specs import ARTIFACT_SCHEME
@@ -252,7 +252,7 @@ def run_remotely(
         status = "succeeded"
         return result
     except BaseException as exc:
-        status = "cancelled" if type(exc).__name__ == "JobCancelledError" else "failed"
+        status = "cancelled" if isinstance(exc, JobCancelledError) else "failed"
         raise
     finally:
         follower.finish(status, result.final_metrics if result is not None else None)

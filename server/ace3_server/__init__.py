@@ -1,3 +1,5 @@
 """ACE3 API server: FastAPI app, SQLAlchemy models, services, storage and auth (no torch here)."""
 
-__version__ = "0.1.0"
+from ace3._version import __version__
+
+__all__ = ["__version__"]

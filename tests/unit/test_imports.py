@@ -57,3 +57,20 @@ def test_sdk_imports_only_stdlib_httpx_pydantic_and_rich():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_one_version_source_and_typed_packages() -> None:
+    """The version comes from the distribution's metadata alone (pyproject.toml); every
+    package declares itself typed."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    import ace3
+    import ace3_server
+    import ace3_worker
+    from ace3._http import USER_AGENT
+
+    assert ace3.__version__ == ace3_server.__version__ == version("ace3")
+    assert f"ace3-python/{version('ace3')}" == USER_AGENT
+    for package in (ace3, ace3_server, ace3_worker):
+        assert (Path(package.__file__).parent / "py.typed").is_file(), package.__name__

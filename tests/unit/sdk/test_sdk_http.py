@@ -81,7 +81,7 @@ def test_every_request_carries_auth_user_agent_and_request_id(api: MockAPI):
     api.client().jobs.retrieve("job_1")
     first, second = api.requests
     assert first.headers["authorization"] == "Bearer sk-test"
-    assert first.headers["user-agent"] == USER_AGENT == "ace3-python/0.1.0"
+    assert first.headers["user-agent"] == USER_AGENT == f"ace3-python/{ace3.__version__}"
     assert first.headers["x-request-id"] != second.headers["x-request-id"]
 
 
