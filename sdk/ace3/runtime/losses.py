@@ -70,10 +70,9 @@ def _as_scalar(loss: Any, origin: str) -> torch.Tensor:
     return loss.reshape(())
 
 
-def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy for integer targets, mean squared error for floating ones."""
-    if not targets.dtype.is_floating_point:
-        return F.cross_entropy(outputs.float(), targets.long())
+def shaped_like_float_targets(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``outputs`` in float32, reshaped to the targets' shape for the mean-squared-error loss
+    (refused when the element counts differ)."""
     outputs = outputs.float()
     if outputs.shape != targets.shape:
         if outputs.numel() != targets.numel():
@@ -82,7 +81,14 @@ def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                 f"shape {tuple(targets.shape)} for the default mean-squared-error loss"
             )
         outputs = outputs.reshape(targets.shape)
-    return F.mse_loss(outputs, targets.float())
+    return outputs
+
+
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for integer targets, mean squared error for floating ones."""
+    if not targets.dtype.is_floating_point:
+        return F.cross_entropy(outputs.float(), targets.long())
+    return F.mse_loss(shaped_like_float_targets(outputs, targets), targets.float())
 
 
 def forward_loss(model: nn.Module, batch: Any, user_loss: LossFn | None) -> ForwardResult:

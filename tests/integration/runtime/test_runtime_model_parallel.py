@@ -80,6 +80,21 @@ def job_for(workdir: Path, nproc: int, resume: Path | None = None, **config: Any
     }  # fmt: skip
 
 
+def assert_resumes_along(
+    workdir: Path, original: Path, checkpoint: Path, runs: list[tuple[str, int, dict[str, Any]]]
+) -> None:
+    """Each (name, processes, config) run resumed from ``checkpoint`` (written at step 2)
+    continues ``original``'s curve."""
+    want = {s: v for s, v in losses(original).items() if s > 2}
+    for name, nproc, config in runs:
+        out = workdir / name
+        run_job(job_for(workdir, nproc, resume=checkpoint, **config), out, nproc)
+        got = losses(out)
+        assert sorted(got) == sorted(want), (name, got)
+        for step, value in want.items():
+            assert got[step] == pytest.approx(value, rel=REL_TOL), (name, step)
+
+
 @pytest.fixture(scope="module")
 def reference(workdir: Path) -> Path:
     job_dir = workdir / "reference"
@@ -166,18 +181,11 @@ def test_a_pipeline_checkpoint_resumes_on_the_pipeline_and_on_one_process(
     ckpt = torch.load(saved[2]["path"], weights_only=True)
     assert list(ckpt["model"]) == [f"{i}.{k}" for i in (0, 2, 4, 6) for k in ("weight", "bias")]
     assert ckpt["world_size"] == 1 and len(ckpt["optimizer"]["state"]) == 8
-    want = {s: v for s, v in losses(job_dir).items() if s > 2}
-    for name, nproc, config in [
+    assert_resumes_along(workdir, job_dir, Path(saved[2]["path"]), [
         ("resumed-pipeline", 2, {"parallelism": "pipeline", "num_stages": 2,
                                  "micro_batch_size": 16}),
         ("resumed-data", 1, {}),
-    ]:  # fmt: skip
-        out = workdir / name
-        run_job(job_for(workdir, nproc, resume=Path(saved[2]["path"]), **config), out, nproc)
-        got = losses(out)
-        assert sorted(got) == sorted(want), (name, got)
-        for step, value in want.items():
-            assert got[step] == pytest.approx(value, rel=REL_TOL), (name, step)
+    ])  # fmt: skip
     assert json.dumps(summary(workdir / "resumed-pipeline")["steps"]) == str(STEPS)
 
 
@@ -240,17 +248,10 @@ def test_a_zero_3_data_x_tensor_checkpoint_resumes_sharded_and_on_plain_data_par
     ckpt = torch.load(saved[2]["path"], weights_only=True)
     assert ckpt["model"]["0.weight"].shape == (64, 64) and ckpt["world_size"] == 2
     assert len(ckpt["optimizer"]["state"]) == 8
-    want = {s: v for s, v in losses(job_dir).items() if s > 2}
-    for name, nproc, config in [
+    assert_resumes_along(workdir, job_dir, Path(saved[2]["path"]), [
         ("resumed-zero3-tensor", 4, COMPOSED["zero3-data2-tensor2"]),
         ("resumed-plain-data", 2, {}),
-    ]:
-        out = workdir / name
-        run_job(job_for(workdir, nproc, resume=Path(saved[2]["path"]), **config), out, nproc)
-        got = losses(out)
-        assert sorted(got) == sorted(want), (name, got)
-        for step, value in want.items():
-            assert got[step] == pytest.approx(value, rel=REL_TOL), (name, step)
+    ])  # fmt: skip
 
 
 def test_clipping_takes_the_norm_over_every_stage_and_shard(workdir: Path) -> None:
@@ -290,14 +291,9 @@ def test_a_pipeline_x_tensor_checkpoint_resumes_as_data_x_pipeline_only_with_one
     # Gathered: full weights under the model's own names, one replica.
     assert ckpt["model"]["0.weight"].shape == (64, 64) and ckpt["world_size"] == 1
     assert ckpt["model_parallel"]["pipeline_parallel_size"] == 2
-    want = {s: v for s, v in losses(job_dir).items() if s > 2}
-    out = workdir / "resumed-on-tensor-2"
-    config = {"tensor_parallel_size": 2}
-    run_job(job_for(workdir, 2, resume=Path(saved[2]["path"]), **config), out, nproc=2)
-    got = losses(out)
-    assert sorted(got) == sorted(want)
-    for step, value in want.items():
-        assert got[step] == pytest.approx(value, rel=REL_TOL), step
+    assert_resumes_along(workdir, job_dir, Path(saved[2]["path"]), [
+        ("resumed-on-tensor-2", 2, {"tensor_parallel_size": 2}),
+    ])  # fmt: skip
     # Two replicas cannot continue a one-replica run (each counts its own batches): refused.
     refused = workdir / "refused-two-replicas"
     job = job_for(workdir, 4, resume=Path(saved[2]["path"]), **COMPOSED["data2-pipeline2"])

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
 
 from ace3.config import TrainingConfig
 from ace3.runtime.checkpoint.files import SavedCheckpoint
@@ -44,6 +46,21 @@ if TYPE_CHECKING:
     from ace3.runtime.components import Components
 
 MicroBatches = list[tuple[Any, float]]  # (micro-batch, its loss weight); weights sum to 1
+GRADIENT_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
+
+
+def average_over(tensors: list[torch.Tensor], replicas: int, group: Any = None) -> None:
+    """Replace each tensor (in place) by its mean over the ``replicas`` ranks of ``group``:
+    flattened in buckets of at most ``GRADIENT_BUCKET_BYTES`` per dtype, as DDP's (bounded
+    extra memory), each divided before the sum, as DDP's default hook does (the same
+    arithmetic). A collective."""
+    for bucket in _take_tensors(tensors, GRADIENT_BUCKET_BYTES):
+        flat = _flatten_dense_tensors(bucket)
+        flat /= replicas
+        dist.all_reduce(flat, group=group)
+        for tensor, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
+            tensor.copy_(synced)
+        del flat
 
 
 class Strategy(ABC):

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from ace3.config import TrainingConfig
@@ -43,15 +42,13 @@ from ace3.runtime.checkpoint.sharded import (
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.grad_checkpointing import enable_gradient_checkpointing
-from ace3.runtime.parallel.base import Strategy
+from ace3.runtime.parallel.base import Strategy, average_over
 from ace3.runtime.precision import Precision
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
     from ace3.runtime.components import Components
-
-FIRST_STEP_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
 
 
 def _buffer_sync(every_forward: bool) -> dict[str, bool]:
@@ -151,8 +148,8 @@ class DataParallel(Strategy):
             self._first_step_sync(parts)
 
     def _first_step_sync(self, parts: Components) -> None:
-        """Step 1 over several processes: all-reduce the gradients ourselves (flattened in
-        buckets of at most FIRST_STEP_BUCKET_BYTES per dtype, as DDP's) and learn whether some
+        """Step 1 over several processes: all-reduce the gradients ourselves (in buckets, as
+        DDP's: :func:`~ace3.runtime.parallel.base.average_over`) and learn whether some
         parameter got no gradient on some rank. DDP's bucketed reduction, which every later step
         uses, needs ``find_unused_parameters=True`` for such a model (it would fail at step 2
         otherwise), which costs a graph traversal per step: only a model that needs it gets
@@ -169,13 +166,7 @@ class DataParallel(Strategy):
             grads.append(param.grad)
         flag = torch.tensor([float(unused)], device=self.ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        for bucket in _take_tensors(grads, FIRST_STEP_BUCKET_BYTES):  # (bounded extra memory)
-            flat = _flatten_dense_tensors(bucket)
-            flat /= world  # (before the sum, as DDP's default hook does: the same arithmetic)
-            dist.all_reduce(flat)
-            for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
-                grad.copy_(synced)
-            del flat
+        average_over(grads, world)
         self.first_step = False
         if flag.item() > 0:
             self.forward = None  # (its buckets go before the new ones)

@@ -28,7 +28,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ace3.runtime.losses import batch_size_of, count_correct, move_to_device
+from ace3.runtime.losses import (
+    batch_size_of,
+    count_correct,
+    move_to_device,
+    shaped_like_float_targets,
+)
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -44,14 +49,7 @@ def per_sample_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     if not targets.dtype.is_floating_point:
         losses = F.cross_entropy(outputs.float(), targets.long(), reduction="none")
     else:
-        out = outputs.float()
-        if out.shape != targets.shape:
-            if out.numel() != targets.numel():
-                raise ValueError(
-                    f"model outputs of shape {tuple(out.shape)} do not match float targets of "
-                    f"shape {tuple(targets.shape)} for the default mean-squared-error loss"
-                )
-            out = out.reshape(targets.shape)
+        out = shaped_like_float_targets(outputs, targets)
         losses = F.mse_loss(out, targets.float(), reduction="none")
     return losses.reshape(losses.shape[0], -1).mean(dim=1) if losses.ndim > 1 else losses
 

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
 
 from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
 from ace3.runtime.checkpoint.gathered import GatheredCheckpoint
 from ace3.runtime.checkpoint.plain import gather_rng
 from ace3.runtime.distributed import barrier
-from ace3.runtime.parallel.base import Strategy
+from ace3.runtime.parallel.base import Strategy, average_over
 from ace3.runtime.parallel.sharding import (
     local_state_bytes,
     plan_notes,
@@ -42,8 +41,6 @@ from ace3.runtime.train_state import TrainState
 
 if TYPE_CHECKING:
     from ace3.runtime.components import Components
-
-GRADIENT_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -174,14 +171,7 @@ class SplitModel(Strategy):
             if param.grad is None:  # unused in this replica's step: it still takes part
                 param.grad = torch.zeros_like(param)
             grads.append(_local(param.grad))
-        group = self._dp_group()
-        for bucket in _take_tensors(grads, GRADIENT_BUCKET_BYTES):
-            flat = _flatten_dense_tensors(bucket)
-            flat /= replicas
-            dist.all_reduce(flat, group=group)
-            for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
-                grad.copy_(synced)
-            del flat
+        average_over(grads, replicas, self._dp_group())
 
     def clip_gradients(self, parts: Components, max_norm: float) -> None:
         clip_split_grad_norm(
