@@ -138,9 +138,8 @@ class SplitModel(Strategy):
         """Before the split: refuse what cannot run split, load a resume's weights."""
         if precision.needs_scaler:
             raise ValueError(
-                "float16 loss scaling is not implemented with "
-                f"parallelism={self.config.parallelism!r}; use amp_dtype='bfloat16' or "
-                "mixed_precision=False"
+                f"float16 loss scaling is not implemented with {self.dims.describe()} (pipeline "
+                "or tensor parallelism): use amp_dtype='bfloat16' or mixed_precision=False"
             )
         self.gathered = GatheredCheckpoint(model, self.dims, self.ctx)
         if ckpt is not None:
