@@ -13,6 +13,7 @@ RUN if [ -n "$TORCH_INDEX" ]; then pip install "torch==${TORCH_VERSION}" --index
     else pip install "torch==${TORCH_VERSION}"; fi
 COPY pyproject.toml README.md alembic.ini ./
 COPY sdk sdk
+COPY control control
 COPY server server
 COPY workers workers
 COPY migrations migrations

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 
-from ace3_server.db import make_sync_engine
-from ace3_server.models import Base, UTCDateTime
-from ace3_server.settings import Settings
+from ace3_control.db import make_sync_engine
+from ace3_control.models import Base, UTCDateTime
+from ace3_control.settings import Settings
 
 config = context.config
 target_metadata = Base.metadata

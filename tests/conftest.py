@@ -260,7 +260,7 @@ def digits_files(tmp_path_factory: pytest.TempPathFactory) -> DigitsFiles:
 
 def insert_job(session: Any, **job_fields: Any) -> Any:
     """A job row (with its owner, model and dataset) for tests of the state machine and worker."""
-    from ace3_server.models import Job, Owner, StoredDataset, StoredModel
+    from ace3_control.models import Job, Owner, StoredDataset, StoredModel
 
     owner = Owner(name="test-owner")
     session.add(owner)

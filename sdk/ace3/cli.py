@@ -27,13 +27,13 @@ def _need(extra: str, module: str) -> None:
 
 def _settings() -> Any:
     _need("server", "ace3_server")
-    from ace3_server.settings import get_settings
+    from ace3_control.settings import get_settings
 
     return get_settings()
 
 
 def _sync_session() -> Any:
-    from ace3_server.db import make_sync_engine, sync_session_factory
+    from ace3_control.db import make_sync_engine, sync_session_factory
 
     return sync_session_factory(make_sync_engine(_settings().resolved_database_url))()
 

@@ -9,6 +9,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, FastAPI
 from sqlalchemy import text
 
+from ace3_control.db import async_session_factory, make_async_engine
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings, get_settings
+from ace3_control.storage import LocalArtifactStore
 from ace3_server import __version__
 from ace3_server.api.error_handlers import install_error_handlers
 from ace3_server.api.routes.artifacts import datasets_router, models_router
@@ -17,14 +21,10 @@ from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.api.routing import error_responses
-from ace3_server.db import async_session_factory, make_async_engine
 from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
-from ace3_server.queue import JobPublisher
 from ace3_server.reconciler import run_reconciler
 from ace3_server.searches.driver import run_search_driver
-from ace3_server.settings import Settings, get_settings
-from ace3_server.storage import LocalArtifactStore
 
 API_APPLICATION_NAME = "ace3-api"
 """How the API's database connections name themselves (Postgres ``pg_stat_activity``)."""

@@ -9,13 +9,13 @@ import uuid
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
 from ace3_server.api.deps import UNAUTHORIZED, owner_of_key
 from ace3_server.api.error_handlers import (
     DATABASE_UNAVAILABLE_DETAIL,
     RETRY_AFTER_SECONDS,
     log_database_unavailable,
 )
-from ace3_server.db import DATABASE_UNAVAILABLE_ERRORS
 
 UPLOAD_PATHS = ("/v1/models", "/v1/datasets")
 MULTIPART_OVERHEAD_BYTES = 64 * 1024

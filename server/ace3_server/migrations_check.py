@@ -10,7 +10,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from ace3_server.db import make_sync_engine
+from ace3_control.db import make_sync_engine
 
 
 class DatabaseNotMigratedError(RuntimeError):

@@ -17,12 +17,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ace3_server import job_transitions, worker_registry
-from ace3_server.capacity import JobNeeds, cluster_problem
-from ace3_server.models import Job, JobState, utcnow
-from ace3_server.queue import JobPublisher
+from ace3_control import job_transitions, worker_registry
+from ace3_control.capacity import JobNeeds, cluster_problem
+from ace3_control.models import Job, JobState, utcnow
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
 from ace3_server.services.jobs import publish_safely
-from ace3_server.settings import Settings
 
 logger = logging.getLogger(__name__)
 

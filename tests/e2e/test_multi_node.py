@@ -21,10 +21,10 @@ import pytest
 from sqlalchemy import select
 
 import ace3
-from ace3_server.db import make_sync_engine
-from ace3_server.models import Job, JobNode
-from ace3_server.queue import JobPublisher
-from ace3_server.settings import Settings
+from ace3_control.db import make_sync_engine
+from ace3_control.models import Job, JobNode
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
 from tests.conftest import DigitsFiles, Stack
 from tests.e2e.conftest import processes_of_job, wait_for
 

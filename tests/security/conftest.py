@@ -11,8 +11,8 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from ace3_server.db import make_sync_engine, sync_session_factory
-from ace3_server.models import (
+from ace3_control.db import make_sync_engine, sync_session_factory
+from ace3_control.models import (
     Job,
     JobLog,
     JobMetric,

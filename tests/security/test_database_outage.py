@@ -18,10 +18,10 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from ace3_control.db import make_sync_engine, sync_session_factory
+from ace3_control.settings import Settings
 from ace3_server.app import create_app
-from ace3_server.db import make_sync_engine, sync_session_factory
 from ace3_server.services.keys import create_key
-from ace3_server.settings import Settings
 from tests.security.conftest import finish_job, insert_running_job
 
 

@@ -15,8 +15,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, status_code_conformance
 
+from ace3_control.settings import Settings
 from ace3_server.app import create_app
-from ace3_server.settings import Settings
 from tests.conftest import Stack
 
 EXAMPLES_PER_OPERATION = 20

@@ -37,9 +37,9 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ace3_server import job_transitions
-from ace3_server.models import JobArtifact, utcnow
-from ace3_server.storage import LocalArtifactStore, StoredBlob
+from ace3_control import job_transitions
+from ace3_control.models import JobArtifact, utcnow
+from ace3_control.storage import LocalArtifactStore, StoredBlob
 from ace3_worker.job_files import UnsafeJobPathError, open_job_file
 
 logger = logging.getLogger(__name__)

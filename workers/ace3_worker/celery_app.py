@@ -10,8 +10,8 @@ from typing import Any
 from celery import signals
 from sqlalchemy.exc import SQLAlchemyError
 
-from ace3_server.queue import make_celery
-from ace3_server.settings import get_settings
+from ace3_control.queue import make_celery
+from ace3_control.settings import get_settings
 from ace3_worker.device import local_capacity
 from ace3_worker.registration import Registration
 from ace3_worker.sandbox.plan import SandboxUnavailableError, sandbox_plan

@@ -7,8 +7,8 @@ import functools
 import subprocess
 import sys
 
-from ace3_server.capacity import Capacity
-from ace3_server.settings import Settings
+from ace3_control.capacity import Capacity
+from ace3_control.settings import Settings
 
 _PROBE = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 

@@ -15,7 +15,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ace3_server.job_nodes import echoes_a_peer
+from ace3_control.job_nodes import echoes_a_peer
 from ace3_worker.sandbox.limits import JobLimits
 
 _ROOT_CAUSE = "Root Cause (first observed failure):"

@@ -1,7 +1,7 @@
 """A worker's part in a multi-node job: take a node slot, wait for the whole gang, heartbeat and
 watch the other nodes while torchrun runs, and report how this node's torchrun ended.
 
-The rows and the decisions are in ``ace3_server.job_nodes``; this module runs them against the
+The rows and the decisions are in ``ace3_control.job_nodes``; this module runs them against the
 database from one supervisor process. The leader (node 0, the worker that claimed the queued job)
 publishes one message per missing node, renews the job's lease while it waits, and after
 ``ACE3_GANG_WAIT_SECONDS`` without a full gang fails the job (never starting torchrun on part of
@@ -25,10 +25,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ace3_server import job_nodes, job_transitions
-from ace3_server.models import ACTIVE_STATES, Job, JobNode, JobState, NodeState, utcnow
-from ace3_server.queue import JobPublisher
-from ace3_server.settings import Settings
+from ace3_control import job_nodes, job_transitions
+from ace3_control.models import ACTIVE_STATES, Job, JobNode, JobState, NodeState, utcnow
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
 
 logger = logging.getLogger(__name__)
 

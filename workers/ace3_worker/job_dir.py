@@ -26,8 +26,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ace3.files import CHUNK_BYTES
-from ace3_server.models import Job, JobCheckpoint, StoredDataset, StoredModel
-from ace3_server.storage import LocalArtifactStore
+from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
+from ace3_control.storage import LocalArtifactStore
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
 
 _READ_ONLY_FILE = 0o444

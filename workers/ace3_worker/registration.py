@@ -1,6 +1,6 @@
 """This worker's row in the worker registry: inserted at start, heartbeated, deleted at shutdown.
 
-The API admits a job only when some live worker can run it (``ace3_server.capacity``), so a
+The API admits a job only when some live worker can run it (``ace3_control.capacity``), so a
 worker says what it has: device kind and count, slots and queue. The row lives in the same
 database as the jobs. A thread renews ``last_seen_at`` every ``ACE3_HEARTBEAT_SECONDS``; a
 database outage only delays a heartbeat (the row counts as gone after the staleness window and
@@ -21,11 +21,11 @@ import threading
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ace3_server import worker_registry
-from ace3_server.capacity import Capacity, describe
-from ace3_server.db import make_sync_engine
-from ace3_server.models import Worker, new_id, utcnow
-from ace3_server.settings import Settings
+from ace3_control import worker_registry
+from ace3_control.capacity import Capacity, describe
+from ace3_control.db import make_sync_engine
+from ace3_control.models import Worker, new_id, utcnow
+from ace3_control.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from ace3.events import (
     SummaryRecord,
     parse_record,
 )
-from ace3_server.db import insert_ignoring_duplicates
-from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, new_id, utcnow
-from ace3_server.storage import LocalArtifactStore
+from ace3_control.db import insert_ignoring_duplicates
+from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, new_id, utcnow
+from ace3_control.storage import LocalArtifactStore
 from ace3_worker.job_files import open_job_file
 
 logger = logging.getLogger(__name__)

@@ -1,12 +1,12 @@
 """Runs one attempt of a job: claim, prepare, launch torchrun, watch it, record the outcome.
 
 This is the one place a job's state is written from on the worker side. Every write is a
-conditional update fenced by the attempt number (``ace3_server.job_transitions``), so a duplicate
+conditional update fenced by the attempt number (``ace3_control.job_transitions``), so a duplicate
 message or a worker that lost its lease changes nothing. The torchrun process runs in its own
 process group; cancelling sends SIGTERM to the group, then SIGKILL after a grace period, and the
 group is always killed before the attempt is recorded, so no process outlives its job.
 
-Before claiming, the supervisor checks the job fits this worker (``ace3_server.capacity``: enough
+Before claiming, the supervisor checks the job fits this worker (``ace3_control.capacity``: enough
 GPUs or CPU processes, a CUDA worker for nccl). One that does not is handed back to the queue,
 delayed, for a worker that can run it: a job never runs with fewer processes than it asked for.
 
@@ -58,13 +58,13 @@ from ace3.events import (
     RunPlan,
     StartRecord,
 )
-from ace3_server import job_nodes, job_transitions
-from ace3_server.capacity import JobNeeds, fit_problem
-from ace3_server.db import make_sync_engine, sync_session_factory
-from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
-from ace3_server.queue import JobPublisher
-from ace3_server.settings import Settings, get_settings
-from ace3_server.storage import LocalArtifactStore
+from ace3_control import job_nodes, job_transitions
+from ace3_control.capacity import JobNeeds, fit_problem
+from ace3_control.db import make_sync_engine, sync_session_factory
+from ace3_control.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings, get_settings
+from ace3_control.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.device import local_capacity, worker_device

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ace3_server.queue import RUN_JOB_TASK
+from ace3_control.queue import RUN_JOB_TASK
 from ace3_worker.celery_app import app
 from ace3_worker.supervisor import run_job
 

@@ -16,11 +16,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ace3_control.models import ApiKey
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
+from ace3_control.storage import LocalArtifactStore
 from ace3_server.auth import key_matches, parse_lookup_prefix
-from ace3_server.models import ApiKey
-from ace3_server.queue import JobPublisher
-from ace3_server.settings import Settings
-from ace3_server.storage import LocalArtifactStore
 
 _bearer = HTTPBearer(
     auto_error=False, description="An ACE3 API key: `ace3 keys create --name NAME`."

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from ace3_server.db import DATABASE_UNAVAILABLE_ERRORS
+from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
 
 logger = logging.getLogger(__name__)
 

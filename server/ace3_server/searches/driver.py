@@ -31,9 +31,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3.config import TrainingConfig, unsupported_settings
 from ace3.hp import HPConfig, split_params
-from ace3_server import job_transitions
-from ace3_server.capacity import JobNeeds, cluster_problem
-from ace3_server.models import (
+from ace3_control import job_transitions
+from ace3_control.capacity import JobNeeds, cluster_problem
+from ace3_control.models import (
     ACTIVE_SEARCH_STATES,
     TERMINAL_STATES,
     Job,
@@ -47,12 +47,12 @@ from ace3_server.models import (
     Worker,
     utcnow,
 )
-from ace3_server.queue import JobPublisher
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
+from ace3_control.worker_registry import live_workers
 from ace3_server.searches import study as studies
 from ace3_server.searches.space import grid_point, trial_params
 from ace3_server.services.jobs import publish_safely
-from ace3_server.settings import Settings
-from ace3_server.worker_registry import live_workers
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, create_trial
 from optuna.trial import TrialState as OptunaState
 
 from ace3.hp import HPConfig
-from ace3_server.models import SearchTrial, TrialState
+from ace3_control.models import SearchTrial, TrialState
 from ace3_server.searches.space import distributions
 
 optuna.logging.set_verbosity(logging.WARNING)

@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from ace3.config import TrainingConfig
-from ace3_server.capacity import JobNeeds, cluster_problem
-from ace3_server.settings import Settings
-from ace3_server.worker_registry import live_workers
+from ace3_control.capacity import JobNeeds, cluster_problem
+from ace3_control.settings import Settings
+from ace3_control.worker_registry import live_workers
 
 
 async def capacity_problems(

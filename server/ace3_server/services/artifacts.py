@@ -21,6 +21,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
+from ace3_control.models import ACTIVE_STATES, Job, JobState, StoredDataset, StoredModel, utcnow
+from ace3_control.storage import LocalArtifactStore
 from ace3_server.archives import (
     DEFAULT_MAX_MEMBERS,
     UnsafeArchiveError,
@@ -28,10 +30,8 @@ from ace3_server.archives import (
     safe_extract,
 )
 from ace3_server.errors import field_error
-from ace3_server.models import ACTIVE_STATES, Job, JobState, StoredDataset, StoredModel, utcnow
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.storable import text_problem
-from ace3_server.storage import LocalArtifactStore
 
 DATASET_FILE_FORMATS = {".pt": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ace3_server.db import DATABASE_UNAVAILABLE_ERRORS
-from ace3_server.models import TERMINAL_STATES, Job, JobLog, JobMetric
+from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
+from ace3_control.models import TERMINAL_STATES, Job, JobLog, JobMetric
 from ace3_server.schemas import JobOut, LogOut, MetricOut
 from ace3_server.storable import INT64_MAX
 

@@ -18,9 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from ace3.files import CHUNK_BYTES
 from ace3.specs import ARTIFACT_SCHEME
+from ace3_control.models import JobArtifact
+from ace3_control.storage import LocalArtifactStore
 from ace3_server.errors import not_found
-from ace3_server.models import JobArtifact
-from ace3_server.storage import LocalArtifactStore
 
 MAX_PATH_CHARS = 1024
 

@@ -15,14 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3.config import unsupported_settings
-from ace3_server import job_transitions
+from ace3_control import job_transitions
+from ace3_control.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
 from ace3_server.errors import not_found
-from ace3_server.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
-from ace3_server.queue import JobPublisher
 from ace3_server.schemas import JobCreate
 from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
-from ace3_server.settings import Settings
 
 logger = logging.getLogger(__name__)
 

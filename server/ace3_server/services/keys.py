@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ace3_control.models import ApiKey, Owner, utcnow
 from ace3_server.auth import generate_key
-from ace3_server.models import ApiKey, Owner, utcnow
 
 
 class OwnerNotFoundError(LookupError):

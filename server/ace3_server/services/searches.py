@@ -11,8 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from ace3.hp import HPConfig
 from ace3.search_checks import search_space_problems
+from ace3_control.models import Search, SearchState, SearchTrial, TrialState, utcnow
+from ace3_control.settings import Settings
 from ace3_server.errors import not_found
-from ace3_server.models import Search, SearchState, SearchTrial, TrialState, utcnow
 from ace3_server.schemas import SearchCreate, SearchOut, SearchTrialOut
 from ace3_server.services.admission import capacity_problems
 from ace3_server.services.jobs import (
@@ -22,7 +23,6 @@ from ace3_server.services.jobs import (
     replay,
     request_hash,
 )
-from ace3_server.settings import Settings
 
 MAX_GRID_SIZE = 10_000
 _TERMINAL_SEARCH_STATES = frozenset(

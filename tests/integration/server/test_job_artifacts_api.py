@@ -13,9 +13,9 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session
 
-from ace3_server.db import make_sync_engine, sync_session_factory
-from ace3_server.models import Job, JobArtifact, JobCheckpoint
-from ace3_server.storage import LocalArtifactStore
+from ace3_control.db import make_sync_engine, sync_session_factory
+from ace3_control.models import Job, JobArtifact, JobCheckpoint
+from ace3_control.storage import LocalArtifactStore
 from tests.conftest import DigitsFiles, Stack
 
 

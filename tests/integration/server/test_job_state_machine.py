@@ -15,17 +15,17 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ace3_server import job_transitions
-from ace3_server.db import (
+from ace3_control import job_transitions
+from ace3_control.db import (
     async_session_factory,
     make_async_engine,
     make_sync_engine,
     sync_session_factory,
 )
+from ace3_control.models import Job, JobState, utcnow
+from ace3_control.settings import Settings
 from ace3_server.migrations_check import DatabaseNotMigratedError, ensure_migrated
-from ace3_server.models import Job, JobState, utcnow
 from ace3_server.reconciler import reconcile_once
-from ace3_server.settings import Settings
 from tests.conftest import insert_job
 
 
@@ -151,7 +151,7 @@ def test_the_migrations_produce_exactly_the_models_schema(database_url: str) -> 
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from ace3_server.models import Base
+    from ace3_control.models import Base
 
     engine = make_sync_engine(database_url)
     with engine.connect() as connection:

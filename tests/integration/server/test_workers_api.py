@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import update
 
 import ace3
-from ace3_server.db import make_sync_engine, sync_session_factory
-from ace3_server.models import Job, utcnow
-from ace3_server.queue import JobPublisher
-from ace3_server.settings import Settings
+from ace3_control.db import make_sync_engine, sync_session_factory
+from ace3_control.models import Job, utcnow
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
 from tests.conftest import DigitsFiles, Stack, insert_job
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ace3.files import sha256_file
+from ace3_control.storage import LocalArtifactStore
 from ace3_server.auth import generate_key, hash_key, key_matches, parse_lookup_prefix
-from ace3_server.storage import LocalArtifactStore
 
 
 def test_a_new_key_is_stored_only_as_its_hash() -> None:

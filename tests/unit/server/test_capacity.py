@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ace3
-from ace3_server.capacity import Capacity, JobNeeds, cluster_problem, describe, fit_problem
+from ace3_control.capacity import Capacity, JobNeeds, cluster_problem, describe, fit_problem
 
 CPU2 = Capacity("cpu", 2)
 CPU8 = Capacity("cpu", 8)

@@ -7,15 +7,15 @@ from datetime import timedelta
 
 import pytest
 
-from ace3_server.capacity import Capacity, JobNeeds, cluster_problem
-from ace3_server.job_nodes import (
+from ace3_control.capacity import Capacity, JobNeeds, cluster_problem
+from ace3_control.job_nodes import (
     NodeReport,
     attempt_verdict,
     gang_timeout_error,
     nodes_of,
     peer_trouble,
 )
-from ace3_server.models import NodeState, utcnow
+from ace3_control.models import NodeState, utcnow
 
 NOW = utcnow()
 

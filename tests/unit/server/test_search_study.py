@@ -9,7 +9,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from ace3 import hp
-from ace3_server.models import SearchTrial, TrialState
+from ace3_control.models import SearchTrial, TrialState
 from ace3_server.searches import study as studies
 from ace3_server.searches.space import distributions, grid_point, trial_params
 

@@ -15,19 +15,19 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 import ace3
-from ace3_server.capacity import Capacity
-from ace3_server.db import (
+from ace3_control.capacity import Capacity
+from ace3_control.db import (
     async_session_factory,
     make_async_engine,
     make_sync_engine,
     sync_session_factory,
 )
+from ace3_control.models import Job, Worker, utcnow
+from ace3_control.settings import Settings, usable_cores
+from ace3_control.worker_registry import FORGET_AFTER, is_live, live_workers
 from ace3_server.migrations_check import upgrade
-from ace3_server.models import Job, Worker, utcnow
 from ace3_server.reconciler import reconcile_once
 from ace3_server.services.admission import capacity_problems
-from ace3_server.settings import Settings, usable_cores
-from ace3_server.worker_registry import FORGET_AFTER, is_live, live_workers
 from ace3_worker.registration import Registration
 from tests.conftest import insert_job
 

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from ace3_control.models import Job, JobArtifact
+from ace3_control.settings import Settings
+from ace3_control.storage import LocalArtifactStore
 from ace3_server.migrations_check import upgrade
-from ace3_server.models import Job, JobArtifact
-from ace3_server.settings import Settings
-from ace3_server.storage import LocalArtifactStore
 from ace3_worker.artifact_sync import ArtifactSync, artifact_key
 from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job

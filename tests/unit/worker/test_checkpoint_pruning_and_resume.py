@@ -12,10 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ace3.events import CheckpointRecord
+from ace3_control.models import Job, JobCheckpoint
+from ace3_control.settings import Settings
+from ace3_control.storage import LocalArtifactStore
 from ace3_server.migrations_check import upgrade
-from ace3_server.models import Job, JobCheckpoint
-from ace3_server.settings import Settings
-from ace3_server.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.supervisor import Supervisor, resume_checkpoint
 from tests.conftest import insert_job

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from ace3_server import job_transitions
-from ace3_server.job_nodes import drop_silent_waiting, members
+from ace3_control import job_transitions
+from ace3_control.job_nodes import drop_silent_waiting, members
+from ace3_control.models import Job, JobNode, utcnow
+from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_server.models import Job, JobNode, utcnow
-from ace3_server.settings import Settings
 from ace3_worker import gang as gang_module
 from ace3_worker.gang import GangMember, NodeSeat, rendezvous_endpoint
 from ace3_worker.supervisor import Supervisor

@@ -12,8 +12,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 from sqlalchemy import func, select
 
-from ace3_server.models import Job, JobCheckpoint, JobLog
-from ace3_server.settings import Settings
+from ace3_control.models import Job, JobCheckpoint, JobLog
+from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.supervisor import MAX_NOTICES_PER_ATTEMPT, AttemptWatch, Supervisor

@@ -17,7 +17,7 @@ from ace3.events import (
     StartRecord,
     parse_record,
 )
-from ace3_server.storage import LocalArtifactStore
+from ace3_control.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.job_files import UnsafeJobPathError, open_job_file
 

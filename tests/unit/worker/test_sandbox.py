@@ -247,7 +247,7 @@ def test_the_seccomp_filter_refuses_user_namespaces_and_allows_threads(tmp_path:
 
 @needs_bwrap
 def test_the_worker_checks_its_sandbox_for_real_when_it_starts(tmp_path: Path) -> None:
-    from ace3_server.settings import Settings
+    from ace3_control.settings import Settings
     from ace3_worker.sandbox.plan import SandboxUnavailableError, resolve_sandbox
 
     data = tmp_path / "data"

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
+from ace3_control.models import Job, JobLog, JobMetric
+from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_server.models import Job, JobLog, JobMetric
-from ace3_server.settings import Settings
 from ace3_worker import reports
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.sandbox.launch import SandboxedProcess

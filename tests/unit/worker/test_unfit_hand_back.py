@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
+from ace3_control.models import Job, utcnow
+from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_server.models import Job, utcnow
-from ace3_server.settings import Settings
 from ace3_worker import supervisor as supervisor_module
 from ace3_worker.device import local_capacity
 from ace3_worker.supervisor import Supervisor

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ace3_server.settings import Settings
+from ace3_control.settings import Settings
 
 
 @dataclass(frozen=True)

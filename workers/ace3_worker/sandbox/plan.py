@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import ace3
-from ace3_server.settings import Settings
+from ace3_control.settings import Settings
 from ace3_worker.sandbox.bubblewrap import (
     JOB_ROOT,
     SandboxView,

@@ -11,11 +11,11 @@ from fastapi import File, Form, Query, Response, UploadFile, status
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from ace3_control.models import StoredDataset, StoredModel
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.errors import not_found
-from ace3_server.models import StoredDataset, StoredModel
 from ace3_server.schemas import DatasetOut, ModelOut, Page
 from ace3_server.services import artifacts
 from ace3_server.services.pagination import paginate

@@ -11,9 +11,9 @@ from typing import Annotated
 from fastapi import Query
 from sqlalchemy import select
 
+from ace3_control.models import Job, JobCheckpoint
 from ace3_server.api.deps import OwnerDep, SessionDep
 from ace3_server.api.routing import resource_router
-from ace3_server.models import Job, JobCheckpoint
 from ace3_server.schemas import CheckpointList
 
 router = resource_router("/checkpoints", "checkpoints")

@@ -9,11 +9,11 @@ from fastapi import Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
+from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, JobState
 from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.params import Int32, Int64, PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.errors import field_error, not_found
-from ace3_server.models import Job, JobCheckpoint, JobLog, JobMetric, JobState
 from ace3_server.schemas import (
     ArtifactList,
     CheckpointList,

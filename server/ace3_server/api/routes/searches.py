@@ -12,11 +12,11 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ace3_control.models import Search, SearchState, SearchTrial
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routes.jobs import IdempotencyKey
 from ace3_server.api.routing import error_responses, resource_router
-from ace3_server.models import Search, SearchState, SearchTrial
 from ace3_server.schemas import Page, SearchCreate, SearchOut, SearchTrialList, SearchTrialOut
 from ace3_server.services import searches
 from ace3_server.services.events import KEEPALIVE_SECONDS, format_event, until_database_outage

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ace3_control.worker_registry import live_workers
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep
 from ace3_server.api.routing import resource_router
 from ace3_server.schemas import WorkerList
-from ace3_server.worker_registry import live_workers
 
 router = resource_router("/workers", "workers")
 

@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import Delete, Select, Update, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from ace3_server.models import Worker, utcnow
-from ace3_server.settings import Settings
+from ace3_control.models import Worker, utcnow
+from ace3_control.settings import Settings
 
 STALE_HEARTBEATS = 3
 FORGET_AFTER = timedelta(hours=1)

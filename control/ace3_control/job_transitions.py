@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Update, and_, or_, update
 
-from ace3_server.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, utcnow
+from ace3_control.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, utcnow
 
 
 def claim(job_id: str, worker_id: str, lease_seconds: float, now: datetime | None = None) -> Update:

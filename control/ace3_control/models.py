@@ -55,7 +55,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            raise ValueError("naive datetime: use ace3_server.models.utcnow()")
+            raise ValueError("naive datetime: use ace3_control.models.utcnow()")
         return value.astimezone(UTC) if value is not None else None
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
@@ -195,7 +195,7 @@ class Worker(Base):
 
     ``device_count`` is the most processes one job may run on it: its GPUs on a CUDA worker,
     ``ACE3_WORKER_CPU_PROCESSES`` on a CPU worker. A row not seen for the staleness window is a
-    worker that is gone (see ``ace3_server.worker_registry``).
+    worker that is gone (see ``ace3_control.worker_registry``).
     """
 
     __tablename__ = "workers"

@@ -22,8 +22,8 @@ from typing import Any, Literal
 from sqlalchemy import Delete, Insert, Select, Update, delete, select, update
 
 from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
-from ace3_server.db import insert_ignoring_duplicates
-from ace3_server.models import Job, JobNode, JobState, NodeState, utcnow
+from ace3_control.db import insert_ignoring_duplicates
+from ace3_control.models import Job, JobNode, JobState, NodeState, utcnow
 
 LIVE_NODE_STATES = (NodeState.WAITING, NodeState.RUNNING)
 

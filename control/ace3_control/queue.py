@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Celery
 
-from ace3_server.settings import Settings
+from ace3_control.settings import Settings
 
 RUN_JOB_TASK = "ace3.run_job"
 
