@@ -180,7 +180,7 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     final_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # The run plan of the newest attempt's ``start`` record (ace3.events.RunPlan, validated by
+    # The run plan of the newest attempt's ``start`` record (ace3.config.events.RunPlan, validated by
     # the worker): what the SDK's progress bar counts to.
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 

@@ -15,13 +15,12 @@
     best_params = ace3.hyperparameter_search(model, dataset, hp_config)
 
 Importing ``ace3`` needs only httpx, pydantic and rich (never torch). The training-side names
-(``ace3.autocast``, ``ace3.optimizers``, ``ace3.DataLoader``, ...) load on first use.
+(``ace3.autocast``, ``ace3.training.optimizers``, ``ace3.DataLoader``, ...) load on first use.
 """
 
 from __future__ import annotations
 
 from ace3 import hp, utils
-from ace3._http import SDK_VERSION
 from ace3.client import (
     Client,
     DatasetRef,
@@ -29,6 +28,19 @@ from ace3.client import (
     get_default_client,
     set_default_client,
 )
+from ace3.client._http import SDK_VERSION
+from ace3.client.pagination import CursorPage
+from ace3.client.resources import (
+    Checkpoint,
+    Dataset,
+    Job,
+    JobEvent,
+    JobState,
+    LogLine,
+    Metric,
+    Model,
+)
+from ace3.client.searches import Search, SearchEvent, SearchState, SearchTrial, TrialState
 from ace3.config import (
     AMPConfig,
     CheckpointConfig,
@@ -61,12 +73,9 @@ from ace3.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
+from ace3.follow.job_handle import JobHandle, TrainingResult
+from ace3.follow.search_handle import BestParams, SearchHandle, SearchResult
 from ace3.hp import HPConfig
-from ace3.pagination import CursorPage
-from ace3.resources import Checkpoint, Dataset, Job, JobEvent, JobState, LogLine, Metric, Model
-from ace3.results import JobHandle, TrainingResult
-from ace3.search_results import BestParams, SearchHandle, SearchResult
-from ace3.searches import Search, SearchEvent, SearchState, SearchTrial, TrialState
 from ace3.trainers import (
     DataParallelTrainer,
     DistributedTrainer,
@@ -74,7 +83,7 @@ from ace3.trainers import (
     PipelineParallelTrainer,
     Trainer,
 )
-from ace3.tuning import hyperparameter_search
+from ace3.trainers.hyperparameter_search import hyperparameter_search
 
 __version__ = SDK_VERSION
 
@@ -146,25 +155,29 @@ __all__ = [
 # Names resolved on first use (module, attribute; None = the module itself), so that
 # ``import ace3`` never imports torch.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "autocast": ("ace3.amp", "autocast"),
-    "GradientScaler": ("ace3.amp", "GradientScaler"),
-    "DynamicLossScaler": ("ace3.amp", "DynamicLossScaler"),
-    "StaticLossScaler": ("ace3.amp", "StaticLossScaler"),
-    "Callback": ("ace3.callbacks", "Callback"),
-    "callbacks": ("ace3.callbacks", None),
-    "optimizers": ("ace3.optimizers", None),
-    "schedulers": ("ace3.schedulers", None),
-    "TrainingLogger": ("ace3.loggers", "TrainingLogger"),
-    "TensorBoardLogger": ("ace3.loggers", "TensorBoardLogger"),
-    "WandBLogger": ("ace3.loggers", "WandBLogger"),
-    "save_checkpoint": ("ace3.checkpoint_files", "save_checkpoint"),
-    "load_checkpoint": ("ace3.checkpoint_files", "load_checkpoint"),
-    "TrainingProfiler": ("ace3.profiling", "TrainingProfiler"),
-    "ProfilerActivity": ("ace3.profiling", "ProfilerActivity"),
-    "MemoryProfiler": ("ace3.profiling", "MemoryProfiler"),
-    "DataLoader": ("ace3.data", "DataLoader"),
-    "DataLoaderProfiler": ("ace3.data", "DataLoaderProfiler"),
-    "optimize_dataloader": ("ace3.data", "optimize_dataloader"),
+    "autocast": ("ace3.training.amp", "autocast"),
+    "GradientScaler": ("ace3.training.amp", "GradientScaler"),
+    "DynamicLossScaler": ("ace3.training.amp", "DynamicLossScaler"),
+    "StaticLossScaler": ("ace3.training.amp", "StaticLossScaler"),
+    "Callback": ("ace3.training.callbacks", "Callback"),
+    "amp": ("ace3.training.amp", None),
+    "callbacks": ("ace3.training.callbacks", None),
+    "data": ("ace3.training.data", None),
+    "loggers": ("ace3.training.loggers", None),
+    "profiling": ("ace3.training.profiling", None),
+    "optimizers": ("ace3.training.optimizers", None),
+    "schedulers": ("ace3.training.schedulers", None),
+    "TrainingLogger": ("ace3.training.loggers", "TrainingLogger"),
+    "TensorBoardLogger": ("ace3.training.loggers", "TensorBoardLogger"),
+    "WandBLogger": ("ace3.training.loggers", "WandBLogger"),
+    "save_checkpoint": ("ace3.training.checkpoints", "save_checkpoint"),
+    "load_checkpoint": ("ace3.training.checkpoints", "load_checkpoint"),
+    "TrainingProfiler": ("ace3.training.profiling", "TrainingProfiler"),
+    "ProfilerActivity": ("ace3.training.profiling", "ProfilerActivity"),
+    "MemoryProfiler": ("ace3.training.profiling", "MemoryProfiler"),
+    "DataLoader": ("ace3.training.data", "DataLoader"),
+    "DataLoaderProfiler": ("ace3.training.data", "DataLoaderProfiler"),
+    "optimize_dataloader": ("ace3.training.data", "optimize_dataloader"),
 }
 
 

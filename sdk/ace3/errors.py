@@ -34,7 +34,7 @@ one situation::
                                         .trials, .best_params (the best trial so far)
 
 429 and 5xx responses, timeouts and connection errors are retried (with backoff) before they
-are raised; see ``ace3._http``.
+are raised; see ``ace3.client._http``.
 """
 
 from __future__ import annotations

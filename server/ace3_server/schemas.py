@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
-from ace3.events import RunPlan
+from ace3.config.events import RunPlan
 from ace3.hp import HPConfig
 
 Item = TypeVar("Item")

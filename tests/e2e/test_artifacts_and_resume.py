@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ace3
-from ace3.artifact_sync import ArtifactSync, CheckpointSync
+from ace3.trainers.downloads import ArtifactSync, CheckpointSync
 from tests.conftest import DigitsFiles
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 import ace3
-from ace3.results import JobHandle
+from ace3.follow.job_handle import JobHandle
 from tests.conftest import DigitsFiles, Stack
 from tests.e2e.conftest import processes_of_job, wait_for
 from tests.security import hostile
@@ -136,7 +136,7 @@ def hostile_jobs(
     return handles
 
 
-def _finished(sdk: ace3.Client, handle: JobHandle) -> ace3.resources.Job:
+def _finished(sdk: ace3.Client, handle: JobHandle) -> ace3.client.resources.Job:
     wait_for(
         lambda: handle.refresh().state in ("succeeded", "failed", "cancelled"),
         JOB_TIMEOUT,

@@ -48,7 +48,7 @@ def test_sdk_imports_only_stdlib_httpx_pydantic_and_rich():
         "before = set(sys.modules)\n"
         "import httpx, pydantic\n"
         "baseline = set(sys.modules)\n"
-        "import ace3, ace3.progress\n"
+        "import ace3, ace3.follow.job_display\n"
         "new = {name.split('.')[0] for name in set(sys.modules) - baseline}\n"
         f"allowed = {sorted(SDK_DEPENDENCIES)!r}\n"
         "allowed = set(allowed) | set(sys.stdlib_module_names)\n"
@@ -68,7 +68,7 @@ def test_one_version_source_and_typed_packages() -> None:
     import ace3
     import ace3_server
     import ace3_worker
-    from ace3._http import USER_AGENT
+    from ace3.client._http import USER_AGENT
 
     assert ace3.__version__ == ace3_server.__version__ == version("ace3")
     assert f"ace3-python/{version('ace3')}" == USER_AGENT

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ace3
-from ace3.search_checks import search_space_problems
+from ace3.config.search_checks import search_space_problems
 
 
 def test_a_huge_integer_range_is_probed_not_listed() -> None:

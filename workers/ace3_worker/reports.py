@@ -20,8 +20,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ace3.checkpoint_names import CHECKPOINT_NAME_RE
-from ace3.events import (
+from ace3.config.checkpoint_names import CHECKPOINT_NAME_RE
+from ace3.config.events import (
     MAX_LINE_BYTES,
     CheckpointRecord,
     EventRecord,
@@ -95,7 +95,7 @@ class EventTail:
     The file is the job's: it is opened without following links (a link, FIFO or device in its
     place is refused), at most ``max_bytes_per_read`` are read per pass (the rest waits for the
     next pass) and ``max_total_bytes`` in all, and every line is validated
-    (:func:`ace3.events.parse_record`). A line longer than the limit is refused and
+    (:func:`ace3.config.events.parse_record`). A line longer than the limit is refused and
     skipped up to its end. The ``start`` record is the
     attempt's plan (the smallest, if the job writes several); the last ``summary`` its outcome.
     """

@@ -21,7 +21,7 @@ Every attempt runs in the worker's sandbox (:mod:`ace3_worker.sandbox`): its own
 before the claim, released after everything of the attempt is dead), namespaces, rlimits; its
 directory holds copies of its inputs and is removed on every path. Everything the job writes is
 untrusted: log lines are rate-limited and capped (:mod:`ace3_worker.log_limits`), events are
-validated (:mod:`ace3.events`) and a refused one becomes a warning in the job's log
+validated (:mod:`ace3.config.events`) and a refused one becomes a warning in the job's log
 (stream ``service``, which a job cannot write), checkpoints are read only from the attempt's
 checkpoint directory and never deleted there. Each pass of the watch loop stores a bounded batch,
 so a job that prints without end cannot starve the heartbeat.
@@ -48,8 +48,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3.config import TrainingConfig, parallel_degrees, runs_pipeline
-from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
-from ace3.events import (
+from ace3.config.events import (
     CheckpointRecord,
     EventRecord,
     MetricsRecord,
@@ -58,6 +57,7 @@ from ace3.events import (
     RunPlan,
     StartRecord,
 )
+from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
 from ace3_control import job_nodes, job_transitions
 from ace3_control.capacity import JobNeeds, fit_problem
 from ace3_control.db import make_sync_engine, sync_session_factory

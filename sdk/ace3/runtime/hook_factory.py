@@ -19,8 +19,8 @@ def engine_hooks(
 ) -> HookList:
     hooks: list[TrainingHook] = []
     if config.callbacks:
-        from ace3.callback_transport import callbacks_from_specs
         from ace3.runtime.callback_hook import CallbackHook
+        from ace3.training.callback_transport import callbacks_from_specs
 
         hooks.append(CallbackHook(callbacks_from_specs(config.callbacks)))
     if config.tensorboard is not None:

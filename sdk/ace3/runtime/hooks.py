@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ace3.specs import ARTIFACT_SCHEME
+from ace3.config.specs import ARTIFACT_SCHEME
 
 
 @dataclass

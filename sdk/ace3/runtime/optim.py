@@ -6,8 +6,8 @@ for the Adam family, ``betas`` and ``eps``:
 - ``adamw``: ``torch.optim.AdamW``, decoupled weight decay.
 - ``adam``: ``torch.optim.Adam``, weight decay as an L2 penalty added to the gradient.
 - ``sgd``: ``torch.optim.SGD`` with ``momentum``, L2 weight decay.
-- ``memory_efficient_adam``: ``ace3.optimizers.MemoryEfficientAdam``, decoupled weight decay.
-- ``adam8bit``: ``ace3.optimizers.Adam8bit``, decoupled weight decay (bitsandbytes' kernels on
+- ``memory_efficient_adam``: ``ace3.training.optimizers.MemoryEfficientAdam``, decoupled weight decay.
+- ``adam8bit``: ``ace3.training.optimizers.Adam8bit``, decoupled weight decay (bitsandbytes' kernels on
   CUDA when it is installed).
 
 Schedules (``TrainingConfig.lr_scheduler``) are built by :func:`build_scheduler` and driven by
@@ -41,9 +41,9 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler
 
-from ace3 import schedulers
 from ace3.config import TrainingConfig
-from ace3.optimizers import Adam8bit, MemoryEfficientAdam
+from ace3.training import schedulers
+from ace3.training.optimizers import Adam8bit, MemoryEfficientAdam
 
 __all__ = ["ScheduleDriver", "build_optimizer", "build_scheduler", "current_learning_rate"]
 

@@ -14,7 +14,7 @@
 - **O3**: everything 16-bit (BatchNorm too unless ``keep_batchnorm_fp32=True``), no master
   copy, no autocast; the same input/output casts as O2.
 
-Loss scaling (:mod:`ace3.amp`) is active for float16 only. Loop order per optimizer step:
+Loss scaling (:mod:`ace3.training.amp`) is active for float16 only. Loop order per optimizer step:
 ``zero_grad`` → forward under ``autocast()`` → ``scaler.scale(loss / k).backward()`` per
 micro-batch → ``grads_to_optimizer()`` → (``scaler.unscale_`` + clip ``clip_parameters``) →
 ``scaler.step`` → ``scaler.update()`` → ``weights_from_optimizer()``.
@@ -31,9 +31,10 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ace3.amp import LossScaler, make_loss_scaler, resolve_amp_dtype
-from ace3.config import AmpLevel, TrainingConfig
+from ace3.config import TrainingConfig
+from ace3.config.training import AmpLevel
 from ace3.runtime.master_weights import MasterWeights, float32_state_dict
+from ace3.training.amp import LossScaler, make_loss_scaler, resolve_amp_dtype
 
 _PREPARED_ATTR = "_ace3_precision_level"
 

@@ -1,6 +1,6 @@
 """The engine side of ``ace3.TrainingProfiler``: torch.profiler on rank 0 of a job.
 
-Built from the job's :class:`~ace3.specs.ProfilerSpec`. The profiler starts at
+Built from the job's :class:`~ace3.config.specs.ProfilerSpec`. The profiler starts at
 ``on_train_begin`` and advances one schedule step per optimizer step (``on_batch_end``): it
 skips ``wait`` steps, warms up ``warmup`` and records ``active``. When the window closes (or
 training ends inside it) it writes ``trace.json`` and ``key_averages.json`` into
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ace3.config.specs import ProfilerSpec
 from ace3.files import atomic_path
 from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.profile_events import (
@@ -31,8 +32,7 @@ from ace3.runtime.profile_events import (
     write_key_averages,
     write_records,
 )
-from ace3.specs import ProfilerSpec
-from ace3.training_profiler import in_process_profiler_running
+from ace3.training.profiling.torch_profiler import in_process_profiler_running
 
 
 def torch_activities(names: list[str], device: torch.device) -> tuple[list[Any], list[str]]:
@@ -60,7 +60,9 @@ class ProfilerHook(TrainingHook):
 
     def __init__(self, spec: ProfilerSpec) -> None:
         if not isinstance(spec, ProfilerSpec):
-            raise TypeError(f"spec must be an ace3.specs.ProfilerSpec, got {type(spec).__name__}")
+            raise TypeError(
+                f"spec must be an ace3.config.specs.ProfilerSpec, got {type(spec).__name__}"
+            )
         self.spec = spec
         self.prof: Any = None
         self.steps_seen = 0

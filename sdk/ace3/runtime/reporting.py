@@ -1,6 +1,6 @@
 """The rank-0 event log ``output_dir/events.jsonl``: one record a line, appended, flushed.
 
-The records are the typed models of :mod:`ace3.events` (``start``, ``metrics``,
+The records are the typed models of :mod:`ace3.config.events` (``start``, ``metrics``,
 ``checkpoint``, ``nonfinite_loss``, ``summary``), built and validated here, so the engine
 cannot write a record the worker would refuse. A non-finite float (a diverged loss) is written
 as ``null``. On other ranks the writer is a no-op.
@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from ace3.events import (
+from ace3.config.events import (
     AnyRecord,
     EventRecord,
     MetricsRecord,
@@ -32,7 +32,7 @@ class EventRecordError(ValueError):
 
 
 class EventWriter:
-    """Append-only JSONL writer of :mod:`ace3.events` records; enabled on rank 0 only."""
+    """Append-only JSONL writer of :mod:`ace3.config.events` records; enabled on rank 0 only."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """TensorBoard event files for a run, written by rank 0 (``torch.utils.tensorboard``).
 
-What goes in (see :class:`ace3.specs.TensorBoardSpec`):
+What goes in (see :class:`ace3.config.specs.TensorBoardSpec`):
 
 - every metrics event, each value a scalar under its own name (``train_loss``, ``val_loss``,
   ``learning_rate``, ...), at the run's optimizer step;
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from ace3.loggers import LoggerUnavailableError
+from ace3.config.specs import TensorBoardSpec
 from ace3.runtime.hooks import RunContext, TrainingHook
-from ace3.specs import TensorBoardSpec
+from ace3.training.loggers import LoggerUnavailableError
 
 MAX_IMAGES = 16
 _INPUT_KEYS = ("inputs", "input", "x", "pixel_values", "images", "input_ids")

@@ -16,8 +16,8 @@ from fastapi import HTTPException
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from ace3.config.specs import ARTIFACT_SCHEME
 from ace3.files import CHUNK_BYTES
-from ace3.specs import ARTIFACT_SCHEME
 from ace3_control.models import JobArtifact
 from ace3_control.storage import LocalArtifactStore
 from ace3_server.errors import not_found

@@ -9,8 +9,8 @@ from fastapi import HTTPException
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from ace3.config.search_checks import search_space_problems
 from ace3.hp import HPConfig
-from ace3.search_checks import search_space_problems
 from ace3_control.models import Search, SearchState, SearchTrial, TrialState, utcnow
 from ace3_control.settings import Settings
 from ace3_server.errors import not_found
@@ -31,7 +31,7 @@ _TERMINAL_SEARCH_STATES = frozenset(
 
 
 def _config_problems(config: HPConfig) -> list[dict[str, Any]]:
-    """422 entries for everything the SDK would refuse too (ace3.search_checks), plus grid size."""
+    """422 entries for everything the SDK would refuse too (ace3.config.search_checks), plus grid size."""
     unsupported, invalid = search_space_problems(config)
     problems = []
     for problem in unsupported:

@@ -13,7 +13,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ace3.amp import (
+from ace3.config import AMPConfig, TrainingConfig
+from ace3.runtime.precision import resolve_precision
+from ace3.training.amp import (
     DynamicLossScaler,
     GradientScaler,
     LossScaler,
@@ -22,8 +24,6 @@ from ace3.amp import (
     make_loss_scaler,
     resolve_amp_dtype,
 )
-from ace3.config import AMPConfig, TrainingConfig
-from ace3.runtime.precision import resolve_precision
 
 X = torch.linspace(-1.0, 1.0, 16).reshape(8, 2)
 Y = X.sum(dim=1, keepdim=True)

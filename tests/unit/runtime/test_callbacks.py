@@ -13,17 +13,17 @@ import pytest
 import torch
 from torch import nn
 
-import ace3.callbacks as callbacks_module
-from ace3.callbacks import (
+import ace3.training.callbacks as callbacks_module
+from ace3.config import TrainingConfig
+from ace3.runtime.callback_hook import CallbackHook
+from ace3.runtime.hooks import HookList, RunContext
+from ace3.training.callbacks import (
     Callback,
     CallbackError,
     EarlyStopping,
     ModelCheckpoint,
     ReduceLROnPlateau,
 )
-from ace3.config import TrainingConfig
-from ace3.runtime.callback_hook import CallbackHook
-from ace3.runtime.hooks import HookList, RunContext
 
 BATCHES_PER_EPOCH = 3
 
@@ -371,7 +371,7 @@ def test_callbacks_module_does_not_import_torch():
     import sys
 
     code = (
-        "import sys, ace3.callbacks, ace3.callback_transport, ace3.loggers\n"
+        "import sys, ace3.training.callbacks, ace3.training.callback_transport, ace3.training.loggers\n"
         "assert 'torch' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, SequentialSampler, TensorDataset
 
-import ace3.dataloader as dataloader_module
-from ace3.data import (
+import ace3.training.data.loader as dataloader_module
+from ace3.training.data import (
     DataLoader,
     DataLoaderOptions,
     DataLoaderProfiler,

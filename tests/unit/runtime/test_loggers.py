@@ -16,7 +16,11 @@ import torch
 from torch import nn
 
 from ace3.config import TrainingConfig
-from ace3.loggers import (
+from ace3.config.specs import TensorBoardSpec
+from ace3.runtime.hooks import HookList, RunContext
+from ace3.runtime.logger_hooks import LoggerMetricsHook
+from ace3.runtime.tensorboard_hook import TensorBoardHook, image_grid
+from ace3.training.loggers import (
     Logger,
     LoggerArgumentError,
     LoggerUnavailableError,
@@ -24,10 +28,6 @@ from ace3.loggers import (
     TrainingLogger,
     WandBLogger,
 )
-from ace3.runtime.hooks import HookList, RunContext
-from ace3.runtime.logger_hooks import LoggerMetricsHook
-from ace3.runtime.tensorboard_hook import TensorBoardHook, image_grid
-from ace3.specs import TensorBoardSpec
 
 
 def make_run(tmp_path: Path, model: nn.Module, batch: Any, rank: int = 0) -> RunContext:

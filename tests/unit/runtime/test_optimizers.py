@@ -1,4 +1,4 @@
-"""ace3.optimizers: state size, convergence, exact resume, 8-bit quantization, carrying settings;
+"""ace3.training.optimizers: state size, convergence, exact resume, 8-bit quantization, carrying settings;
 ace3.runtime.optim.build_optimizer for every optimizer name."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from ace3._blockwise_8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
-from ace3.optimizers import (
+from ace3.runtime.optim import build_optimizer, current_learning_rate
+from ace3.training._blockwise_8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
+from ace3.training.optimizers import (
     Adam8bit,
     MemoryEfficientAdam,
     optimizer_settings,
     optimizer_state_bytes,
 )
-from ace3.runtime.optim import build_optimizer, current_learning_rate
-from ace3.schedulers import WarmupCosineScheduler
+from ace3.training.schedulers import WarmupCosineScheduler
 
 ACE3_OPTIMIZERS = [MemoryEfficientAdam, Adam8bit]
 
@@ -288,7 +288,7 @@ class _StandInBnbAdam8bit(torch.optim.Optimizer):
 
 
 def test_adam8bit_delegation_shares_groups_state_and_checkpoints(monkeypatch) -> None:
-    import ace3.optimizers as optimizers_module
+    import ace3.training.optimizers as optimizers_module
 
     monkeypatch.setattr(
         optimizers_module,

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ace3.amp import GradientScaler, StaticLossScaler
 from ace3.config import TrainingConfig
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.precision import Precision, cast_floating, resolve_precision
+from ace3.training.amp import GradientScaler, StaticLossScaler
 
 CPU = torch.device("cpu")
 LEVELS = ["O0", "O1", "O2", "O3"]

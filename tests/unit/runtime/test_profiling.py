@@ -12,16 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-import ace3.profiling as profiling
+import ace3.training.profiling as profiling
 from ace3.config import TrainingConfig
-from ace3.profiling import (
-    MemoryProfiler,
-    ProfilerActivity,
-    ProfilingError,
-    TrainingProfiler,
-    active_profilers,
-    combined_remote_spec,
-)
+from ace3.config.specs import ProfilerSpec
 from ace3.runtime.hooks import HookList, RunContext
 from ace3.runtime.memory_meter import (
     MIB,
@@ -39,7 +32,14 @@ from ace3.runtime.profile_events import (
     write_key_averages,
 )
 from ace3.runtime.profiler_hook import ProfilerHook
-from ace3.specs import ProfilerSpec
+from ace3.training.profiling import (
+    MemoryProfiler,
+    ProfilerActivity,
+    ProfilingError,
+    TrainingProfiler,
+    active_profilers,
+    combined_remote_spec,
+)
 
 
 def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -440,7 +440,7 @@ def test_importing_ace3_profiling_leaves_torch_out() -> None:
     import sys
 
     code = (
-        "import sys, ace3.profiling\n"
+        "import sys, ace3.training.profiling\n"
         "p = ace3.profiling.TrainingProfiler(activities=[ace3.profiling.ProfilerActivity.CUDA])\n"
         "p.remote_spec(); ace3.profiling.MemoryProfiler()\n"
         "assert 'torch' not in sys.modules\n"

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ace3
-import ace3.local
+import ace3.runtime.in_process
 from ace3.runtime.metric_window import MetricWindow
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.step_counts import planned_total_steps
@@ -49,7 +49,7 @@ class Recorder:
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Recorder:
     recorder = Recorder(tmp_path)
-    monkeypatch.setattr(ace3.local, "EventWriter", recorder)
+    monkeypatch.setattr(ace3.runtime.in_process, "EventWriter", recorder)
     return recorder
 
 
@@ -284,4 +284,4 @@ def test_a_metric_name_the_contract_refuses_is_a_clear_error(recorder: Recorder)
         EventRecordError,
         match=r"metrics record: values\.val_x{56}\.\.\.\.\[key\]: String should have at most 200",
     ):
-        ace3.local.train_in_process(config, linear(), DATA, compute_metrics=metrics)
+        ace3.runtime.in_process.train_in_process(config, linear(), DATA, compute_metrics=metrics)

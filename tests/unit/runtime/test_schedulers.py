@@ -1,4 +1,4 @@
-"""ace3.schedulers, their specs (SchedulerSpec validation, scheduler_spec), and the engine's
+"""ace3.training.schedulers, their specs (SchedulerSpec validation, scheduler_spec), and the engine's
 ScheduleDriver: stepping order, plateau on validation metrics, exact resume."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from torch.optim import lr_scheduler
 
 from ace3 import schedulers
 from ace3.config import TrainingConfig
+from ace3.config.specs import SchedulerSpec
 from ace3.errors import UnsupportedFeatureError
 from ace3.runtime.optim import ScheduleDriver, build_optimizer, build_scheduler
-from ace3.specs import SchedulerSpec
 
 
 def _optimizer(lr: float = 1.0) -> torch.optim.Optimizer:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import ace3
-from ace3.checkpoint_names import CHECKPOINT_NAME_RE
+from ace3.config.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.runtime.checkpoint.archive import read_train_state
 from ace3.runtime.checkpoint.files import load_checkpoint
 

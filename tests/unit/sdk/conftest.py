@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 import ace3
-import ace3._http
-import ace3.sse
+import ace3.client._http
+import ace3.client._sse
 from tests.unit.sdk.sdk_fakes import MockAPI
 
 
@@ -26,8 +26,8 @@ def _isolate(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every delay the SDK asked to sleep, in order; nothing actually sleeps."""
     slept: list[float] = []
-    monkeypatch.setattr(ace3._http, "_sleep", slept.append)
-    monkeypatch.setattr(ace3.sse, "_sleep", slept.append)
+    monkeypatch.setattr(ace3.client._http, "_sleep", slept.append)
+    monkeypatch.setattr(ace3.client._sse, "_sleep", slept.append)
     return slept
 
 

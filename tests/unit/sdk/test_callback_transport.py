@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 
 import ace3
-from ace3.callback_transport import callback_spec, callbacks_from_specs
-from ace3.callbacks import Callback, CallbackError, EarlyStopping, ModelCheckpoint
+from ace3.config.specs import CallbackSpec
 from ace3.errors import UnsupportedFeatureError
-from ace3.specs import CallbackSpec
+from ace3.training.callback_transport import callback_spec, callbacks_from_specs
+from ace3.training.callbacks import Callback, CallbackError, EarlyStopping, ModelCheckpoint
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -31,7 +31,7 @@ import os.path as osp
 from collections import OrderedDict
 
 import ace3
-from ace3.callback_transport import callback_spec
+from ace3.training.callback_transport import callback_spec
 
 TARGET = 0.95
 LABELS = ("low", "high")
@@ -213,7 +213,7 @@ def test_module_level_helpers_are_carried_as_source():
 
 def test_a_subclass_of_a_builtin_imports_the_builtin_and_keeps_its_state():
     spec = callback_spec(StrictStopping(patience=1, verbose=False))
-    assert "from ace3.callbacks import EarlyStopping as EarlyStopping" in spec.source
+    assert "from ace3.training.callbacks import EarlyStopping as EarlyStopping" in spec.source
     assert spec.params["patience"] == 1 and spec.params["best"] is None
     (callback,) = callbacks_from_specs([spec])
     assert isinstance(callback, EarlyStopping) and type(callback) is not EarlyStopping
@@ -325,7 +325,7 @@ def test_a_class_without_readable_source_is_refused():
 def test_a_global_lambda_in_a_file_is_refused(tmp_path):
     path = tmp_path / "uses_lambda.py"
     path.write_text(
-        "import ace3\nfrom ace3.callback_transport import callback_spec\n"
+        "import ace3\nfrom ace3.training.callback_transport import callback_spec\n"
         "score = lambda logs: logs['val_loss']\n\n"
         "class UsesLambda(ace3.Callback):\n"
         "    def on_epoch_end(self, epoch, logs=None):\n"
@@ -356,7 +356,7 @@ def test_the_sdk_stays_importable_without_torch_for_transport():
         "import sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from tests.unit.sdk.test_callback_transport import ModuleCallback\n"
-        "from ace3.callback_transport import callback_spec\n"
+        "from ace3.training.callback_transport import callback_spec\n"
         "callback_spec(ModuleCallback())\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import ace3
-from ace3.deepspeed_config import is_deepspeed_config
+from ace3.config.deepspeed import is_deepspeed_config
 
 # The DeepSpeed ZeRO snippet of the seeds, as written.
 SEED_DS_CONFIG = {

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 import ace3
+from ace3.client._packing import pack_directory_bytes
 from ace3.files import sha256_file
-from ace3.packing import pack_directory_bytes
 from tests.unit.sdk.sdk_fakes import MockAPI, dataset_json, model_json
 
 

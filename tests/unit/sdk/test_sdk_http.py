@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 import ace3
-from ace3._http import MAX_RETRY_AFTER, USER_AGENT, parse_retry_after, retry_delay
+from ace3.client._http import MAX_RETRY_AFTER, USER_AGENT, parse_retry_after, retry_delay
 from tests.unit.sdk.sdk_fakes import MockAPI, job_json
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import ace3
+from ace3.client._packing import pack_directory, pack_directory_bytes
 from ace3.files import sha256_file
-from ace3.packing import pack_directory, pack_directory_bytes
 
 
 def make_tree(root: Path) -> Path:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 
 import ace3
-from ace3.progress import PlainDisplay, RichDisplay, StepEstimator, create_display
-from ace3.resources import JobEvent
+from ace3.client.resources import JobEvent
+from ace3.follow.job_display import PlainDisplay, RichDisplay, StepEstimator, create_display
 from tests.unit.sdk.sdk_fakes import job_json, log, metric
 
 
@@ -16,7 +16,7 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-# What the worker stores from the engine's start record (ace3.events.RunPlan).
+# What the worker stores from the engine's start record (ace3.config.events.RunPlan).
 PLAN = {"total_steps": 20, "steps_per_epoch": 10, "epochs": 2, "world_size": 1,
         "resumed_from_step": 0}  # fmt: skip
 

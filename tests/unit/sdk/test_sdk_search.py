@@ -15,8 +15,8 @@ import pytest
 
 import ace3
 from ace3.client import DatasetRef, ModelRef
-from ace3.search_progress import PlainSearchDisplay, RichSearchDisplay, create_search_display
-from ace3.searches import SearchEvent
+from ace3.client.searches import SearchEvent
+from ace3.follow.search_display import PlainSearchDisplay, RichSearchDisplay, create_search_display
 from tests.unit.sdk.sdk_fakes import (
     DroppingStream,
     MockAPI,

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 import ace3
-from ace3.sse import ReconnectingEventStream, ServerSentEvent, SSEDecoder, iter_sse
+from ace3.client._sse import ReconnectingEventStream, ServerSentEvent, SSEDecoder, iter_sse
 from tests.unit.sdk.sdk_fakes import (
     DroppingStream,
     MockAPI,

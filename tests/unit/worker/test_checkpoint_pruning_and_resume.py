@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ace3.events import CheckpointRecord
+from ace3.config.events import CheckpointRecord
 from ace3_control.models import Job, JobCheckpoint
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore

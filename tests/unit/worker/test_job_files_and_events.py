@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from ace3.events import (
+from ace3.config.events import (
     CheckpointRecord,
     MetricsRecord,
     RefusedRecord,

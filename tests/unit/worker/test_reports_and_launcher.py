@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ace3.events import StartRecord
+from ace3.config.events import StartRecord
 from ace3_worker.failures import failure_message
 from ace3_worker.launcher import rank_environment, torchrun_command
 from ace3_worker.reports import EventTail, parse_log_line

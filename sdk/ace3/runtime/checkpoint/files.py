@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ace3.checkpoint_names import CHECKPOINT_NAME_RE
+from ace3.config.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.files import WrittenFile, sha256_file, write_atomic
 from ace3.runtime.checkpoint.archive import is_sharded_archive, read_train_state
 

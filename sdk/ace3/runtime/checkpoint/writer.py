@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ace3.events import CheckpointRecord, finite_or_none
+from ace3.config.events import CheckpointRecord, finite_or_none
 from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.checkpoint.plain import gather_rng
 from ace3.runtime.components import Components

@@ -1,0 +1,245 @@
+"""Hyperparameter searches over the API: the :class:`Search` and :class:`SearchTrial` objects,
+and ``client.searches``, whose methods are the REST calls of ``docs/api.md`` ("Hyperparameter
+searches"). A search runs its trials as ordinary jobs; :mod:`ace3.follow.search_handle` follows one
+to its end.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ace3.client._sse import decode_event, follow_events
+from ace3.client.pagination import CursorPage
+from ace3.client.resources import _APIObject, _Resource
+from ace3.hp import HPConfig
+
+__all__ = [
+    "Search",
+    "SearchEvent",
+    "SearchState",
+    "SearchTrial",
+    "Searches",
+    "TrialState",
+]
+
+
+class SearchState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in SEARCH_TERMINAL_STATES
+
+
+SEARCH_TERMINAL_STATES = frozenset(
+    {SearchState.SUCCEEDED, SearchState.FAILED, SearchState.CANCELLED}
+)
+
+
+class TrialState(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    PRUNED = "pruned"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TRIAL_TERMINAL_STATES
+
+
+TRIAL_TERMINAL_STATES = frozenset(
+    {TrialState.SUCCEEDED, TrialState.PRUNED, TrialState.FAILED, TrialState.CANCELLED}
+)
+
+
+class SearchTrial(_APIObject):
+    """One trial: the parameters it ran with, its job, and the objective it reached.
+
+    ``value`` is the objective's last reported value; ``intermediate_values`` maps each epoch
+    (as a string, as in JSON) to the objective after it. ``checkpoint_id`` is the final
+    checkpoint of the trial's job.
+    """
+
+    id: str
+    number: int
+    state: TrialState | str = Field(union_mode="left_to_right")
+    params: dict[str, Any] = Field(default_factory=dict)
+    job_id: str | None = None
+    value: float | None = None
+    intermediate_values: dict[str, float] = Field(default_factory=dict)
+    epochs_run: int = 0
+    checkpoint_id: str | None = None
+    error: str | None = None
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in TRIAL_TERMINAL_STATES
+
+    def intermediate(self) -> list[tuple[int, float]]:
+        """``[(epoch, objective), ...]`` in epoch order."""
+        points = []
+        for epoch, value in self.intermediate_values.items():
+            with contextlib.suppress(ValueError):
+                points.append((int(float(epoch)), value))
+        return sorted(points)
+
+    @property
+    def latest_value(self) -> float | None:
+        """The final value when there is one, else the latest intermediate value."""
+        if self.value is not None:
+            return self.value
+        points = self.intermediate()
+        return points[-1][1] if points else None
+
+
+class Search(_APIObject):
+    """A hyperparameter search; ``config`` is its :class:`~ace3.HPConfig` as JSON."""
+
+    id: str
+    name: str | None = None
+    state: SearchState | str = Field(union_mode="left_to_right")
+    model_id: str | None = None
+    dataset_id: str | None = None
+    validation_dataset_id: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    model_kwargs: dict[str, Any] | None = None
+    cancel_requested: bool = False
+    error: str | None = None
+    trial_budget: int | None = None
+    trials_created: int = 0
+    trials_running: int = 0
+    trials_succeeded: int = 0
+    trials_pruned: int = 0
+    trials_failed: int = 0
+    epochs_run: int = 0
+    best_trial: SearchTrial | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in SEARCH_TERMINAL_STATES
+
+    @property
+    def objective(self) -> str:
+        return str(self.config.get("objective") or "val_accuracy")
+
+    @property
+    def direction(self) -> str:
+        return str(self.config.get("direction") or "maximize")
+
+
+@dataclass
+class SearchEvent:
+    """One event of ``GET /v1/searches/{id}/events``.
+
+    ``type`` is ``state`` or ``end`` (``data`` a :class:`Search`) or ``trial`` (a
+    :class:`SearchTrial`); an event type this SDK does not know keeps its raw decoded JSON.
+    ``id`` is the search's version.
+    """
+
+    type: str
+    data: Any
+    id: str | None = None
+
+
+_EVENT_MODELS: dict[str, type[BaseModel]] = {"state": Search, "end": Search, "trial": SearchTrial}
+
+
+class Searches(_Resource):
+    """``/v1/searches``: hyperparameter searches, their trials and live events."""
+
+    def create(
+        self,
+        *,
+        model_id: str,
+        dataset_id: str,
+        config: HPConfig | Mapping[str, Any],
+        validation_dataset_id: str | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Search:
+        """Start a search. With an ``idempotency_key`` the request is retried safely and a
+        repeat returns the search created the first time."""
+        if not isinstance(config, HPConfig):
+            config = HPConfig.model_validate(dict(config))
+        body: dict[str, Any] = {
+            "model_id": model_id,
+            "dataset_id": dataset_id,
+            "config": config.model_dump(mode="json"),
+        }
+        if validation_dataset_id is not None:
+            body["validation_dataset_id"] = validation_dataset_id
+        if model_kwargs:
+            body["model_kwargs"] = dict(model_kwargs)
+        if name is not None:
+            body["name"] = name
+        response = self._http.request(
+            "POST", "/v1/searches", json_body=body, idempotency_key=idempotency_key
+        )
+        return Search.model_validate(response.json())
+
+    def retrieve(self, search_id: str) -> Search:
+        response = self._http.request("GET", f"/v1/searches/{search_id}")
+        return Search.model_validate(response.json())
+
+    def list(
+        self,
+        *,
+        state: SearchState | str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> CursorPage[Search]:
+        params = {"state": str(state) if state is not None else None, "limit": limit}
+        return self._list("/v1/searches", Search, params, cursor)
+
+    def cancel(self, search_id: str) -> Search:
+        """Stop the search: no new trials, running ones are cancelled (idempotent)."""
+        response = self._http.request("POST", f"/v1/searches/{search_id}/cancel", idempotent=True)
+        return Search.model_validate(response.json())
+
+    def trials(self, search_id: str) -> builtins.list[SearchTrial]:
+        """Every trial of the search, ordered by number."""
+        payload = self._http.request("GET", f"/v1/searches/{search_id}/trials").json()
+        trials = [SearchTrial.model_validate(item) for item in payload.get("data") or []]
+        return sorted(trials, key=lambda trial: trial.number)
+
+    def events(
+        self,
+        search_id: str,
+        *,
+        last_event_id: str | None = None,
+        max_reconnects: int = 5,
+        timeout: float | None = None,
+    ) -> Iterator[SearchEvent]:
+        """Live events of a search until its ``end`` event, reconnecting when the connection
+        drops. Every (re)connection starts with the current state and every trial, so a
+        trial can arrive more than once: key trials by ``number``. ``timeout`` (seconds)
+        bounds the whole wait and raises ``TimeoutError``; the search keeps running."""
+
+        for event in follow_events(
+            self._http,
+            f"/v1/searches/{search_id}/events",
+            max_reconnects=max_reconnects,
+            last_event_id=last_event_id,
+            timeout=timeout,
+        ):
+            yield decode_event(event, _EVENT_MODELS, SearchEvent)

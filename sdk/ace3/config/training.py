@@ -1,0 +1,401 @@
+"""Training configuration schemas: the wire contract shared by the SDK, the API and the engine.
+
+Defined once here as pydantic models; the server validates job requests with these same classes,
+and the engine (``ace3.runtime``) reads them back from the job file. No torch import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
+
+AmpLevel = Literal["O0", "O1", "O2", "O3"]
+Parallelism = Literal["data", "model", "pipeline"]
+ShardingStrategy = Literal["layer", "tensor", "pipeline"]
+PipelineSchedule = Literal["gpipe", "1f1b"]
+Backend = Literal["auto", "nccl", "gloo"]
+OptimizerName = Literal["adamw", "adam", "sgd", "memory_efficient_adam", "adam8bit"]
+AmpDtype = Literal["auto", "float16", "bfloat16"]
+
+
+class _Schema(BaseModel):
+    """Strict base: unknown fields are an error (a typo must never be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TrainingConfig(_Schema):
+    """Everything a training job needs to know besides its model and data.
+
+    Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed
+    over every process (``num_gpus * num_nodes``); each data-parallel replica sees ``batch_size
+    / replicas`` samples (a replica is one process, or with pipeline and tensor parallelism the
+    ``pipeline_parallel_size * tensor_parallel_size`` processes that hold one copy of the
+    model). With ``gradient_accumulation_steps = k`` one optimizer step consumes ``k *
+    batch_size`` samples. On one process this matches the document's accumulation example
+    (32 per device x 8 steps = 256); on several it matches its data-parallel example
+    (256 across all GPUs).
+    """
+
+    # -- scale -------------------------------------------------------------------------------
+    num_gpus: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Processes per node: one per GPU (or CPU slot on a CPU worker).",
+    )
+    num_nodes: int = Field(1, ge=1, le=1024, description="Machines (workers) that train together.")
+    backend: Backend = Field(
+        "auto",
+        description="torch.distributed backend: auto = nccl on CUDA workers, gloo on CPU workers.",
+    )
+    node_rank: int | None = Field(
+        None,
+        ge=0,
+        description="Local launches only: this machine's rank. The service assigns ranks itself.",
+    )
+    master_addr: str | None = Field(
+        None,
+        min_length=1,
+        description="Local launches only: rendezvous host. The service assigns it itself.",
+    )
+    master_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Local launches only: rendezvous port. The service assigns it itself.",
+    )
+    parallelism: Parallelism = Field("data", description="How work is split across processes.")
+    model_sharding_strategy: ShardingStrategy | None = Field(
+        None, description="With parallelism='model': layer, tensor or pipeline."
+    )
+    num_stages: int | None = Field(
+        None, ge=1, description="Pipeline stages (parallelism='pipeline')."
+    )
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Pipeline micro-batch size: each batch_size batch runs as batch_size / "
+        "micro_batch_size micro-batches (default: num_stages micro-batches).",
+    )
+    pipeline_schedule: PipelineSchedule = Field(
+        "1f1b",
+        description="Pipeline schedule (torch.distributed.pipelining): gpipe (all forwards, then "
+        "all backwards) or 1f1b (one forward, one backward: fewer activations held).",
+    )
+    pipeline_split_points: list[int] | None = Field(
+        None,
+        description="Pipeline stages: indices of the nn.Sequential layers where stages 2..N "
+        "start (num_stages - 1 increasing indices); default: balanced by parameter count.",
+    )
+    data_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Data-parallel degree D, if you want it checked: it is always what the "
+        "processes leave, num_gpus * num_nodes / (pipeline_parallel_size * "
+        "tensor_parallel_size); another value is refused.",
+    )
+    tensor_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Tensor-parallel degree T: linear layers sharded over T consecutive ranks; "
+        "data parallelism over what remains: num_gpus * num_nodes = D x P x T.",
+    )
+    pipeline_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Pipeline degree P (num_stages is its alias): the model cut into P stages, "
+        "one per rank of each pipeline; data parallelism over what remains.",
+    )
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0,
+        description="ZeRO sharding: 0 plain DDP; 1 optimizer state sharded (DDP + "
+        "ZeroRedundancyOptimizer); 2 + gradients (FSDP, parameters kept gathered between forward "
+        "and backward); 3 + parameters (FSDP, fully sharded). 0 with any offload runs stage 3.",
+    )
+
+    # -- optimisation ------------------------------------------------------------------------
+    epochs: int = Field(3, ge=1, le=100_000, description="Passes over the training data.")
+    max_steps: int | None = Field(
+        None, ge=1, description="Stop after this many optimizer steps, even mid-epoch."
+    )
+    max_runtime_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=366 * 24 * 3600,
+        description="Wall-clock seconds one attempt of a job may run; the worker then stops "
+        "it (SIGTERM, then SIGKILL after the grace period) and the job fails, naming the limit. "
+        "Jobs on the service only (an in-process run is refused: stop it yourself).",
+    )
+    batch_size: int = Field(
+        32, ge=1, le=1_000_000, description="Global micro-batch, summed over all processes."
+    )
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, le=100_000, description="Micro-steps per optimizer step."
+    )
+    learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
+    optimizer: OptimizerName = Field(
+        "adamw", description="adamw, adam, sgd, memory_efficient_adam or adam8bit."
+    )
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="Adam-family moment decay rates (beta1, beta2), each in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0.0, le=1.0, description="Adam-family denominator epsilon.")
+    lr_scheduler: SchedulerSpec | None = Field(
+        None, description="Learning-rate schedule (constant when None); see ace3.schedulers."
+    )
+    weight_decay: float = Field(
+        0.0, ge=0.0, le=1.0, description="Decoupled (AdamW) or L2 (Adam, SGD) weight decay."
+    )
+    max_grad_norm: float | None = Field(
+        None, gt=0.0, description="Clip the global gradient norm (unscaled) to this value."
+    )
+    dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Override p of every nn.Dropout in the model."
+    )
+
+    # -- precision ---------------------------------------------------------------------------
+    mixed_precision: bool = Field(False, description="Autocast forward passes to a 16-bit type.")
+    amp_dtype: AmpDtype = Field(
+        "auto", description="auto = bfloat16 where supported (CPU, Ampere+), else float16."
+    )
+    amp_level: AmpLevel = Field("O1", description="O0 fp32, O1 autocast; O2/O3 cast weights too.")
+    loss_scaling: Literal["dynamic", "static"] | float = Field(
+        "dynamic",
+        description="Loss scaling for float16: dynamic, static (init_loss_scale) or a fixed value.",
+    )
+    keep_batchnorm_fp32: bool | None = Field(
+        None, description="O2/O3: keep BatchNorm in float32 (default: True for O2, False for O3)."
+    )
+    init_loss_scale: float = Field(2.0**16, gt=0.0, description="First loss scale.")
+    loss_scale_growth_factor: float = Field(
+        2.0, gt=1.0, description="Dynamic scaling: multiply the scale after a clean window."
+    )
+    loss_scale_backoff_factor: float = Field(
+        0.5, gt=0.0, lt=1.0, description="Dynamic scaling: multiply the scale on overflow."
+    )
+    loss_scale_window: int = Field(
+        2000, ge=1, description="Dynamic scaling: overflow-free steps before the scale grows."
+    )
+    min_loss_scale: float = Field(1.0, gt=0.0, description="Dynamic scaling: lower bound.")
+    max_loss_scale: float = Field(2.0**24, gt=0.0, description="Dynamic scaling: upper bound.")
+
+    # -- memory ------------------------------------------------------------------------------
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass."
+    )
+    checkpoint_segments: int | None = Field(
+        None, ge=1, description="Segments for gradient checkpointing."
+    )
+    cpu_offload: bool = Field(
+        False,
+        description="Keep the sharded parameters, gradients and optimizer state in CPU memory "
+        "(FSDP CPUOffloadPolicy; the optimizer steps on the CPU). Needs zero_stage 2 or 3; with "
+        "zero_stage=0 the job runs ZeRO-3. No effect on a CPU device.",
+    )
+    offload_optimizer: bool = Field(
+        False,
+        description="Offload the optimizer state to CPU memory: FSDP keeps it next to the sharded "
+        "parameters, so this offloads them too (the same as cpu_offload).",
+    )
+    offload_parameters: bool = Field(
+        False,
+        description="Offload the sharded parameters (and gradients) to CPU memory (the same as "
+        "cpu_offload).",
+    )
+    dynamic_batch_size: bool = Field(
+        True,
+        description="On out-of-memory, halve the micro-batch and double the accumulation (the "
+        "effective batch is unchanged) and retry the step.",
+    )
+    find_unused_parameters: bool | None = Field(
+        None,
+        description="DDP's find_unused_parameters. None: learnt at step 1 (a model that left some "
+        "parameter without a gradient gets it); True: for models whose forward pass skips "
+        "different parameters from batch to batch (mixtures of experts, layer drop); False: "
+        "never (plain DDP).",
+    )
+
+    # -- data, evaluation, checkpoints -------------------------------------------------------
+    validation_split: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="Hold out this fraction of the training data for validation when no validation "
+        "dataset is given. Default (None): 0.1, unless a dataset.py provides a 'validation' split; "
+        "0 turns validation off.",
+    )
+    num_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per rank.")
+    seed: int = Field(
+        42,
+        ge=0,
+        le=2**32 - 1,
+        description="Seeds model init, shuffling and dropout: same seed, same run.",
+    )
+    log_interval: int = Field(
+        10, ge=1, description="Optimizer steps between training-metric reports."
+    )
+    save_interval: int | None = Field(
+        None,
+        ge=1,
+        description="Optimizer steps between checkpoints (a final one is always written).",
+    )
+    max_checkpoints: int | None = Field(
+        None, ge=1, description="Keep only the newest N checkpoints."
+    )
+    save_optimizer: bool = Field(
+        True, description="Checkpoints hold the optimizer state (needed for an exact resume)."
+    )
+    save_scheduler: bool = Field(
+        True, description="Checkpoints hold the scheduler and loss-scaler state."
+    )
+
+    # -- callbacks, logging, profiling ---------------------------------------------------------
+    callbacks: list[CallbackSpec] = Field(
+        default_factory=list, description="Callbacks run by the engine on every rank."
+    )
+    tensorboard: TensorBoardSpec | None = Field(
+        None, description="Write TensorBoard event files (rank 0)."
+    )
+    profiler: ProfilerSpec | None = Field(None, description="Profile rank 0 with torch.profiler.")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_gpus * self.num_nodes
+
+    @property
+    def offload(self) -> bool:
+        """Any of ``cpu_offload``, ``offload_optimizer``, ``offload_parameters``."""
+        return self.cpu_offload or self.offload_optimizer or self.offload_parameters
+
+    @property
+    def effective_zero_stage(self) -> int:
+        """The ZeRO stage the engine runs: ``zero_stage``, or 3 when it is 0 and offload is on
+        (offloading needs sharded state)."""
+        return 3 if self.zero_stage == 0 and self.offload else self.zero_stage
+
+    @classmethod
+    def from_deepspeed(cls, ds_config: Mapping[str, Any], **fields: Any) -> TrainingConfig:
+        """A config from a DeepSpeed configuration dict (``zero_optimization.stage``,
+        ``fp16.enabled``, ``optimizer.type``, ...); ``fields`` set what such a dict does not
+        hold (``num_gpus``, ``epochs``, ...). Every key that cannot be honoured exactly is
+        refused with :class:`~ace3.errors.UnsupportedFeatureError`, naming its path; see
+        :mod:`ace3.config.deepspeed` for the mapping."""
+        from ace3.config.deepspeed import training_config_from_deepspeed
+
+        return training_config_from_deepspeed(ds_config, **fields)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pipeline_processes_default_to_stages(cls, data: Any) -> Any:
+        """``parallelism='pipeline'`` with ``num_stages`` (or ``pipeline_parallel_size``) and no
+        ``num_gpus`` runs one process per stage, times the tensor and data degrees given (the
+        document's pipeline example gives only ``num_stages``)."""
+        if not (
+            isinstance(data, Mapping)
+            and data.get("parallelism") == "pipeline"
+            and data.get("num_gpus") is None
+            and data.get("num_nodes", 1) == 1
+        ):
+            return data
+        stages = data.get("pipeline_parallel_size") or data.get("num_stages")
+        ways, replicas = data.get("tensor_parallel_size") or 1, data.get("data_parallel_size") or 1
+        if all(isinstance(value, int) for value in (stages, ways, replicas)):
+            return {**data, "num_gpus": stages * ways * replicas}
+        return data
+
+    # Field validators (not a model validator) so that a refused assignment keeps the old value
+    # and the error names the field; each sees the other fields already set.
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_splits_across_processes(cls, batch_size: int, info: ValidationInfo) -> int:
+        if info.data.get("parallelism", "data") == "data":  # model parallel: checked at run
+            nodes = info.data.get("num_nodes", 1)
+            split = (info.data.get("tensor_parallel_size") or 1) * (
+                info.data.get("pipeline_parallel_size") or 1
+            )
+            _check_batch_split(batch_size, info.data.get("num_gpus", 1), nodes, split)
+        return batch_size
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"betas {betas} must both be in [0, 1)")
+        return betas
+
+    @field_validator("cpu_offload", "offload_optimizer", "offload_parameters")
+    @classmethod
+    def _offload_needs_fsdp(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("zero_stage") == 1:
+            raise ValueError(_OFFLOAD_WITH_STAGE_1.format(field=info.field_name))
+        return value
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _stage_1_cannot_offload(cls, stage: int, info: ValidationInfo) -> int:
+        # At construction the offload fields come later and check themselves; this catches an
+        # assignment of zero_stage=1 to a config that already offloads.
+        offloading = [name for name in _OFFLOAD_FIELDS if info.data.get(name)]
+        if stage == 1 and offloading:
+            raise ValueError(_OFFLOAD_WITH_STAGE_1.format(field=offloading[0]))
+        return stage
+
+    @field_validator("num_gpus", "num_nodes")
+    @classmethod
+    def _processes_split_the_batch(cls, value: int, info: ValidationInfo) -> int:
+        # An assignment (at construction batch_size checks itself); data parallel only.
+        if "batch_size" in info.data and info.data.get("parallelism", "data") == "data":
+            other = info.data["num_nodes" if info.field_name == "num_gpus" else "num_gpus"]
+            split = (info.data.get("tensor_parallel_size") or 1) * (
+                info.data.get("pipeline_parallel_size") or 1
+            )
+            _check_batch_split(info.data["batch_size"], value, other, split)
+        return value
+
+
+_OFFLOAD_FIELDS = ("cpu_offload", "offload_optimizer", "offload_parameters")
+_OFFLOAD_WITH_STAGE_1 = (
+    "{field}=True needs zero_stage 2 or 3 (FSDP offloads the sharded parameters, gradients and "
+    "optimizer state to the CPU), or zero_stage=0, which then runs ZeRO-3 with offload; "
+    "zero_stage=1 (ZeroRedundancyOptimizer) keeps its optimizer shard on the device: set "
+    "zero_stage=2 or 3, or turn {field} off"
+)
+
+
+def _check_batch_split(batch_size: int, num_gpus: int, num_nodes: int, split: int = 1) -> None:
+    """The global batch splits evenly over the data-parallel replicas (``split``: the ranks
+    of one replica, pipeline x tensor degree; a layout that does not divide is refused
+    elsewhere)."""
+    world_size = num_gpus * num_nodes
+    if split > 1:
+        if world_size % split:
+            return
+        replicas = world_size // split
+        if batch_size % replicas:
+            raise ValueError(
+                f"batch_size ({batch_size}) must be divisible by the {replicas} data-parallel "
+                f"replicas (num_gpus * num_nodes = {world_size} over pipeline x tensor = "
+                f"{split}): it is the global batch, split evenly"
+            )
+        return
+    if batch_size % world_size:
+        raise ValueError(
+            f"batch_size ({batch_size}) must be divisible by the number of processes "
+            f"num_gpus * num_nodes = {world_size}: it is the global batch, split evenly"
+        )

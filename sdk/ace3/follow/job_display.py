@@ -1,0 +1,332 @@
+"""Show a job's progress while waiting on it, fed by its event stream.
+
+On a terminal: a live rich progress bar over optimizer steps with the latest train_loss,
+val_loss, val_accuracy and samples/s, and log lines printed above it. Elsewhere (CI, notebooks,
+pipes) or with ``show_progress=False``: plain lines, one per reported step, log line or state
+change. ``rich`` is imported only when the live display is used.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, Literal, TextIO
+
+from ace3.client.resources import Job, JobEvent, LogLine, Metric
+from ace3.config.events import RunPlan
+
+DisplayMode = Literal["auto", "plain", "none"]
+
+# Shown on the bar, in this order, with short labels.
+HEADLINE_METRICS = (
+    ("train_loss", "loss"),
+    ("val_loss", "val_loss"),
+    ("val_accuracy", "val_acc"),
+    ("samples_per_sec", "samples/s"),
+)
+
+
+def create_display(
+    job: Job | None,
+    config: dict[str, Any] | None = None,
+    *,
+    mode: DisplayMode = "auto",
+    file: TextIO | None = None,
+) -> Display:
+    """The display for ``mode``: ``auto`` = live bar on a terminal, plain lines elsewhere."""
+    out = file if file is not None else sys.stdout
+    if mode == "none":
+        return Display(job, config, out)
+    if mode == "auto" and _is_terminal(out):
+        return RichDisplay(job, config, out)
+    return PlainDisplay(job, config, out)
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def format_value(value: float) -> str:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+class StepEstimator:
+    """The total number of optimizer steps, once it can be known.
+
+    The run's plan (``job.plan``: the engine's ``start`` record, written before the first step)
+    gives it exactly, from step 1. Without one (a server older than the plan), it is estimated:
+    ``epochs * steps_per_epoch``, capped by ``max_steps``, with the steps of an epoch learnt from
+    ``epoch_train_loss`` (reported once at the end of every epoch); unknown (None) until then,
+    unless ``max_steps`` bounds it.
+    """
+
+    def __init__(self, config: dict[str, Any] | None, plan: RunPlan | None = None):
+        config = config or {}
+        self.epochs: int | None = config.get("epochs")
+        self.max_steps: int | None = config.get("max_steps")
+        self.steps_per_epoch: float | None = None
+        self.planned: int | None = None
+        if plan is not None:
+            self.use_plan(plan)
+
+    def use_plan(self, plan: RunPlan) -> None:
+        self.planned = plan.total_steps
+
+    def observe(self, metric: Metric) -> None:
+        if self.steps_per_epoch is not None or metric.step <= 0:
+            return
+        if metric.name == "epoch_train_loss" and metric.epoch:
+            self.steps_per_epoch = metric.step / metric.epoch
+
+    @property
+    def total(self) -> int | None:
+        if self.planned:
+            return self.planned
+        estimate = None
+        if self.steps_per_epoch and self.epochs:
+            estimate = math.ceil(self.epochs * self.steps_per_epoch - 1e-6)
+        if self.max_steps:
+            return min(self.max_steps, estimate) if estimate else self.max_steps
+        return estimate
+
+
+class Display:
+    """Shows nothing; the base of the real displays (which override the ``_on_*`` hooks)."""
+
+    def __init__(self, job: Job | None, config: dict[str, Any] | None, out: TextIO):
+        self.job = job
+        self.out = out
+        self.steps = StepEstimator(
+            config if config is not None else (job.config if job else {}),
+            job.plan if job is not None else None,
+        )
+        self.step = 0
+        self.latest: dict[str, float] = {}
+        self.started = time.monotonic()
+
+    def __enter__(self) -> Display:
+        self._on_start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+    def handle(self, event: JobEvent) -> None:
+        data = event.data
+        if isinstance(data, Metric):
+            self.steps.observe(data)
+            self.step = max(self.step, data.step)
+            self.latest[data.name] = data.value
+            self._on_metric(data)
+        elif isinstance(data, LogLine):
+            self._on_log(data)
+        elif isinstance(data, Job):
+            previous = self.job.state if self.job is not None else None
+            if self.job is None or not self.job.config:
+                self.steps = _keep_estimate(self.steps, StepEstimator(data.config))
+            if data.plan is not None:
+                self.steps.use_plan(data.plan)
+            self.job = data
+            if event.type == "end":
+                self._on_end(data)
+            elif data.state != previous:
+                self._on_state(data)
+
+    def note(self, message: str) -> None:
+        """A message of the SDK's own (e.g. that Ctrl-C cancelled the job); always shown."""
+        print(message, file=self.out, flush=True)
+
+    def _on_start(self) -> None:
+        pass
+
+    def _on_metric(self, metric: Metric) -> None:
+        pass
+
+    def _on_log(self, line: LogLine) -> None:
+        pass
+
+    def _on_state(self, job: Job) -> None:
+        pass
+
+    def _on_end(self, job: Job) -> None:
+        pass
+
+    def _elapsed(self) -> str:
+        seconds = int(time.monotonic() - self.started)
+        return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+    def _end_message(self, job: Job) -> str:
+        text = f"job {job.id} {job.state} after {self._elapsed()}"
+        if job.error:
+            text += f": {job.error}"
+        final = job.final_metrics or {}
+        shown = [
+            f"{name}={format_value(value)}"
+            for name, value in final.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        ]
+        if shown:
+            text += " | " + " ".join(shown)
+        return text
+
+
+def _keep_estimate(old: StepEstimator, new: StepEstimator) -> StepEstimator:
+    new.steps_per_epoch, new.planned = old.steps_per_epoch, old.planned
+    return new
+
+
+class PlainDisplay(Display):
+    """One line per reported step, log line and state change; no terminal control codes."""
+
+    def __init__(self, job: Job | None, config: dict[str, Any] | None, out: TextIO):
+        super().__init__(job, config, out)
+        self._pending_step: int | None = None
+        self._pending_epoch: float | None = None
+        self._pending: dict[str, float] = {}
+
+    def close(self) -> None:
+        self._flush()
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _flush(self) -> None:
+        if self._pending_step is None or not self._pending:
+            return
+        total = self.steps.total
+        position = f"step {self._pending_step}" + (f"/{total}" if total else "")
+        epoch = self._pending.pop("epoch", self._pending_epoch)
+        if epoch is not None:
+            position += f" epoch {format_value(epoch)}"
+        values = " ".join(f"{name}={format_value(value)}" for name, value in self._pending.items())
+        self._print(f"{position}: {values}" if values else position)
+        self._pending = {}
+        self._pending_step = None
+        self._pending_epoch = None
+
+    def _on_metric(self, metric: Metric) -> None:
+        if self._pending_step is not None and metric.step != self._pending_step:
+            self._flush()
+        self._pending_step = metric.step
+        if metric.epoch is not None:
+            self._pending_epoch = metric.epoch
+        self._pending[metric.name] = metric.value
+
+    def _on_log(self, line: LogLine) -> None:
+        self._flush()
+        self._print(line.format())
+
+    def _on_start(self) -> None:
+        if self.job is not None:
+            self._print(f"job {self.job.id}: {self.job.state}")
+
+    def _on_state(self, job: Job) -> None:
+        self._flush()
+        if not job.is_terminal:  # the end line reports the final state
+            self._print(f"job {job.id}: {job.state}")
+
+    def _on_end(self, job: Job) -> None:
+        self._flush()
+        self._print(self._end_message(job))
+
+
+class RichDisplay(Display):
+    """A live progress bar (rich) with the headline metrics; logs scroll above it."""
+
+    def __init__(self, job: Job | None, config: dict[str, Any] | None, out: TextIO):
+        super().__init__(job, config, out)
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+        from rich.table import Column
+
+        self._console = Console(file=out)
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}", markup=False),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn(
+                "{task.fields[metrics]}",
+                markup=False,
+                table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1),
+            ),
+            console=self._console,
+            expand=True,  # the metrics column takes what is left, the bar keeps its width
+            transient=False,
+        )
+        self._task = self._progress.add_task(self._description(), total=None, metrics="")
+        self._progress.start()
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._progress.stop()
+
+    def note(self, message: str) -> None:
+        if self._closed:
+            super().note(message)
+        else:
+            self._print(message)
+
+    def _print(self, text: str) -> None:
+        from rich.text import Text
+
+        self._progress.console.print(Text(text), soft_wrap=True)
+
+    def _description(self) -> str:
+        if self.job is None:
+            return "job"
+        return f"{self.job.name or 'job ' + self.job.id[:8]} {self.job.state}"
+
+    def _refresh(self) -> None:
+        metrics = " ".join(
+            f"{label}={format_value(self.latest[name])}"
+            for name, label in HEADLINE_METRICS
+            if name in self.latest
+        )
+        self._progress.update(
+            self._task,
+            completed=self.step,
+            total=self.steps.total,
+            description=self._description(),
+            metrics=metrics,
+        )
+
+    def _on_metric(self, metric: Metric) -> None:
+        self._refresh()
+
+    def _on_log(self, line: LogLine) -> None:
+        self._print(line.format())
+
+    def _on_state(self, job: Job) -> None:
+        self._refresh()
+
+    def _on_end(self, job: Job) -> None:
+        if job.state == "succeeded":  # fill the bar: the run is complete
+            if self.steps.total is None:
+                self.steps.max_steps = self.step or None
+            else:
+                self.step = self.steps.total
+        self._refresh()
+        self.close()
+        self.note(self._end_message(job))

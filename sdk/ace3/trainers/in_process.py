@@ -1,0 +1,144 @@
+"""Glue between :class:`ace3.Trainer` and the in-process engine (:mod:`ace3.runtime.in_process`).
+
+Turns the trainer's objects into engine hooks (callbacks, loggers), picks the checkpoint
+directory and the checkpoint to resume from, and tells active profilers what ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ace3.config import ConfigProblem, TrainingConfig
+from ace3.errors import UnsupportedFeatureError
+from ace3.follow.job_handle import MetricsView
+
+if TYPE_CHECKING:
+    from ace3.runtime.in_process import InProcessRun
+    from ace3.trainers import Trainer
+
+
+@dataclass
+class LocalTrainingResult(MetricsView):
+    """What an in-process run gives back; the same names as a remote job's result.
+
+    ``history``: metric name -> ``[(step, value), ...]``; ``final_metrics`` (also attributes:
+    ``result.val_loss``); ``best_val_accuracy`` / ``best_val_loss``; ``checkpoints``: the files
+    written (with a ``save_dir``); ``model``: the trained module (the one you passed).
+    """
+
+    model: Any
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    final_metrics: dict[str, Any] = field(default_factory=dict)
+    best_val_accuracy: float | None = None
+    best_val_loss: float | None = None
+    checkpoints: list[Path] = field(default_factory=list)
+    job_id: None = None
+
+    @classmethod
+    def of(cls, model: Any, run: InProcessRun) -> LocalTrainingResult:
+        accuracies = [v for _, v in run.history.get("val_accuracy", [])]
+        losses = [v for _, v in run.history.get("val_loss", [])]
+        return cls(
+            model=model,
+            history=run.history,
+            final_metrics=run.final_metrics,
+            best_val_accuracy=max(accuracies) if accuracies else None,
+            best_val_loss=min(losses) if losses else None,
+            checkpoints=run.checkpoints,
+        )
+
+
+def checkpoint_dir_of(trainer: Trainer) -> Path | None:
+    if trainer.checkpoint_config is not None and trainer.checkpoint_config.save_dir:
+        return Path(trainer.checkpoint_config.save_dir).expanduser().resolve()
+    for logger in trainer.loggers:
+        directory = logger.checkpoint_dir() if hasattr(logger, "checkpoint_dir") else None
+        if directory is not None:
+            return Path(directory).expanduser().resolve()
+    return None
+
+
+def _resume_path(trainer: Trainer, resume: bool, checkpoint_dir: Path | None) -> Path | None:
+    from ace3.runtime.in_process import latest_checkpoint_in
+
+    if not resume:
+        if trainer._resume_from is not None:
+            print(
+                "note: a checkpoint was loaded with load_checkpoint() but train() was called "
+                "without resume=True: training starts from the model's current weights",
+                flush=True,
+            )
+        return None
+    if trainer._resume_from is not None:
+        path = Path(trainer._resume_from)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{trainer._resume_from!r} is not a local checkpoint file: an in-process run "
+                "resumes from a file (download a stored one with "
+                "client.jobs.download_checkpoint(job_id, checkpoint_id, to=...))"
+            )
+        return path
+    latest = latest_checkpoint_in(checkpoint_dir) if checkpoint_dir is not None else None
+    if latest is None:
+        where = f"in {checkpoint_dir}" if checkpoint_dir is not None else "(no save_dir is set)"
+        raise FileNotFoundError(
+            f"resume=True but there is no checkpoint to resume from {where}: call "
+            "trainer.load_checkpoint(path) first"
+        )
+    return latest
+
+
+def run_locally(
+    trainer: Trainer,
+    config: TrainingConfig,
+    model: Any,
+    dataset: Any,
+    validation_dataset: Any,
+    resume: bool,
+    compute_loss: Any,
+    compute_metrics: Any,
+) -> LocalTrainingResult:
+    from ace3.runtime.callback_hook import CallbackHook
+    from ace3.runtime.in_process import train_in_process
+    from ace3.training.profiling import MemoryProfiler, active_profilers
+
+    if config.max_runtime_seconds is not None:
+        raise UnsupportedFeatureError(
+            "max_runtime_seconds is enforced by the service's workers, which stop a job that "
+            "runs too long; an in-process run is yours to stop: leave it unset here",
+            [ConfigProblem(field="max_runtime_seconds", reason="in-process runs have no worker")],
+        )
+
+    checkpoint_dir = checkpoint_dir_of(trainer)
+    resume_from = _resume_path(trainer, resume, checkpoint_dir)
+    hooks: list[Any] = []
+    if trainer.callbacks:
+        hooks.append(CallbackHook(trainer.callbacks))
+    for logger in trainer.loggers:
+        hooks.extend(logger.engine_hooks(local=True))
+    memory_profilers = [p for p in active_profilers() if isinstance(p, MemoryProfiler)]
+
+    def on_memory(final: dict[str, Any]) -> None:
+        state_mb = final.get("state_memory_mb")
+        if state_mb is not None:
+            for profiler in memory_profilers:
+                profiler.note_training_state(int(state_mb * 2**20))
+
+    info = {"job_id": None, "config": config.model_dump(mode="json"), "where": "local"}
+    for logger in trainer.loggers:
+        logger.start(info)
+    status = "failed"
+    try:
+        run = train_in_process(
+            config, model, dataset, validation_dataset,
+            hooks=hooks, checkpoint_dir=checkpoint_dir, keep_checkpoints=config.max_checkpoints,
+            resume_from=resume_from, compute_loss=compute_loss, compute_metrics=compute_metrics,
+            on_memory=on_memory,
+        )  # fmt: skip
+        status = "succeeded"
+        return LocalTrainingResult.of(model, run)
+    finally:
+        for logger in trainer.loggers:
+            logger.finish(status)

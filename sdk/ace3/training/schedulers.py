@@ -1,0 +1,357 @@
+"""Learning-rate schedules: ``ace3.training.schedulers`` (imports torch; ``import ace3`` does not).
+
+Each class is a ``torch.optim.lr_scheduler`` scheduler (a subclass of the torch class where
+torch has one), so it works in any torch training loop, and each has ``to_spec()``: the
+:class:`ace3.config.specs.SchedulerSpec` (name and hyperparameters, never the optimizer) that carries
+it to a remote job, where ``ace3.runtime.optim.build_scheduler`` rebuilds it.
+
+When ACE3 drives a schedule, every schedule but ``plateau`` advances once per **optimizer
+step** (not per epoch, not per micro-batch: with gradient accumulation, once per accumulated
+step), so ``T_max``, ``step_size``, ``total_iters``, ``warmup_steps`` and ``total_steps`` count
+optimizer steps. ``ReduceLROnPlateau`` advances once per validation, on its ``monitor``
+metric. The learning rate a scheduler shows after ``k`` advances is the one the optimizer uses
+for step ``k + 1``.
+
+:func:`scheduler_spec` turns an ace3 scheduler, or one of the matching torch classes, into a
+spec, and refuses anything else with :class:`ace3.errors.UnsupportedFeatureError`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch.optim import lr_scheduler
+
+from ace3.config import ConfigProblem
+from ace3.config.scheduler_params import check_scheduler_params
+from ace3.config.specs import SchedulerSpec
+from ace3.errors import UnsupportedFeatureError
+
+__all__ = [
+    "CosineAnnealingLR",
+    "ExponentialLR",
+    "LinearLR",
+    "ReduceLROnPlateau",
+    "StepLR",
+    "WarmupCosineScheduler",
+    "WarmupScheduler",
+    "scheduler_spec",
+]
+
+
+class _Carried:
+    """``to_spec()`` from the spec name and the hyperparameters the class keeps."""
+
+    spec_name: ClassVar[str]
+
+    def _spec_params(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_spec(self) -> SchedulerSpec:
+        """This schedule as a :class:`SchedulerSpec` (its hyperparameters, not its optimizer)."""
+        return SchedulerSpec(name=self.spec_name, params=self._spec_params())
+
+
+def _checked(name: str, **params: Any) -> dict[str, Any]:
+    return check_scheduler_params(name, params)
+
+
+class CosineAnnealingLR(_Carried, lr_scheduler.CosineAnnealingLR):
+    """``torch.optim.lr_scheduler.CosineAnnealingLR``: from the optimizer's lr down to
+    ``eta_min`` along a half cosine over ``T_max`` optimizer steps.
+
+    As in torch, the curve is periodic: past ``T_max`` it climbs back up. Set ``T_max`` to
+    the job's total optimizer steps (or use :class:`WarmupCosineScheduler`, which stays flat
+    at its minimum).
+    """
+
+    spec_name = "cosine"
+
+    def __init__(self, optimizer: torch.optim.Optimizer, T_max: int, eta_min: float = 0.0):
+        params = _checked("cosine", T_max=T_max, eta_min=eta_min)
+        super().__init__(optimizer, T_max=params["T_max"], eta_min=params["eta_min"])
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {"T_max": self.T_max, "eta_min": self.eta_min}
+
+
+class WarmupCosineScheduler(_Carried, lr_scheduler.LRScheduler):
+    """Linear warmup to ``max_lr``, cosine decay to ``min_lr`` at ``total_steps``, then flat.
+
+    Optimizer step ``k`` (1-based) runs at::
+
+        k <= warmup_steps:          max_lr * k / warmup_steps        (max_lr/warmup_steps ... max_lr)
+        warmup_steps < k < total:   min_lr + (max_lr - min_lr) * (1 + cos(pi * p)) / 2,
+                                    p = (k - warmup_steps) / (total_steps - warmup_steps)
+        k >= total_steps:           min_lr
+
+    so the first step already moves (no wasted step at lr 0), the last warmup step runs at
+    ``max_lr`` and step ``total_steps`` at ``min_lr``. ``max_lr=None`` (default) uses each
+    parameter group's own lr as its peak; a number sets every group's peak (and its
+    ``initial_lr``). A closed form of the step count, so a resumed schedule continues exactly.
+    """
+
+    spec_name = "warmup_cosine"
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        warmup_steps: int,
+        total_steps: int,
+        max_lr: float | None = None,
+        min_lr: float = 0.0,
+    ):
+        params = _checked(
+            "warmup_cosine",
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            max_lr=max_lr,
+            min_lr=min_lr,
+        )
+        self.warmup_steps: int = params["warmup_steps"]
+        self.total_steps: int = params["total_steps"]
+        self.max_lr: float | None = params["max_lr"]
+        self.min_lr: float = params["min_lr"]
+        if self.max_lr is not None:
+            for group in optimizer.param_groups:
+                group["initial_lr"] = self.max_lr
+        for index, group in enumerate(optimizer.param_groups):
+            peak = float(group.get("initial_lr", group["lr"]))
+            if peak < self.min_lr:
+                raise ValueError(
+                    f"min_lr ({self.min_lr:g}) is above the peak learning rate of parameter "
+                    f"group {index} ({peak:g}); lower min_lr or pass a larger max_lr"
+                )
+        super().__init__(optimizer)
+
+    def lr_at(self, base_lr: float, steps_done: int) -> float:
+        """The lr of the optimizer step that follows ``steps_done`` steps, for peak
+        ``base_lr``."""
+        k = steps_done + 1
+        if k <= self.warmup_steps:
+            return base_lr * k / self.warmup_steps
+        if k >= self.total_steps:
+            return self.min_lr
+        progress = (k - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+        return self.min_lr + (base_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def get_lr(self) -> list[float]:
+        return self._get_closed_form_lr()
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [self.lr_at(float(base), self.last_epoch) for base in self.base_lrs]
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "max_lr": self.max_lr,
+            "min_lr": self.min_lr,
+        }
+
+
+class WarmupScheduler(_Carried, lr_scheduler.LinearLR):
+    """Linear warmup over ``warmup_steps`` optimizer steps, then the optimizer's lr.
+
+    Step ``k`` runs at ``lr * min(1, k / warmup_steps)``: torch's ``LinearLR`` from
+    ``1 / warmup_steps`` to 1 over ``warmup_steps - 1`` advances.
+    """
+
+    spec_name = "warmup"
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int):
+        self.warmup_steps: int = _checked("warmup", warmup_steps=warmup_steps)["warmup_steps"]
+        super().__init__(
+            optimizer,
+            start_factor=1.0 / self.warmup_steps,
+            end_factor=1.0,
+            total_iters=max(self.warmup_steps - 1, 1),
+        )
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {"warmup_steps": self.warmup_steps}
+
+
+class StepLR(_Carried, lr_scheduler.StepLR):
+    """``torch.optim.lr_scheduler.StepLR``: multiply the lr by ``gamma`` every ``step_size``
+    optimizer steps."""
+
+    spec_name = "step"
+
+    def __init__(self, optimizer: torch.optim.Optimizer, step_size: int, gamma: float = 0.1):
+        params = _checked("step", step_size=step_size, gamma=gamma)
+        super().__init__(optimizer, step_size=params["step_size"], gamma=params["gamma"])
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {"step_size": self.step_size, "gamma": self.gamma}
+
+
+class LinearLR(_Carried, lr_scheduler.LinearLR):
+    """``torch.optim.lr_scheduler.LinearLR``: scale the lr linearly from ``start_factor`` to
+    ``end_factor`` over ``total_iters`` optimizer steps, then keep ``end_factor``."""
+
+    spec_name = "linear"
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        start_factor: float = 1.0 / 3,
+        end_factor: float = 1.0,
+        total_iters: int = 5,
+    ):
+        params = _checked(
+            "linear", start_factor=start_factor, end_factor=end_factor, total_iters=total_iters
+        )
+        super().__init__(optimizer, **params)
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {
+            "start_factor": self.start_factor,
+            "end_factor": self.end_factor,
+            "total_iters": self.total_iters,
+        }
+
+
+class ExponentialLR(_Carried, lr_scheduler.ExponentialLR):
+    """``torch.optim.lr_scheduler.ExponentialLR``: multiply the lr by ``gamma`` every
+    optimizer step."""
+
+    spec_name = "exponential"
+
+    def __init__(self, optimizer: torch.optim.Optimizer, gamma: float):
+        super().__init__(optimizer, gamma=_checked("exponential", gamma=gamma)["gamma"])
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {"gamma": self.gamma}
+
+
+class ReduceLROnPlateau(_Carried, lr_scheduler.ReduceLROnPlateau):
+    """``torch.optim.lr_scheduler.ReduceLROnPlateau`` that knows which metric it watches.
+
+    Multiplies the lr by ``factor`` (not below ``min_lr``) when ``monitor`` has not improved
+    by ``threshold`` (relative, or absolute with ``threshold_mode="abs"``) for more than
+    ``patience`` validations; ``mode="max"`` for metrics that should grow (accuracy). In a job
+    it advances once per validation with that validation's ``monitor`` value; in your own loop
+    call ``step(value)`` as with torch.
+    """
+
+    spec_name = "plateau"
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        mode: Literal["min", "max"] = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        min_lr: float = 0.0,
+        monitor: str = "val_loss",
+        *,
+        threshold_mode: Literal["rel", "abs"] = "rel",
+        cooldown: int = 0,
+    ):
+        params = _checked(
+            "plateau",
+            mode=mode,
+            factor=factor,
+            patience=patience,
+            threshold=threshold,
+            min_lr=min_lr,
+            monitor=monitor,
+            threshold_mode=threshold_mode,
+            cooldown=cooldown,
+        )
+        self.monitor: str = params.pop("monitor")
+        super().__init__(optimizer, **params)
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "factor": self.factor,
+            "patience": self.patience,
+            "threshold": self.threshold,
+            "threshold_mode": self.threshold_mode,
+            "cooldown": self.cooldown,
+            "min_lr": float(self.default_min_lr),
+            "monitor": self.monitor,
+        }
+
+
+def scheduler_spec(scheduler: Any) -> SchedulerSpec:
+    """The :class:`SchedulerSpec` that rebuilds ``scheduler`` in a job.
+
+    Accepts the ace3 schedulers and these torch classes (exactly, not subclasses):
+    ``CosineAnnealingLR``, ``StepLR``, ``LinearLR``, ``ExponentialLR`` and
+    ``ReduceLROnPlateau`` (which watches ``val_loss`` in a job). The schedule must not have
+    advanced yet: a job starts it from the beginning. Anything else raises
+    ``UnsupportedFeatureError`` naming what cannot be carried.
+    """
+    spec = scheduler.to_spec() if isinstance(scheduler, _Carried) else _torch_spec(scheduler)
+    steps_done = scheduler.last_epoch
+    if steps_done > 0:
+        _refuse(
+            "lr_scheduler",
+            f"{type(scheduler).__name__} has already advanced {steps_done} time(s); a job "
+            "starts its schedule from the beginning, so pass a scheduler that has not stepped",
+        )
+    return spec
+
+
+def _torch_spec(scheduler: Any) -> SchedulerSpec:
+    cls = type(scheduler)
+    torch_classes: dict[type, tuple[str, tuple[str, ...]]] = {
+        lr_scheduler.CosineAnnealingLR: ("cosine", ("T_max", "eta_min")),
+        lr_scheduler.StepLR: ("step", ("step_size", "gamma")),
+        lr_scheduler.LinearLR: ("linear", ("start_factor", "end_factor", "total_iters")),
+        lr_scheduler.ExponentialLR: ("exponential", ("gamma",)),
+    }
+    if cls in torch_classes:
+        name, keys = torch_classes[cls]
+        return _spec_or_refuse(name, {key: getattr(scheduler, key) for key in keys})
+    if cls is lr_scheduler.ReduceLROnPlateau:
+        return _spec_or_refuse("plateau", _plateau_params(scheduler))
+    _refuse(
+        "lr_scheduler",
+        f"{cls.__module__}.{cls.__qualname__} cannot be carried to a job; supported: the "
+        "ace3.training.schedulers classes and torch's CosineAnnealingLR, StepLR, LinearLR, "
+        "ExponentialLR and ReduceLROnPlateau",
+    )
+    raise AssertionError("unreachable")
+
+
+def _plateau_params(scheduler: lr_scheduler.ReduceLROnPlateau) -> dict[str, Any]:
+    min_lrs = {float(value) for value in scheduler.min_lrs}
+    if len(min_lrs) > 1:
+        _refuse(
+            "min_lr",
+            f"ReduceLROnPlateau has a different min_lr per parameter group ({scheduler.min_lrs});"
+            " a job carries one min_lr for all groups",
+        )
+    if scheduler.eps != 1e-8:
+        _refuse(
+            "eps",
+            f"ReduceLROnPlateau(eps={scheduler.eps!r}) cannot be carried: jobs use eps=1e-8",
+        )
+    return {
+        "mode": scheduler.mode,
+        "factor": scheduler.factor,
+        "patience": scheduler.patience,
+        "threshold": scheduler.threshold,
+        "threshold_mode": scheduler.threshold_mode,
+        "cooldown": scheduler.cooldown,
+        "min_lr": min_lrs.pop(),
+    }
+
+
+def _spec_or_refuse(name: str, params: dict[str, Any]) -> SchedulerSpec:
+    try:
+        return SchedulerSpec(name=name, params=check_scheduler_params(name, params))
+    except ValueError as exc:
+        _refuse("lr_scheduler", f"cannot carry this scheduler to a job: {exc}")
+        raise AssertionError("unreachable") from exc
+
+
+def _refuse(field: str, reason: str) -> None:
+    raise UnsupportedFeatureError(reason, [ConfigProblem(field=field, reason=reason)])
