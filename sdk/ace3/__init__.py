@@ -30,17 +30,8 @@ from ace3.client import (
 )
 from ace3.client._http import SDK_VERSION
 from ace3.client.pagination import CursorPage
-from ace3.client.resources import (
-    Checkpoint,
-    Dataset,
-    Job,
-    JobEvent,
-    JobState,
-    LogLine,
-    Metric,
-    Model,
-)
 from ace3.client.searches import Search, SearchEvent, SearchState, SearchTrial, TrialState
+from ace3.client.types import Checkpoint, Dataset, Job, JobEvent, JobState, LogLine, Metric, Model
 from ace3.config import (
     AMPConfig,
     CheckpointConfig,

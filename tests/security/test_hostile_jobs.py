@@ -136,7 +136,7 @@ def hostile_jobs(
     return handles
 
 
-def _finished(sdk: ace3.Client, handle: JobHandle) -> ace3.client.resources.Job:
+def _finished(sdk: ace3.Client, handle: JobHandle) -> ace3.client.types.Job:
     wait_for(
         lambda: handle.refresh().state in ("succeeded", "failed", "cancelled"),
         JOB_TIMEOUT,

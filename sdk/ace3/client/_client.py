@@ -18,8 +18,10 @@ import httpx
 
 from ace3.client._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
 from ace3.client._packing import pack_directory
-from ace3.client.resources import Checkpoints, Dataset, Datasets, Jobs, Model, Models, Workers
+from ace3.client.jobs import Jobs
+from ace3.client.resources import Checkpoints, Datasets, Models, Workers
 from ace3.client.searches import Searches
+from ace3.client.types import Dataset, Model
 from ace3.errors import ACE3Error, PackingError
 from ace3.files import sha256_file
 from ace3.follow.job_handle import JobHandle

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ace3.client._resource import _Runs
 from ace3.client._sse import decode_event, follow_events
-from ace3.client.pagination import CursorPage
-from ace3.client.resources import _APIObject, _Resource
+from ace3.client.types import _APIObject
 from ace3.hp import HPConfig
 
 __all__ = [
@@ -160,11 +160,34 @@ class SearchEvent:
     id: str | None = None
 
 
+def best_of(
+    search: Search | None, trials: list[SearchTrial], *, with_search_best: bool = True
+) -> SearchTrial | None:
+    """The best succeeded trial among ``trials`` (by the search's direction, ties to the lower
+    number) and, ``with_search_best``, the search's own ``best_trial`` (the search state and
+    the trial events of one change can arrive in either order)."""
+    candidates = {
+        trial.number: trial
+        for trial in trials
+        if trial.state == TrialState.SUCCEEDED and trial.value is not None
+    }
+    if with_search_best and search is not None and search.best_trial is not None:
+        candidates.setdefault(search.best_trial.number, search.best_trial)
+    if not candidates:
+        return None
+    sign = -1.0 if search is not None and search.direction == "minimize" else 1.0
+    ordered = sorted(candidates.values(), key=lambda trial: trial.number)
+    return max(ordered, key=lambda trial: sign * (trial.value or 0.0))
+
+
 _EVENT_MODELS: dict[str, type[BaseModel]] = {"state": Search, "end": Search, "trial": SearchTrial}
 
 
-class Searches(_Resource):
+class Searches(_Runs[Search]):
     """``/v1/searches``: hyperparameter searches, their trials and live events."""
+
+    _path = "/v1/searches"
+    _run_type = Search
 
     def create(
         self,
@@ -195,25 +218,6 @@ class Searches(_Resource):
         response = self._http.request(
             "POST", "/v1/searches", json_body=body, idempotency_key=idempotency_key
         )
-        return Search.model_validate(response.json())
-
-    def retrieve(self, search_id: str) -> Search:
-        response = self._http.request("GET", f"/v1/searches/{search_id}")
-        return Search.model_validate(response.json())
-
-    def list(
-        self,
-        *,
-        state: SearchState | str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
-    ) -> CursorPage[Search]:
-        params = {"state": str(state) if state is not None else None, "limit": limit}
-        return self._list("/v1/searches", Search, params, cursor)
-
-    def cancel(self, search_id: str) -> Search:
-        """Stop the search: no new trials, running ones are cancelled (idempotent)."""
-        response = self._http.request("POST", f"/v1/searches/{search_id}/cancel", idempotent=True)
         return Search.model_validate(response.json())
 
     def trials(self, search_id: str) -> builtins.list[SearchTrial]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -193,3 +194,18 @@ def parse_record(line: bytes) -> EventRecord | RefusedRecord:
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+# The engine echoes what it reports as metrics in its log as well (rank 0's output, read with
+# client.jobs.logs): the interval line, the end-of-epoch and mid-epoch validation lines and the
+# final summary. A display that prints the metrics themselves skips these lines, so that each
+# value shows once.
+_METRIC_ECHO = re.compile(
+    r"^(?:\[rank \d+\] )?"
+    r"(?:step \d+ epoch \S+ train_loss=|epoch \d+ done: |validation at step \d+: |done: )"
+)
+
+
+def echoes_metrics(line: str) -> bool:
+    """Whether ``line`` is the engine's log echo of a metrics record."""
+    return _METRIC_ECHO.match(line) is not None

@@ -9,14 +9,11 @@ change. ``rich`` is imported only when the live display is used.
 from __future__ import annotations
 
 import math
-import sys
-import time
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
-from ace3.client.resources import Job, JobEvent, LogLine, Metric
-from ace3.config.events import RunPlan
-
-DisplayMode = Literal["auto", "plain", "none"]
+from ace3.client.types import Job, JobEvent, LogLine, Metric
+from ace3.config.events import RunPlan, echoes_metrics
+from ace3.follow.display import DisplayMode, FollowDisplay, choose_display, format_value
 
 # Shown on the bar, in this order, with short labels.
 HEADLINE_METRICS = (
@@ -35,27 +32,8 @@ def create_display(
     file: TextIO | None = None,
 ) -> Display:
     """The display for ``mode``: ``auto`` = live bar on a terminal, plain lines elsewhere."""
-    out = file if file is not None else sys.stdout
-    if mode == "none":
-        return Display(job, config, out)
-    if mode == "auto" and _is_terminal(out):
-        return RichDisplay(job, config, out)
-    return PlainDisplay(job, config, out)
-
-
-def _is_terminal(out: TextIO) -> bool:
-    try:
-        return bool(out.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-def format_value(value: float) -> str:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return str(value)
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.4g}"
+    display, out = choose_display(mode, file, Display, PlainDisplay, RichDisplay)
+    return display(job, config, out)
 
 
 class StepEstimator:
@@ -98,29 +76,18 @@ class StepEstimator:
         return estimate
 
 
-class Display:
-    """Shows nothing; the base of the real displays (which override the ``_on_*`` hooks)."""
+class Display(FollowDisplay):
+    """Shows nothing; the base of the job displays (which override the ``_on_*`` hooks)."""
 
     def __init__(self, job: Job | None, config: dict[str, Any] | None, out: TextIO):
+        super().__init__(out)
         self.job = job
-        self.out = out
         self.steps = StepEstimator(
             config if config is not None else (job.config if job else {}),
             job.plan if job is not None else None,
         )
         self.step = 0
         self.latest: dict[str, float] = {}
-        self.started = time.monotonic()
-
-    def __enter__(self) -> Display:
-        self._on_start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        pass
 
     def handle(self, event: JobEvent) -> None:
         data = event.data
@@ -143,13 +110,6 @@ class Display:
             elif data.state != previous:
                 self._on_state(data)
 
-    def note(self, message: str) -> None:
-        """A message of the SDK's own (e.g. that Ctrl-C cancelled the job); always shown."""
-        print(message, file=self.out, flush=True)
-
-    def _on_start(self) -> None:
-        pass
-
     def _on_metric(self, metric: Metric) -> None:
         pass
 
@@ -161,10 +121,6 @@ class Display:
 
     def _on_end(self, job: Job) -> None:
         pass
-
-    def _elapsed(self) -> str:
-        seconds = int(time.monotonic() - self.started)
-        return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
     def _end_message(self, job: Job) -> str:
         text = f"job {job.id} {job.state} after {self._elapsed()}"
@@ -197,9 +153,7 @@ class PlainDisplay(Display):
 
     def close(self) -> None:
         self._flush()
-
-    def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        super().close()
 
     def _flush(self) -> None:
         if self._pending_step is None or not self._pending:
@@ -210,7 +164,7 @@ class PlainDisplay(Display):
         if epoch is not None:
             position += f" epoch {format_value(epoch)}"
         values = " ".join(f"{name}={format_value(value)}" for name, value in self._pending.items())
-        self._print(f"{position}: {values}" if values else position)
+        self.note(f"{position}: {values}" if values else position)
         self._pending = {}
         self._pending_step = None
         self._pending_epoch = None
@@ -224,21 +178,23 @@ class PlainDisplay(Display):
         self._pending[metric.name] = metric.value
 
     def _on_log(self, line: LogLine) -> None:
+        if echoes_metrics(line.line):
+            return  # the engine's echo of the metrics this display prints as they arrive
         self._flush()
-        self._print(line.format())
+        self.note(line.format())
 
     def _on_start(self) -> None:
         if self.job is not None:
-            self._print(f"job {self.job.id}: {self.job.state}")
+            self.note(f"job {self.job.id}: {self.job.state}")
 
     def _on_state(self, job: Job) -> None:
         self._flush()
         if not job.is_terminal:  # the end line reports the final state
-            self._print(f"job {job.id}: {job.state}")
+            self.note(f"job {job.id}: {job.state}")
 
     def _on_end(self, job: Job) -> None:
         self._flush()
-        self._print(self._end_message(job))
+        self.note(self._end_message(job))
 
 
 class RichDisplay(Display):
@@ -275,23 +231,9 @@ class RichDisplay(Display):
         )
         self._task = self._progress.add_task(self._description(), total=None, metrics="")
         self._progress.start()
-        self._closed = False
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._progress.stop()
-
-    def note(self, message: str) -> None:
-        if self._closed:
-            super().note(message)
-        else:
-            self._print(message)
-
-    def _print(self, text: str) -> None:
-        from rich.text import Text
-
-        self._progress.console.print(Text(text), soft_wrap=True)
+    def _stop_live(self) -> None:
+        self._progress.stop()
 
     def _description(self) -> str:
         if self.job is None:
@@ -316,7 +258,7 @@ class RichDisplay(Display):
         self._refresh()
 
     def _on_log(self, line: LogLine) -> None:
-        self._print(line.format())
+        self.note(line.format())
 
     def _on_state(self, job: Job) -> None:
         self._refresh()

@@ -4,18 +4,19 @@
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ace3.client.resources import Checkpoint, Job, JobEvent, JobState, LogLine, LogPage, Metric
+from ace3.client.types import Checkpoint, Job, JobEvent, JobState, LogLine, LogPage, Metric
 from ace3.errors import JobCancelledError, JobFailedError
+from ace3.follow.display import display_mode
+from ace3.follow.waiting import FollowedHandle
 
 if TYPE_CHECKING:
-    from ace3.client import Client
+    pass
 
 LOG_TAIL_LINES = 20
 
@@ -113,39 +114,25 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-class JobHandle:
+class JobHandle(FollowedHandle[Job, JobEvent]):
     """A submitted job: follow it, wait for it, cancel it, read what it reported."""
 
-    def __init__(self, job: Job | str, client: Client):
-        self._client = client
-        if isinstance(job, Job):
-            self.id = job.id
-            self.job: Job | None = job
-        else:
-            self.id = job
-            self.job = None
-
-    def __repr__(self) -> str:
-        state = self.job.state if self.job is not None else "?"
-        return f"JobHandle(id={self.id!r}, state={str(state)!r})"
+    kind = "job"
+    resource_type = Job
+    wait_again = "client.jobs.retrieve({id!r})"
+    stops_after_cancel = "It stops on the server shortly."
 
     @property
-    def client(self) -> Client:
-        return self._client
+    def job(self) -> Job | None:
+        """The job as last seen (None until it was read)."""
+        return self._last
 
-    @property
-    def state(self) -> JobState | str | None:
-        """The state last seen (call :meth:`refresh` for the current one)."""
-        return self.job.state if self.job is not None else None
+    @job.setter
+    def job(self, job: Job | None) -> None:
+        self._last = job
 
-    def refresh(self) -> Job:
-        self.job = self._client.jobs.retrieve(self.id)
-        return self.job
-
-    def cancel(self) -> Job:
-        """Ask the job to stop; returns at once (the job goes through ``cancelling``)."""
-        self.job = self._client.jobs.cancel(self.id)
-        return self.job
+    def _collection(self) -> Any:
+        return self._client.jobs
 
     def metrics(self, *, name: str | None = None, since_step: int | None = None) -> list[Metric]:
         return self._client.jobs.metrics(self.id, name=name, since_step=since_step)
@@ -170,10 +157,6 @@ class JobHandle:
                 raise ValueError(f"job {self.id} has no checkpoint yet")
             checkpoint = max(checkpoints, key=lambda item: (item.step or 0, item.created_at or 0))
         return self._client.jobs.download_checkpoint(self.id, checkpoint, to, verify=verify)
-
-    def stream_events(self, **kwargs: Any) -> Iterator[JobEvent]:
-        """The job's live events (``state``, ``metric``, ``log``, then ``end``)."""
-        return self._client.jobs.events(self.id, **kwargs)
 
     def result(self) -> TrainingResult:
         """The result of a job that already succeeded (see :meth:`wait` for a running one)."""
@@ -200,42 +183,19 @@ class JobHandle:
         """
         from ace3.follow.job_display import create_display
 
-        mode = "none" if show_progress is None else ("auto" if show_progress else "plain")
         tail: deque[LogLine] = deque(maxlen=LOG_TAIL_LINES)
-        final_job: Job | None = None
-        hook_failed = False
-        display = create_display(self.job, self._config(), mode=mode)
-        started = time.monotonic()
-        try:
-            with display:
-                for event in self.stream_events(timeout=timeout):
-                    display.handle(event)
-                    if on_event is not None:
-                        try:
-                            on_event(event)
-                        except Exception as exc:  # a follower must not end the wait
-                            if not hook_failed:
-                                display.note(f"warning: following job {self.id}: {exc!r}")
-                            hook_failed = True
-                    if isinstance(event.data, LogLine):
-                        tail.append(event.data)
-                    elif isinstance(event.data, Job):
-                        self.job = event.data
-                        if event.type == "end":
-                            final_job = event.data
-        except KeyboardInterrupt:
-            if cancel_on_interrupt:
-                self._cancel_after_interrupt(display)
-            raise
-        except TimeoutError as exc:
-            waited = time.monotonic() - started
-            raise TimeoutError(
-                f"job {self.id} did not finish within {waited:.0f} s; it keeps running: "
-                f"wait on it again with client.jobs.retrieve({self.id!r}) or cancel it"
-            ) from exc
-        if final_job is None:  # the stream ended without `end`: ask the job itself
-            final_job = self.refresh()
-        return self._outcome(final_job, list(tail))
+
+        def observe(event: JobEvent) -> None:
+            if isinstance(event.data, LogLine):
+                tail.append(event.data)
+            if on_event is not None:
+                on_event(event)
+
+        display = create_display(self.job, self._config(), mode=display_mode(show_progress))
+        final = self._follow(
+            display, timeout=timeout, cancel_on_interrupt=cancel_on_interrupt, on_event=observe
+        )
+        return self._outcome(final, list(tail))
 
     def _config(self) -> dict[str, Any]:
         return dict(self.job.config) if self.job is not None else {}
@@ -261,14 +221,3 @@ class JobHandle:
         except Exception:  # the failure matters more than its logs
             return []
         return list(tail)
-
-    def _cancel_after_interrupt(self, display: Any) -> None:
-        try:
-            job = self.cancel()
-        except Exception as exc:
-            display.note(f"Interrupted; could not cancel job {self.id}: {exc}")
-        else:
-            display.note(
-                f"Interrupted: cancelled job {self.id} (state {job.state}). "
-                "It stops on the server shortly."
-            )

@@ -9,13 +9,11 @@ every trial when the stream reconnects: a trial that did not change prints nothi
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
 from typing import Any, TextIO
 
-from ace3.client.searches import Search, SearchEvent, SearchTrial, TrialState
-from ace3.follow.job_display import DisplayMode, _is_terminal, format_value
+from ace3.client.searches import Search, SearchEvent, SearchTrial, TrialState, best_of
+from ace3.follow.display import DisplayMode, FollowDisplay, choose_display, format_value
 
 MAX_TABLE_ROWS = 12  # the live table shows running trials, the best, then the newest ones
 PARAMS_SHOWN = 6
@@ -33,12 +31,8 @@ def create_search_display(
     search: Search | None, *, mode: DisplayMode = "auto", file: TextIO | None = None
 ) -> SearchDisplay:
     """The display for ``mode``: ``auto`` = live table on a terminal, plain lines elsewhere."""
-    out = file if file is not None else sys.stdout
-    if mode == "none":
-        return SearchDisplay(search, out)
-    if mode == "auto" and _is_terminal(out):
-        return RichSearchDisplay(search, out)
-    return PlainSearchDisplay(search, out)
+    display, out = choose_display(mode, file, SearchDisplay, PlainSearchDisplay, RichSearchDisplay)
+    return display(search, out)
 
 
 def format_params(params: dict[str, Any], limit: int | None = None) -> str:
@@ -67,45 +61,14 @@ def _fingerprint(trial: SearchTrial) -> tuple[Any, ...]:
     )
 
 
-def best_of(
-    search: Search | None, trials: list[SearchTrial], *, with_search_best: bool = True
-) -> SearchTrial | None:
-    """The best succeeded trial among ``trials`` (by the search's direction, ties to the lower
-    number) and, ``with_search_best``, the search's own ``best_trial`` (the search state and
-    the trial events of one change can arrive in either order)."""
-    candidates = {
-        trial.number: trial
-        for trial in trials
-        if trial.state == TrialState.SUCCEEDED and trial.value is not None
-    }
-    if with_search_best and search is not None and search.best_trial is not None:
-        candidates.setdefault(search.best_trial.number, search.best_trial)
-    if not candidates:
-        return None
-    sign = -1.0 if search is not None and search.direction == "minimize" else 1.0
-    ordered = sorted(candidates.values(), key=lambda trial: trial.number)
-    return max(ordered, key=lambda trial: sign * (trial.value or 0.0))
-
-
-class SearchDisplay:
-    """Shows nothing; the base of the real displays (which override the ``_on_*`` hooks)."""
+class SearchDisplay(FollowDisplay):
+    """Shows nothing; the base of the search displays (which override the ``_on_*`` hooks)."""
 
     def __init__(self, search: Search | None, out: TextIO):
+        super().__init__(out)
         self.search = search
-        self.out = out
         self.trials: dict[int, SearchTrial] = {}
-        self.started = time.monotonic()
         self._lock = threading.Lock()  # the live display renders from another thread
-
-    def __enter__(self) -> SearchDisplay:
-        self._on_start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        pass
 
     def handle(self, event: SearchEvent) -> None:
         data = event.data
@@ -136,13 +99,6 @@ class SearchDisplay:
         """The best trial among the trials seen (what "best so far" is judged by)."""
         return best_of(self.search, list(self.trials.values()), with_search_best=False)
 
-    def note(self, message: str) -> None:
-        """A message of the SDK's own (e.g. that Ctrl-C cancelled the search); always shown."""
-        print(message, file=self.out, flush=True)
-
-    def _on_start(self) -> None:
-        pass
-
     def _on_trial(
         self, trial: SearchTrial, previous: SearchTrial | None, best_before: SearchTrial | None
     ) -> None:
@@ -161,10 +117,6 @@ class SearchDisplay:
 
     def _objective(self) -> str:
         return self.search.objective if self.search is not None else "objective"
-
-    def _elapsed(self) -> str:
-        seconds = int(time.monotonic() - self.started)
-        return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
     def _best_text(self, best: SearchTrial | None) -> str:
         if best is None or best.value is None:
@@ -199,16 +151,13 @@ class SearchDisplay:
 class PlainSearchDisplay(SearchDisplay):
     """One line per trial start, new epoch value and end, and per search state change."""
 
-    def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
-
     def _on_start(self) -> None:
         if self.search is not None:
-            self._print(f"search {self.search.id}: {self.search.state}")
+            self.note(f"search {self.search.id}: {self.search.state}")
 
     def _on_state(self, search: Search) -> None:
         if not search.is_terminal:  # the end line reports the final state
-            self._print(f"search {search.id}: {search.state}")
+            self.note(f"search {search.id}: {search.state}")
 
     def _on_trial(
         self, trial: SearchTrial, previous: SearchTrial | None, best_before: SearchTrial | None
@@ -216,15 +165,13 @@ class PlainSearchDisplay(SearchDisplay):
         objective = self._objective()
         if previous is None:
             job = f" (job {trial.job_id})" if trial.job_id else ""
-            self._print(f"trial {trial.number} started{job}: {format_params(trial.params)}")
+            self.note(f"trial {trial.number} started{job}: {format_params(trial.params)}")
         seen = {epoch for epoch, _ in previous.intermediate()} if previous is not None else set()
         for epoch, value in trial.intermediate():
             if epoch not in seen:
-                self._print(
-                    f"trial {trial.number} epoch {epoch}: {objective}={format_value(value)}"
-                )
+                self.note(f"trial {trial.number} epoch {epoch}: {objective}={format_value(value)}")
         if trial.is_finished and (previous is None or not previous.is_finished):
-            self._print(self._finished_line(trial, best_before))
+            self.note(self._finished_line(trial, best_before))
 
     def _finished_line(self, trial: SearchTrial, best_before: SearchTrial | None) -> str:
         text = f"trial {trial.number} {trial.state}"
@@ -244,7 +191,7 @@ class PlainSearchDisplay(SearchDisplay):
         return text
 
     def _on_end(self, search: Search) -> None:
-        self._print(self._end_message(search))
+        self.note(self._end_message(search))
 
 
 class RichSearchDisplay(SearchDisplay):
@@ -264,20 +211,9 @@ class RichSearchDisplay(SearchDisplay):
             vertical_overflow="visible",
         )
         self._live.start()
-        self._closed = False
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._live.stop()
-
-    def note(self, message: str) -> None:
-        if self._closed:
-            super().note(message)
-        else:
-            from rich.text import Text
-
-            self._console.print(Text(message), soft_wrap=True)
+    def _stop_live(self) -> None:
+        self._live.stop()
 
     def _on_trial(
         self, trial: SearchTrial, previous: SearchTrial | None, best_before: SearchTrial | None

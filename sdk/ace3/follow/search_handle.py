@@ -5,17 +5,16 @@
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ace3.client.resources import Checkpoint
-from ace3.client.searches import Search, SearchEvent, SearchState, SearchTrial
+from ace3.client.searches import Search, SearchEvent, SearchState, SearchTrial, best_of
+from ace3.client.types import Checkpoint
 from ace3.config import TrainingConfig
 from ace3.errors import ACE3Error, SearchCancelledError, SearchFailedError
-from ace3.follow.search_display import best_of
+from ace3.follow.display import display_mode
+from ace3.follow.waiting import FollowedHandle
 from ace3.hp import split_params
 
 if TYPE_CHECKING:
@@ -159,47 +158,33 @@ class BestParams(dict):
         return self.result.best_value
 
 
-class SearchHandle:
+class SearchHandle(FollowedHandle[Search, SearchEvent]):
     """A submitted search: follow it, wait for it, cancel it, read its trials."""
 
-    def __init__(self, search: Search | str, client: Client):
-        self._client = client
-        if isinstance(search, Search):
-            self.id = search.id
-            self.search: Search | None = search
-        else:
-            self.id = search
-            self.search = None
-
-    def __repr__(self) -> str:
-        state = self.search.state if self.search is not None else "?"
-        return f"SearchHandle(id={self.id!r}, state={str(state)!r})"
+    kind = "search"
+    resource_type = Search
+    wait_again = "client.search({id!r}).wait()"
+    stops_after_cancel = "Its running trials stop on the server shortly."
 
     @property
-    def client(self) -> Client:
-        return self._client
+    def search(self) -> Search | None:
+        """The search as last seen (None until it was read)."""
+        return self._last
 
-    @property
-    def state(self) -> SearchState | str | None:
-        """The state last seen (call :meth:`refresh` for the current one)."""
-        return self.search.state if self.search is not None else None
+    @search.setter
+    def search(self, search: Search | None) -> None:
+        self._last = search
 
-    def refresh(self) -> Search:
-        self.search = self._client.searches.retrieve(self.id)
-        return self.search
+    def _collection(self) -> Any:
+        return self._client.searches
 
     def cancel(self) -> Search:
         """Stop the search; returns at once (running trials are cancelled, the search goes
         through ``cancelling`` and ends ``cancelled`` keeping its best trial so far)."""
-        self.search = self._client.searches.cancel(self.id)
-        return self.search
+        return super().cancel()
 
     def trials(self) -> list[SearchTrial]:
         return self._client.searches.trials(self.id)
-
-    def stream_events(self, **kwargs: Any) -> Iterator[SearchEvent]:
-        """The search's live events (``state``, ``trial``, then ``end``)."""
-        return self._client.searches.events(self.id, **kwargs)
 
     def result(self) -> SearchResult:
         """The result of a search that already ended (see :meth:`wait` for a running one)."""
@@ -222,33 +207,16 @@ class SearchHandle:
         """
         from ace3.follow.search_display import create_search_display
 
-        mode = "none" if show_progress is None else ("auto" if show_progress else "plain")
         streamed: dict[int, SearchTrial] = {}
-        final: Search | None = None
-        display = create_search_display(self.search, mode=mode)
-        started = time.monotonic()
-        try:
-            with display:
-                for event in self.stream_events(timeout=timeout):
-                    display.handle(event)
-                    if isinstance(event.data, SearchTrial):
-                        streamed[event.data.number] = event.data
-                    elif isinstance(event.data, Search):
-                        self.search = event.data
-                        if event.type == "end":
-                            final = event.data
-        except KeyboardInterrupt:
-            if cancel_on_interrupt:
-                self._cancel_after_interrupt(display)
-            raise
-        except TimeoutError as exc:
-            waited = time.monotonic() - started
-            raise TimeoutError(
-                f"search {self.id} did not finish within {waited:.0f} s; it keeps running: "
-                f"wait on it again with client.search({self.id!r}).wait() or cancel it"
-            ) from exc
-        if final is None:  # the stream ended without `end`: ask the search itself
-            final = self.refresh()
+
+        def observe(event: SearchEvent) -> None:
+            if isinstance(event.data, SearchTrial):
+                streamed[event.data.number] = event.data
+
+        display = create_search_display(self.search, mode=display_mode(show_progress))
+        final = self._follow(
+            display, timeout=timeout, cancel_on_interrupt=cancel_on_interrupt, on_event=observe
+        )
         return self._outcome(final, streamed)
 
     def _outcome(self, search: Search, streamed: dict[int, SearchTrial]) -> SearchResult:
@@ -268,14 +236,3 @@ class SearchHandle:
         if search.state == SearchState.CANCELLED:
             raise SearchCancelledError(search, ordered)
         return SearchResult.from_search(search, ordered, self._client)
-
-    def _cancel_after_interrupt(self, display: Any) -> None:
-        try:
-            search = self.cancel()
-        except Exception as exc:
-            display.note(f"Interrupted; could not cancel search {self.id}: {exc}")
-        else:
-            display.note(
-                f"Interrupted: cancelled search {self.id} (state {search.state}). Its running "
-                "trials stop on the server shortly."
-            )

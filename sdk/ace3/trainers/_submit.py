@@ -8,7 +8,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ace3.client.resources import Dataset, Model
+from ace3.client.types import Dataset, Model
 from ace3.config import TrainingConfig, unsupported_settings
 from ace3.errors import UnsupportedFeatureError
 

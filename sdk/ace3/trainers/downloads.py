@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from ace3.client.resources import Artifact, Checkpoint
+from ace3.client.types import Artifact, Checkpoint
 from ace3.config.specs import ARTIFACT_SCHEME
 from ace3.errors import ACE3Error
 from ace3.files import sha256_file

@@ -64,18 +64,18 @@ def _resume_path(trainer: Trainer, resume: bool, checkpoint_dir: Path | None) ->
     from ace3.runtime.in_process import latest_checkpoint_in
 
     if not resume:
-        if trainer._resume_from is not None:
+        if trainer.resume_source is not None:
             print(
                 "note: a checkpoint was loaded with load_checkpoint() but train() was called "
                 "without resume=True: training starts from the model's current weights",
                 flush=True,
             )
         return None
-    if trainer._resume_from is not None:
-        path = Path(trainer._resume_from)
+    if trainer.resume_source is not None:
+        path = Path(trainer.resume_source)
         if not path.is_file():
             raise FileNotFoundError(
-                f"{trainer._resume_from!r} is not a local checkpoint file: an in-process run "
+                f"{trainer.resume_source!r} is not a local checkpoint file: an in-process run "
                 "resumes from a file (download a stored one with "
                 "client.jobs.download_checkpoint(job_id, checkpoint_id, to=...))"
             )

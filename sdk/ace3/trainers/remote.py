@@ -23,10 +23,11 @@ from ace3.config.specs import ARTIFACT_SCHEME
 from ace3.errors import JobCancelledError, UnsupportedFeatureError
 from ace3.files import sha256_file
 from ace3.follow.job_handle import JobHandle
+from ace3.trainers._submit import resolve_client, resolve_inputs
 
 if TYPE_CHECKING:
     from ace3.client import Client
-    from ace3.client.resources import JobEvent
+    from ace3.client.types import JobEvent
     from ace3.trainers import Trainer
 
 SYNC_EVERY_S = 2.0
@@ -110,8 +111,8 @@ def _resume_checkpoint(trainer: Trainer, client: Client, resume: bool) -> str | 
 
     if not resume:
         return None
-    if trainer._resume_from is not None:
-        return _checkpoint_id_for(client, trainer._resume_from)
+    if trainer.resume_source is not None:
+        return _checkpoint_id_for(client, trainer.resume_source)
     directory = checkpoint_dir_of(trainer)
     if directory is not None:
         files = sorted(
@@ -170,7 +171,7 @@ class JobFollower:
         self.pending = {}
 
     def on_event(self, event: JobEvent) -> None:
-        from ace3.client.resources import Metric
+        from ace3.client.types import Metric
 
         if event.type == "metric" and isinstance(event.data, Metric):
             metric = event.data
@@ -226,19 +227,20 @@ def run_remotely(
     idempotency_key: str,
     resume: bool,
 ) -> Any:
-    from ace3.trainers._submit import resolve_client
-
     plan = RemotePlan(trainer, config)
     client = resolve_client(trainer.client, model, dataset, validation_dataset)
-    resume_id = _resume_checkpoint(trainer, client, resume)
-    create: dict[str, Any] = {
-        "model_kwargs": model_kwargs,
-        "name": name,
-        "idempotency_key": idempotency_key,
-    }
-    if resume_id is not None:
-        create["resume_from_checkpoint"] = resume_id
-    handle = trainer._submit(plan.config, model, dataset, validation_dataset, **create)
+    resume_id = _resume_checkpoint(trainer, client, resume)  # before any upload
+    _, ids = resolve_inputs(client, model, dataset, validation_dataset)
+    job = client.jobs.create(
+        **ids,
+        config=plan.config,
+        model_kwargs=model_kwargs,
+        name=name,
+        idempotency_key=idempotency_key,
+        resume_from_checkpoint=resume_id,
+    )
+    handle = JobHandle(job, client)
+    trainer.last_job = handle
     if not wait:
         return handle
     follower = JobFollower(trainer, plan, handle)

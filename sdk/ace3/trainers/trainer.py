@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ace3.config import AMPConfig, CheckpointConfig, DistributedConfig, TrainingConfig
-from ace3.follow.job_handle import JobHandle, TrainingResult
-from ace3.trainers._submit import refuse_unsupported, resolve_inputs, without_rendezvous
+from ace3.follow.job_handle import JobHandle
+from ace3.trainers._submit import refuse_unsupported, without_rendezvous
 
 if TYPE_CHECKING:
     from ace3.client import Client
@@ -109,7 +109,7 @@ class Trainer:
         self.checkpoint_config = checkpoint_config
         self._check_callbacks_and_loggers()
         self.last_job: JobHandle | None = None
-        self._resume_from: str | None = None  # a local checkpoint path or a checkpoint id
+        self._resume_source: str | None = None  # a local checkpoint path or a checkpoint id
         self.config = self._with_objects(self.config)  # fail fast on what cannot be carried
 
     # -- configuration --------------------------------------------------------------------
@@ -214,7 +214,13 @@ class Trainer:
         looks_like_path = os.sep in value or value.endswith((".pt", ".pth", ".tar", ".safetensors"))
         if looks_like_path and not Path(value).is_file():
             raise FileNotFoundError(f"checkpoint file not found: {value}")
-        self._resume_from = value
+        self._resume_source = value
+
+    @property
+    def resume_source(self) -> str | None:
+        """What :meth:`load_checkpoint` was given (a local file or a stored checkpoint's id),
+        or None: ``train(resume=True)`` then resumes from the newest file in ``save_dir``."""
+        return self._resume_source
 
     # -- training -------------------------------------------------------------------------
 
@@ -281,22 +287,6 @@ class Trainer:
             idempotency_key=idempotency_key or str(uuid.uuid4()), resume=resume,
         )  # fmt: skip
 
-    # -- used by the runners ----------------------------------------------------------------
-
-    def _submit(
-        self,
-        config: TrainingConfig,
-        model: ModelInput,
-        training_data: DatasetInput,
-        validation_dataset: DatasetInput,
-        **create: Any,
-    ) -> JobHandle:
-        client, ids = resolve_inputs(self.client, model, training_data, validation_dataset)
-        job = client.jobs.create(**ids, config=config, **create)
-        handle = JobHandle(job, client)
-        self.last_job = handle
-        return handle
-
 
 class DistributedTrainer(Trainer):
     """Train across several processes (``num_gpus`` per node); any parallelism value."""
@@ -337,6 +327,3 @@ _TRAINER_FOR = {
     "model": "ModelParallelTrainer",
     "pipeline": "PipelineParallelTrainer",
 }
-
-# TrainingResult is re-exported for type hints of callers.
-_ = TrainingResult

@@ -285,3 +285,18 @@ def test_a_metric_name_the_contract_refuses_is_a_clear_error(recorder: Recorder)
         match=r"metrics record: values\.val_x{56}\.\.\.\.\[key\]: String should have at most 200",
     ):
         ace3.runtime.in_process.train_in_process(config, linear(), DATA, compute_metrics=metrics)
+
+
+def test_every_line_the_engine_prints_with_metrics_is_known_as_their_echo(capfd):
+    """Plain progress prints each metric once: the display skips the engine's log echo of the
+    metrics it prints itself, which it can only do if it recognises every such line."""
+    from ace3.config.events import echoes_metrics
+
+    config = ace3.TrainingConfig(**{**BASE, "validation_split": 0.25, "max_steps": 6})
+    ace3.Trainer(config).train(linear(), DATA)
+    lines = capfd.readouterr().out.splitlines()
+    with_metrics = [line for line in lines if "loss=" in line or "accuracy=" in line]
+    kinds = {line.split(" ")[0] for line in with_metrics}
+    assert {"step", "epoch", "validation", "done:"} <= kinds, lines
+    assert all(echoes_metrics(line) for line in with_metrics), with_metrics
+    assert not any(echoes_metrics(line) for line in lines if line not in with_metrics)

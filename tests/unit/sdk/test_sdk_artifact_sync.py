@@ -77,7 +77,7 @@ def test_artifacts_are_listed_and_downloaded_atomically_and_verified(
     client = api.client()
 
     (listed, _) = client.jobs.artifacts("job_1")
-    assert isinstance(listed, ace3.client.resources.Artifact) and listed.version == 1
+    assert isinstance(listed, ace3.client.types.Artifact) and listed.version == 1
     assert listed.sha256 == _sha(b"event bytes") and listed.size_bytes == 11
 
     path = client.jobs.download_artifact("job_1", listed.path, tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 import ace3
-from ace3.client.resources import JobEvent
+from ace3.client.types import JobEvent
 from ace3.follow.job_display import PlainDisplay, RichDisplay, StepEstimator, create_display
 from tests.unit.sdk.sdk_fakes import job_json, log, metric
 
@@ -107,3 +107,24 @@ def test_step_total_without_a_plan_from_epoch_loss_or_max_steps():
     assert capped.total == 50, "validation can run mid-epoch (max_steps): it says nothing"
     capped.observe(ace3.Metric(step=8, name="epoch_train_loss", value=1.0, epoch=1))
     assert capped.total == 24
+
+
+def test_plain_lines_show_each_metric_once_not_again_in_the_engine_log_echo():
+    out = io.StringIO()
+    echo = "step 1 epoch 1 train_loss=0.75000 lr=0.001 samples/s=1234"
+    stream = [
+        JobEvent("state", ace3.Job.model_validate(job_json(state="running", plan=PLAN))),
+        JobEvent("metric", ace3.Metric.model_validate(metric(1, "train_loss", 0.75, epoch=1))),
+        JobEvent("log", ace3.LogLine.model_validate(log(1, echo, rank=0))),
+        JobEvent("log", ace3.LogLine.model_validate(log(2, "validation at step 1: val_loss=0.5"))),
+        JobEvent("log", ace3.LogLine.model_validate(log(3, "epoch 1 done: val_loss=0.50000"))),
+        JobEvent("log", ace3.LogLine.model_validate(log(4, "resumed from step 0", rank=0))),
+    ]
+    with create_display(None, {"epochs": 2}, mode="plain", file=out) as display:
+        for event in stream:
+            display.handle(event)
+    assert out.getvalue().splitlines() == [
+        "job job_1: running",
+        "step 1/20 epoch 1: train_loss=0.75",
+        "[rank 0] resumed from step 0",
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 import ace3
-from ace3.client.resources import Worker
+from ace3.client.types import Worker
 
 ROWS = [
     {"id": "a", "hostname": "cpu-box", "device_kind": "cpu", "device_count": 8, "slots": 2,

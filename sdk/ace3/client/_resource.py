@@ -1,0 +1,63 @@
+"""The base of every resource collection (``client.models``, ``client.jobs``, ...): one REST
+call per method over the shared HTTP client, and cursor pages for list calls. Jobs and searches
+share retrieve / list by state / cancel."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from ace3.client.pagination import CursorPage, ItemT
+
+if TYPE_CHECKING:
+    from ace3.client._http import HTTPClient
+
+
+RunT = TypeVar("RunT", bound=BaseModel)
+
+
+class _Resource:
+    def __init__(self, http: HTTPClient):
+        self._http = http
+
+    def _list(
+        self, path: str, item_type: type[ItemT], params: Mapping[str, Any], cursor: str | None
+    ) -> CursorPage[ItemT]:
+        """``GET path`` as a cursor page that fetches the following pages with the same query."""
+
+        def fetch(next_cursor: str | None) -> CursorPage[ItemT]:
+            payload = self._http.request(
+                "GET", path, params={**params, "cursor": next_cursor}
+            ).json()
+            items = [item_type.model_validate(item) for item in payload.get("data") or []]
+            return CursorPage(items, payload.get("next_cursor"), fetch)
+
+        return fetch(cursor)
+
+
+class _Runs(_Resource, Generic[RunT]):
+    """What jobs and searches share: read one, list them by state, ask one to stop."""
+
+    _path: ClassVar[str]
+    _run_type: ClassVar[type[Any]]
+
+    def retrieve(self, run_id: str) -> RunT:
+        response = self._http.request("GET", f"{self._path}/{run_id}")
+        return self._run_type.model_validate(response.json())
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> CursorPage[RunT]:
+        params = {"state": str(state) if state is not None else None, "limit": limit}
+        return self._list(self._path, self._run_type, params, cursor)
+
+    def cancel(self, run_id: str) -> RunT:
+        """Ask it to stop (idempotent: one that already ended is returned as it is)."""
+        response = self._http.request("POST", f"{self._path}/{run_id}/cancel", idempotent=True)
+        return self._run_type.model_validate(response.json())

@@ -1,0 +1,268 @@
+"""``client.jobs``: submit training jobs, read their metrics, logs, checkpoints and artifacts
+(downloads are streamed to a temporary file and verified before they are renamed into place),
+and follow their live events."""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from ace3.client._sse import decode_event, follow_events
+from ace3.config import TrainingConfig
+from ace3.config.specs import ARTIFACT_SCHEME
+from ace3.errors import ChecksumMismatchError
+from ace3.files import atomic_path
+
+if TYPE_CHECKING:
+    pass
+
+from ace3.client._resource import _Runs
+from ace3.client.types import (
+    _EVENT_MODELS,
+    Artifact,
+    Checkpoint,
+    Job,
+    JobEvent,
+    LogLine,
+    LogPage,
+    Metric,
+)
+
+
+def _write_verified(response: Any, target: Path, expected: str | None, *, verify: bool) -> str:
+    """Stream ``response`` into ``target`` through a temporary file in the same directory,
+    renamed into place only when complete and (with ``verify``) matching both the server's
+    ``x-checksum-sha256`` and ``expected``; return the sha256 of the bytes."""
+    announced = response.headers.get("x-checksum-sha256")
+    digest = hashlib.sha256()
+    with atomic_path(target) as partial, partial.open("wb") as handle:
+        for chunk in response.iter_bytes():
+            digest.update(chunk)
+            handle.write(chunk)
+        handle.flush()
+        actual = digest.hexdigest()
+        if verify:
+            for wanted in (announced, expected):
+                if wanted and wanted.lower() != actual:
+                    raise ChecksumMismatchError(str(target), wanted.lower(), actual)
+    return actual
+
+
+def _artifact_path(path: str, argument: str) -> str:
+    """An artifact path as the server stores it (relative, '/'-separated); ``artifact://`` and
+    surrounding slashes are dropped. ValueError naming ``argument`` for anything that could
+    leave the artifacts directory."""
+    if not isinstance(path, str):
+        raise TypeError(f"{argument} must be a str (an artifact path), not {type(path).__name__}")
+    text = path.removeprefix(ARTIFACT_SCHEME).strip("/")
+    parts = text.split("/")
+    if not text or any(part in ("", ".", "..") for part in parts) or "\\" in text:
+        raise ValueError(
+            f"{argument}={path!r} is not an artifact path: use a relative path like "
+            "'tensorboard/events.out' as client.jobs.artifacts(job_id) lists them (no '..', no "
+            "empty segments, '/' as separator)"
+        )
+    return text
+
+
+_EVENT_ID = re.compile(r"^(\d+):(\d+)$")
+_FILENAME = re.compile(r'filename="?([^";]+)"?')
+
+
+class Jobs(_Runs[Job]):
+    """``/v1/jobs``: training jobs, their metrics, logs, checkpoints and live events."""
+
+    _path = "/v1/jobs"
+    _run_type = Job
+
+    def create(
+        self,
+        *,
+        model_id: str,
+        dataset_id: str,
+        config: TrainingConfig | Mapping[str, Any] | None = None,
+        validation_dataset_id: str | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        idempotency_key: str | None = None,
+        resume_from_checkpoint: str | Checkpoint | None = None,
+    ) -> Job:
+        """Submit a job. With an ``idempotency_key`` the request is retried safely (the same
+        key on every attempt) and a repeat returns the job created the first time.
+
+        ``resume_from_checkpoint`` (a :class:`Checkpoint` or its id, of any of your jobs) starts
+        the job from that checkpoint: its weights, optimizer state, step and epoch, so with a
+        larger ``epochs`` it trains on where that job stopped. It needs the process count
+        (``num_gpus * num_nodes``) that wrote the checkpoint. Find the id of a checkpoint file
+        downloaded earlier with ``client.checkpoints.find(sha256=...)``.
+        """
+        if config is None:
+            config = TrainingConfig()
+        elif not isinstance(config, TrainingConfig):
+            config = TrainingConfig.model_validate(dict(config))
+        body: dict[str, Any] = {
+            "model_id": model_id,
+            "dataset_id": dataset_id,
+            "config": config.model_dump(mode="json"),
+        }
+        if validation_dataset_id is not None:
+            body["validation_dataset_id"] = validation_dataset_id
+        if model_kwargs:
+            body["model_kwargs"] = dict(model_kwargs)
+        if name is not None:
+            body["name"] = name
+        if resume_from_checkpoint is not None:
+            body["resume_from_checkpoint"] = (
+                resume_from_checkpoint.id
+                if isinstance(resume_from_checkpoint, Checkpoint)
+                else resume_from_checkpoint
+            )
+        response = self._http.request(
+            "POST", "/v1/jobs", json_body=body, idempotency_key=idempotency_key
+        )
+        return Job.model_validate(response.json())
+
+    def metrics(
+        self, job_id: str, *, since_step: int | None = None, name: str | None = None
+    ) -> builtins.list[Metric]:
+        """Every metric the job reported, ordered by step."""
+        params = {"since_step": since_step, "name": name}
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/metrics", params=params).json()
+        return [Metric.model_validate(item) for item in payload.get("data") or []]
+
+    def logs(self, job_id: str, *, after: int | None = None, limit: int | None = None) -> LogPage:
+        """Log lines after sequence number ``after``; follow ``next_after`` for more."""
+        params = {"after": after, "limit": limit}
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/logs", params=params).json()
+        lines = [LogLine.model_validate(item) for item in payload.get("data") or []]
+        return LogPage(data=lines, next_after=payload.get("next_after"))
+
+    def iter_logs(self, job_id: str, *, after: int | None = None) -> Iterator[LogLine]:
+        """Every log line so far, page after page."""
+        while True:
+            page = self.logs(job_id, after=after)
+            if not page.data:
+                return
+            yield from page.data
+            if page.next_after is None or page.next_after == after:
+                return
+            after = page.next_after
+
+    def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/checkpoints").json()
+        return [Checkpoint.model_validate(item) for item in payload.get("data") or []]
+
+    def download_checkpoint(
+        self,
+        job_id: str,
+        checkpoint: str | Checkpoint,
+        to: str | os.PathLike[str] = ".",
+        *,
+        verify: bool = True,
+    ) -> Path:
+        """Download a checkpoint file to ``to`` (a file path, or an existing directory to put
+        it in under its own name) and return its path.
+
+        With ``verify`` the sha256 is checked against the server's ``x-checksum-sha256`` (and
+        the checkpoint's own, when a :class:`Checkpoint` is given); on a mismatch nothing is
+        left behind and :class:`~ace3.errors.ChecksumMismatchError` is raised. The file
+        appears only once complete.
+        """
+        checkpoint_id = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        expected = checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None
+        target = Path(to)
+        path = f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/content"
+        with self._http.stream("GET", path) as response:
+            if target.is_dir():
+                name = checkpoint.name if isinstance(checkpoint, Checkpoint) else None
+                if not name:
+                    match = _FILENAME.search(response.headers.get("content-disposition", ""))
+                    name = Path(match.group(1)).name if match else f"{checkpoint_id}.pt"
+                target = target / name
+            _write_verified(response, target, expected, verify=verify)
+        return target
+
+    def artifacts(self, job_id: str, *, prefix: str | None = None) -> builtins.list[Artifact]:
+        """The job's artifacts (files it wrote under ``artifact://``), ordered by path; with
+        ``prefix`` only that file or directory (``"tensorboard"``: ``tensorboard/...``)."""
+        params = {"prefix": _artifact_path(prefix, "prefix") if prefix else None}
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/artifacts", params=params).json()
+        return [Artifact.model_validate(item) for item in payload.get("data") or []]
+
+    def download_artifact(
+        self,
+        job_id: str,
+        path: str | Artifact,
+        destination: str | os.PathLike[str] = ".",
+        *,
+        verify: bool = True,
+    ) -> Path:
+        """Download one artifact to ``destination`` (a file path, or an existing directory to
+        put it in under its own file name) and return where it was written.
+
+        The file appears only once complete (a temporary file renamed over it). With
+        ``verify`` its sha256 must match the server's ``x-checksum-sha256`` (and the
+        :class:`Artifact`'s own when one is given, so a version replaced meanwhile is
+        noticed); on a mismatch nothing is written and
+        :class:`~ace3.errors.ChecksumMismatchError` is raised.
+        """
+        target, _ = self._download_artifact(job_id, path, destination, verify=verify)
+        return target
+
+    def _download_artifact(
+        self,
+        job_id: str,
+        path: str | Artifact,
+        destination: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+    ) -> tuple[Path, str]:
+        """:meth:`download_artifact`, also returning the sha256 of the bytes written."""
+        expected = path.sha256 if isinstance(path, Artifact) else None
+        relative = _artifact_path(path.path if isinstance(path, Artifact) else path, "path")
+        target = Path(destination)
+        if target.is_dir():
+            target = target / PurePosixPath(relative).name
+        url = f"/v1/jobs/{job_id}/artifacts/{quote(relative, safe='/')}"
+        with self._http.stream("GET", url) as response:
+            digest = _write_verified(response, target, expected, verify=verify)
+        return target, digest
+
+    def events(
+        self,
+        job_id: str,
+        *,
+        metrics_after: int | None = None,
+        logs_after: int | None = None,
+        last_event_id: str | None = None,
+        max_reconnects: int = 5,
+        timeout: float | None = None,
+    ) -> Iterator[JobEvent]:
+        """Live events of a job until its ``end`` event, reconnecting (with
+        ``Last-Event-ID``) when the connection drops. ``timeout`` (seconds) bounds the whole
+        wait and raises ``TimeoutError``; the job itself keeps running."""
+
+        def resume_params(resume_id: str) -> dict[str, Any]:
+            match = _EVENT_ID.match(resume_id)
+            return (
+                dict(zip(("metrics_after", "logs_after"), match.groups(), strict=True))
+                if match
+                else {}
+            )
+
+        for event in follow_events(
+            self._http,
+            f"/v1/jobs/{job_id}/events",
+            params={"metrics_after": metrics_after, "logs_after": logs_after},
+            resume_params=resume_params,
+            max_reconnects=max_reconnects,
+            last_event_id=last_event_id,
+            timeout=timeout,
+        ):
+            yield decode_event(event, _EVENT_MODELS, JobEvent)

@@ -1,0 +1,193 @@
+"""The typed objects the API returns: Model, Dataset, Job (and JobState), Metric, LogLine,
+Checkpoint, Artifact, Worker, and the events of a job's live stream. Lenient on purpose: a field
+a newer server adds must not break an older SDK."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ace3.config.events import RunPlan
+
+if TYPE_CHECKING:
+    pass
+
+
+# -- response models ------------------------------------------------------------------------
+
+
+class _APIObject(BaseModel):
+    """Lenient on purpose: a field a newer server adds must not break an older SDK."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class Model(_APIObject):
+    id: str
+    name: str | None = None
+    filename: str | None = None
+    kind: str = "file"  # "file" or "archive"
+    entry_module: str | None = None
+    factory: str = "build_model"
+    sha256: str
+    size_bytes: int | None = None
+    created_at: datetime | None = None
+
+
+class Dataset(_APIObject):
+    id: str
+    name: str | None = None
+    filename: str | None = None
+    kind: str = "file"  # "file" or "directory"
+    format: str | None = None
+    sha256: str
+    size_bytes: int | None = None
+    created_at: datetime | None = None
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class Job(_APIObject):
+    id: str
+    name: str | None = None
+    state: JobState | str = Field(union_mode="left_to_right")
+    attempt: int = 0
+    model_id: str | None = None
+    dataset_id: str | None = None
+    validation_dataset_id: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    model_kwargs: dict[str, Any] | None = None
+    num_processes: int | None = None
+    cancel_requested: bool = False
+    exit_code: int | None = None
+    error: str | None = None
+    final_metrics: dict[str, Any] | None = None
+    # The run's plan once its first attempt started (total optimizer steps, epochs, ...).
+    plan: RunPlan | None = None
+    resume_from_checkpoint: str | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Metric(_APIObject):
+    id: int | str | None = None
+    step: int
+    epoch: float | None = None
+    name: str
+    value: float
+    created_at: datetime | None = None
+
+
+class LogLine(_APIObject):
+    seq: int
+    attempt: int | None = None
+    rank: int | None = None
+    stream: str | None = None
+    line: str
+    created_at: datetime | None = None
+
+    def format(self) -> str:
+        """The line prefixed with its rank (``[rank 0] ...``) unless it already is."""
+        if self.rank is None or self.line.startswith("[rank "):
+            return self.line
+        return f"[rank {self.rank}] {self.line}"
+
+
+class Checkpoint(_APIObject):
+    id: str
+    job_id: str | None = None
+    name: str
+    step: int | None = None
+    epoch: float | None = None
+    attempt: int | None = None
+    sha256: str | None = None
+    size_bytes: int | None = None
+    metrics: dict[str, Any] | None = None
+    created_at: datetime | None = None
+
+
+class Artifact(_APIObject):
+    """A file the job wrote under its artifacts directory (``artifact://`` paths), as last
+    synced by the worker: ``version`` grows by one each time its bytes changed."""
+
+    path: str
+    size_bytes: int
+    sha256: str
+    version: int = 1
+    attempt: int | None = None
+    updated_at: datetime | None = None
+
+
+class Worker(_APIObject):
+    """A live worker and what one job may use on it: ``device_count`` processes on
+    ``device_kind`` (``"cuda"``: its GPUs; ``"cpu"``: the CPU processes it runs)."""
+
+    id: str
+    hostname: str | None = None
+    device_kind: str
+    device_count: int
+    slots: int = 1
+    queue: str | None = None
+    started_at: datetime | None = None
+    last_seen_at: datetime | None = None
+
+    def fits(self, num_gpus: int, backend: str = "auto") -> bool:
+        """Whether a job with this ``num_gpus`` and ``backend`` can run on this worker (the
+        rule the server admits jobs by)."""
+        if backend == "nccl" and self.device_kind != "cuda":
+            return False
+        return num_gpus <= self.device_count
+
+
+@dataclass
+class LogPage:
+    """One page of ``GET /v1/jobs/{id}/logs``; pass ``next_after`` as ``after`` for more."""
+
+    data: list[LogLine]
+    next_after: int | None
+
+
+@dataclass
+class JobEvent:
+    """One event of ``GET /v1/jobs/{id}/events``.
+
+    ``type`` is ``state`` or ``end`` (``data`` a :class:`Job`), ``metric`` (a
+    :class:`Metric`) or ``log`` (a :class:`LogLine`); an event type this SDK does not know
+    keeps its raw decoded JSON. ``id`` is the resume cursor ``"<metrics_after>:<logs_after>"``.
+    """
+
+    type: str
+    data: Any
+    id: str | None = None
+
+
+_EVENT_MODELS: dict[str, type[BaseModel]] = {
+    "state": Job,
+    "end": Job,
+    "metric": Metric,
+    "log": LogLine,
+}
