@@ -61,3 +61,29 @@ class _Runs(_Resource, Generic[RunT]):
         """Ask it to stop (idempotent: one that already ended is returned as it is)."""
         response = self._http.request("POST", f"{self._path}/{run_id}/cancel", idempotent=True)
         return self._run_type.model_validate(response.json())
+
+    def _create(
+        self,
+        *,
+        model_id: str,
+        dataset_id: str,
+        config: dict[str, Any],
+        validation_dataset_id: str | None,
+        model_kwargs: Mapping[str, Any] | None,
+        name: str | None,
+        idempotency_key: str | None,
+        **extra: Any,
+    ) -> RunT:
+        """``POST`` a new run: the body fields that are set, plus ``extra`` ones not None."""
+        body: dict[str, Any] = {"model_id": model_id, "dataset_id": dataset_id, "config": config}
+        optional = {
+            "validation_dataset_id": validation_dataset_id,
+            "model_kwargs": dict(model_kwargs) if model_kwargs else None,
+            "name": name,
+            **extra,
+        }
+        body.update({key: value for key, value in optional.items() if value is not None})
+        response = self._http.request(
+            "POST", self._path, json_body=body, idempotency_key=idempotency_key
+        )
+        return self._run_type.model_validate(response.json())

@@ -106,27 +106,18 @@ class Jobs(_Runs[Job]):
             config = TrainingConfig()
         elif not isinstance(config, TrainingConfig):
             config = TrainingConfig.model_validate(dict(config))
-        body: dict[str, Any] = {
-            "model_id": model_id,
-            "dataset_id": dataset_id,
-            "config": config.model_dump(mode="json"),
-        }
-        if validation_dataset_id is not None:
-            body["validation_dataset_id"] = validation_dataset_id
-        if model_kwargs:
-            body["model_kwargs"] = dict(model_kwargs)
-        if name is not None:
-            body["name"] = name
-        if resume_from_checkpoint is not None:
-            body["resume_from_checkpoint"] = (
-                resume_from_checkpoint.id
-                if isinstance(resume_from_checkpoint, Checkpoint)
-                else resume_from_checkpoint
-            )
-        response = self._http.request(
-            "POST", "/v1/jobs", json_body=body, idempotency_key=idempotency_key
+        if isinstance(resume_from_checkpoint, Checkpoint):
+            resume_from_checkpoint = resume_from_checkpoint.id
+        return self._create(
+            model_id=model_id,
+            dataset_id=dataset_id,
+            config=config.model_dump(mode="json"),
+            validation_dataset_id=validation_dataset_id,
+            model_kwargs=model_kwargs,
+            name=name,
+            idempotency_key=idempotency_key,
+            resume_from_checkpoint=resume_from_checkpoint,
         )
-        return Job.model_validate(response.json())
 
     def metrics(
         self, job_id: str, *, since_step: int | None = None, name: str | None = None

@@ -11,14 +11,13 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from ace3.client._resource import _Runs
 from ace3.client._sse import decode_event, follow_events
-from ace3.client.types import _APIObject
+from ace3.client.types import RunState, _APIObject
 from ace3.hp import HPConfig
 
 __all__ = [
@@ -31,7 +30,7 @@ __all__ = [
 ]
 
 
-class SearchState(StrEnum):
+class SearchState(RunState):
     QUEUED = "queued"
     RUNNING = "running"
     CANCELLING = "cancelling"
@@ -39,31 +38,19 @@ class SearchState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in SEARCH_TERMINAL_STATES
+
+SEARCH_TERMINAL_STATES = frozenset(state for state in SearchState if state.is_terminal)
 
 
-SEARCH_TERMINAL_STATES = frozenset(
-    {SearchState.SUCCEEDED, SearchState.FAILED, SearchState.CANCELLED}
-)
-
-
-class TrialState(StrEnum):
+class TrialState(RunState):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     PRUNED = "pruned"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in TRIAL_TERMINAL_STATES
 
-
-TRIAL_TERMINAL_STATES = frozenset(
-    {TrialState.SUCCEEDED, TrialState.PRUNED, TrialState.FAILED, TrialState.CANCELLED}
-)
+TRIAL_TERMINAL_STATES = frozenset(state for state in TrialState if state.is_terminal)
 
 
 class SearchTrial(_APIObject):
@@ -204,21 +191,15 @@ class Searches(_Runs[Search]):
         repeat returns the search created the first time."""
         if not isinstance(config, HPConfig):
             config = HPConfig.model_validate(dict(config))
-        body: dict[str, Any] = {
-            "model_id": model_id,
-            "dataset_id": dataset_id,
-            "config": config.model_dump(mode="json"),
-        }
-        if validation_dataset_id is not None:
-            body["validation_dataset_id"] = validation_dataset_id
-        if model_kwargs:
-            body["model_kwargs"] = dict(model_kwargs)
-        if name is not None:
-            body["name"] = name
-        response = self._http.request(
-            "POST", "/v1/searches", json_body=body, idempotency_key=idempotency_key
+        return self._create(
+            model_id=model_id,
+            dataset_id=dataset_id,
+            config=config.model_dump(mode="json"),
+            validation_dataset_id=validation_dataset_id,
+            model_kwargs=model_kwargs,
+            name=name,
+            idempotency_key=idempotency_key,
         )
-        return Search.model_validate(response.json())
 
     def trials(self, search_id: str) -> builtins.list[SearchTrial]:
         """Every trial of the search, ordered by number."""

@@ -49,7 +49,19 @@ class Dataset(_APIObject):
     created_at: datetime | None = None
 
 
-class JobState(StrEnum):
+_FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "pruned"})
+
+
+class RunState(StrEnum):
+    """The state of a job, a search or a trial: ``succeeded``, ``failed``, ``cancelled`` (and a
+    trial's ``pruned``) are final."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.value in _FINAL_STATES
+
+
+class JobState(RunState):
     QUEUED = "queued"
     STARTING = "starting"
     RUNNING = "running"
@@ -58,12 +70,8 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATES
 
-
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+TERMINAL_STATES = frozenset(state for state in JobState if state.is_terminal)
 
 
 class Job(_APIObject):
