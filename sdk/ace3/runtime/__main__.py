@@ -43,8 +43,8 @@ def _train(job_path: str) -> None:
     from ace3.runtime.distributed import init_distributed
     from ace3.runtime.hook_factory import engine_hooks
     from ace3.runtime.job_spec import load_job_spec
+    from ace3.runtime.loop import RunPlace, TrainingLoop
     from ace3.runtime.memory_meter import PeakMemoryMeter
-    from ace3.runtime.trainer import RunPlace, Trainer
 
     job = load_job_spec(job_path)
     ctx = init_distributed(job.config)
@@ -64,7 +64,7 @@ def _train(job_path: str) -> None:
             # (and never deletes the job's files): the job keeps its own directory small.
             keep_checkpoints=max(job.config.max_checkpoints or 0, LOCAL_CHECKPOINTS_KEPT),
         )
-        Trainer(place, ctx, parts, engine_hooks(job.config, ctx), memory=memory).run()
+        TrainingLoop(place, ctx, parts, engine_hooks(job.config, ctx), memory=memory).run()
     finally:
         memory.stop()
 

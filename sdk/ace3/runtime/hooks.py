@@ -1,6 +1,6 @@
 """Hooks: how callbacks, loggers and profilers see a training run inside the engine.
 
-The training loop (:mod:`ace3.runtime.trainer`) calls every hook of a :class:`HookList` at
+The training loop (:mod:`ace3.runtime.loop`) calls every hook of a :class:`HookList` at
 the same points on every rank, in this order::
 
     bind(run) -> on_train_begin()

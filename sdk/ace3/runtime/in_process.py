@@ -32,9 +32,9 @@ from ace3.runtime.distributed import destroy_distributed, init_distributed
 from ace3.runtime.hook_factory import engine_hooks
 from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.job_spec import DatasetSpec
+from ace3.runtime.loop import RunPlace, TrainingLoop
 from ace3.runtime.memory_meter import PeakMemoryMeter
 from ace3.runtime.reporting import EventWriter
-from ace3.runtime.trainer import RunPlace, Trainer
 from ace3.runtime.user_code import LossFn, MetricsFn, UserCode
 
 
@@ -193,7 +193,7 @@ def train_in_process(
         )
         events = EventWriter(None, enabled=ctx.is_main, sink=collector)
         all_hooks = engine_hooks(config, ctx, extra=hooks)
-        trainer = Trainer(place, ctx, parts, all_hooks, events=events, memory=memory)
+        trainer = TrainingLoop(place, ctx, parts, all_hooks, events=events, memory=memory)
         trainer.run()
         parts.precision.restore_model(module)
         if on_memory is not None:

@@ -43,7 +43,7 @@ def planned_total_steps(
     """The optimizer steps the run plans in all, counted from step 0 (a resumed run's earlier
     steps included): an upper bound that ``state.step`` never exceeds.
 
-    It follows :meth:`Trainer._train_epoch`: an epoch's ``batches_per_epoch`` loader batches
+    It follows :meth:`TrainingLoop._train_epoch`: an epoch's ``batches_per_epoch`` loader batches
     (of one rank, or of the one data replica of a model- or pipeline-parallel job) run as
     optimizer steps of ``accumulation`` batches each, the last group shorter, so a whole epoch takes ``ceil(batches_per_epoch / accumulation)`` steps. A resumed
     run first finishes its epoch from ``batch_in_epoch``, grouped by the accumulation it runs

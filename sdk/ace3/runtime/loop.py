@@ -52,7 +52,7 @@ class RunPlace:
     keep_checkpoints: int | None = None  # prune checkpoint_dir to the newest N files
 
 
-class Trainer:
+class TrainingLoop:
     """Runs one job attempt on this rank (every rank runs the same sequence of collectives)."""
 
     def __init__(
