@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 20
 
 
+def best_validation(
+    history: dict[str, list[tuple[int, float]]],
+) -> tuple[float | None, float | None]:
+    """(highest ``val_accuracy``, lowest ``val_loss``) over a history; None where it has none."""
+    accuracies = [value for _, value in history.get("val_accuracy", [])]
+    losses = [value for _, value in history.get("val_loss", [])]
+    return (max(accuracies) if accuracies else None, min(losses) if losses else None)
+
+
 class MetricsView:
     """What every training result offers over its ``history`` and ``final_metrics``."""
 
@@ -90,10 +99,11 @@ class TrainingResult(MetricsView):
         final = dict(job.final_metrics or {}) or {
             name: points[-1][1] for name, points in history.items()
         }
-        accuracies = [value for _, value in history.get("val_accuracy", [])]
-        losses = [value for _, value in history.get("val_loss", [])]
-        best_accuracy = max(accuracies) if accuracies else _number(final.get("best_val_accuracy"))
-        best_loss = min(losses) if losses else _number(final.get("best_val_loss"))
+        best_accuracy, best_loss = best_validation(history)
+        if best_accuracy is None:
+            best_accuracy = _number(final.get("best_val_accuracy"))
+        if best_loss is None:
+            best_loss = _number(final.get("best_val_loss"))
         if best_accuracy is None:
             best_accuracy = _number(final.get("val_accuracy"))
         if best_loss is None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ace3.config import ConfigProblem, TrainingConfig
 from ace3.errors import UnsupportedFeatureError
-from ace3.follow.job_handle import MetricsView
+from ace3.follow.job_handle import MetricsView, best_validation
 
 if TYPE_CHECKING:
     from ace3.runtime.in_process import InProcessRun
@@ -38,14 +38,13 @@ class LocalTrainingResult(MetricsView):
 
     @classmethod
     def of(cls, model: Any, run: InProcessRun) -> LocalTrainingResult:
-        accuracies = [v for _, v in run.history.get("val_accuracy", [])]
-        losses = [v for _, v in run.history.get("val_loss", [])]
+        best_accuracy, best_loss = best_validation(run.history)
         return cls(
             model=model,
             history=run.history,
             final_metrics=run.final_metrics,
-            best_val_accuracy=max(accuracies) if accuracies else None,
-            best_val_loss=min(losses) if losses else None,
+            best_val_accuracy=best_accuracy,
+            best_val_loss=best_loss,
             checkpoints=run.checkpoints,
         )
 
