@@ -74,3 +74,22 @@ def test_one_version_source_and_typed_packages() -> None:
     assert f"ace3-python/{version('ace3')}" == USER_AGENT
     for package in (ace3, ace3_server, ace3_worker):
         assert (Path(package.__file__).parent / "py.typed").is_file(), package.__name__
+
+
+def test_every_module_of_the_torch_free_packages_leaves_torch_out():
+    """Not only the package roots: every module of config/, client/, follow/, trainers/ and the
+    top-level ones, imported together in one fresh interpreter."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import ace3\n"
+        "names = ['ace3.errors', 'ace3.files', 'ace3.hp', 'ace3.utils', 'ace3.cli']\n"
+        "for package in ('config', 'client', 'follow', 'trainers'):\n"
+        "    module = importlib.import_module('ace3.' + package)\n"
+        "    names += [info.name for info in pkgutil.walk_packages(module.__path__, module.__name__ + '.')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "assert len(names) > 25, names\n"
+        "assert 'torch' not in sys.modules, sorted(n for n in sys.modules if 'torch' in n)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
