@@ -155,10 +155,10 @@ __all__ = [
 # Names resolved on first use (module, attribute; None = the module itself), so that
 # ``import ace3`` never imports torch.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "autocast": ("ace3.training.amp", "autocast"),
-    "GradientScaler": ("ace3.training.amp", "GradientScaler"),
-    "DynamicLossScaler": ("ace3.training.amp", "DynamicLossScaler"),
-    "StaticLossScaler": ("ace3.training.amp", "StaticLossScaler"),
+    "autocast": ("ace3.training.amp.autocasting", "autocast"),
+    "GradientScaler": ("ace3.training.amp.scalers", "GradientScaler"),
+    "DynamicLossScaler": ("ace3.training.amp.scalers", "DynamicLossScaler"),
+    "StaticLossScaler": ("ace3.training.amp.scalers", "StaticLossScaler"),
     "Callback": ("ace3.training.callbacks", "Callback"),
     "amp": ("ace3.training.amp", None),
     "callbacks": ("ace3.training.callbacks", None),
