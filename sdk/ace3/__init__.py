@@ -159,7 +159,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "GradientScaler": ("ace3.training.amp.scalers", "GradientScaler"),
     "DynamicLossScaler": ("ace3.training.amp.scalers", "DynamicLossScaler"),
     "StaticLossScaler": ("ace3.training.amp.scalers", "StaticLossScaler"),
-    "Callback": ("ace3.training.callbacks", "Callback"),
+    "Callback": ("ace3.training.callbacks.base", "Callback"),
     "amp": ("ace3.training.amp", None),
     "callbacks": ("ace3.training.callbacks", None),
     "data": ("ace3.training.data", None),
