@@ -56,7 +56,7 @@ class SchedulerSpec(_Spec):
 class CallbackSpec(_Spec):
     """A callback: a built-in one by class name and init arguments, or a user subclass of
     ``ace3.Callback`` by its source code and its instance attributes (built by
-    ``ace3.training.callback_transport.callback_spec``; rebuilt by ``callbacks_from_specs``).
+    ``ace3.training.callbacks.transport.callback_spec``; rebuilt by ``callbacks_from_specs``).
 
     ``params`` values are JSON; a non-finite float is written ``{"__ace3_float__": "inf"}``.
     """

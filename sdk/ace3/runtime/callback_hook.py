@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 from ace3.runtime.hooks import RunContext, TrainingHook
-from ace3.training.callbacks import Callback, CallbackError
+from ace3.training.callbacks.base import Callback, CallbackError
 
 
 def _nothing(epoch: int) -> None:

@@ -20,7 +20,7 @@ def engine_hooks(
     hooks: list[TrainingHook] = []
     if config.callbacks:
         from ace3.runtime.callback_hook import CallbackHook
-        from ace3.training.callback_transport import callbacks_from_specs
+        from ace3.training.callbacks.transport import callbacks_from_specs
 
         hooks.append(CallbackHook(callbacks_from_specs(config.callbacks)))
     if config.tensorboard is not None:

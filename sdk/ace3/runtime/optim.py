@@ -43,7 +43,8 @@ from torch.optim import lr_scheduler
 
 from ace3.config import TrainingConfig
 from ace3.training import schedulers
-from ace3.training.optimizers import Adam8bit, MemoryEfficientAdam
+from ace3.training.optimizers.adam8bit import Adam8bit
+from ace3.training.optimizers.memory_efficient_adam import MemoryEfficientAdam
 
 __all__ = ["ScheduleDriver", "build_optimizer", "build_scheduler", "current_learning_rate"]
 

@@ -34,7 +34,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ace3.config import TrainingConfig
 from ace3.config.training import AmpLevel
 from ace3.runtime.master_weights import MasterWeights, float32_state_dict
-from ace3.training.amp import LossScaler, make_loss_scaler, resolve_amp_dtype
+from ace3.training.amp.autocasting import resolve_amp_dtype
+from ace3.training.amp.loss_scaler import LossScaler
+from ace3.training.amp.scalers import make_loss_scaler
 
 _PREPARED_ATTR = "_ace3_precision_level"
 

@@ -26,7 +26,7 @@ import torch
 
 from ace3.config.specs import TensorBoardSpec
 from ace3.runtime.hooks import RunContext, TrainingHook
-from ace3.training.loggers import LoggerUnavailableError
+from ace3.training.loggers.base import LoggerUnavailableError
 
 MAX_IMAGES = 16
 _INPUT_KEYS = ("inputs", "input", "x", "pixel_values", "images", "input_ids")

@@ -38,13 +38,13 @@ class RemotePlan:
     """The job config with the trainer's objects carried in, and where their files go."""
 
     def __init__(self, trainer: Trainer, config: TrainingConfig) -> None:
-        from ace3.training.callback_transport import callback_spec
+        from ace3.training.callbacks.transport import callback_spec
         from ace3.training.profiling import active_training_profilers, combined_remote_spec
 
         self.artifact_dirs: dict[str, Path] = {}
         fields: dict[str, Any] = {}
         specs = []
-        from ace3.training.callbacks import ModelCheckpoint
+        from ace3.training.callbacks.model_checkpoint import ModelCheckpoint
 
         for index, callback in enumerate(trainer.callbacks):
             spec = callback_spec(callback)

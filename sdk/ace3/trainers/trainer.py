@@ -146,8 +146,8 @@ class Trainer:
         )
 
     def _check_callbacks_and_loggers(self) -> None:
-        from ace3.training.callbacks import Callback
-        from ace3.training.loggers import Logger
+        from ace3.training.callbacks.base import Callback
+        from ace3.training.loggers.base import Logger
 
         for index, callback in enumerate(self.callbacks):
             if not isinstance(callback, Callback):

@@ -371,7 +371,7 @@ def test_callbacks_module_does_not_import_torch():
     import sys
 
     code = (
-        "import sys, ace3.training.callbacks, ace3.training.callback_transport, ace3.training.loggers\n"
+        "import sys, ace3.training.callbacks, ace3.training.callbacks.transport, ace3.training.loggers\n"
         "assert 'torch' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -14,12 +14,16 @@ from torch import nn
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
 from ace3.runtime.optim import build_optimizer, current_learning_rate
-from ace3.training._blockwise_8bit import dequantize_blockwise, dynamic_code, quantize_blockwise
 from ace3.training.optimizers import (
     Adam8bit,
     MemoryEfficientAdam,
     optimizer_settings,
     optimizer_state_bytes,
+)
+from ace3.training.optimizers.blockwise_8bit import (
+    dequantize_blockwise,
+    dynamic_code,
+    quantize_blockwise,
 )
 from ace3.training.schedulers import WarmupCosineScheduler
 
@@ -288,7 +292,7 @@ class _StandInBnbAdam8bit(torch.optim.Optimizer):
 
 
 def test_adam8bit_delegation_shares_groups_state_and_checkpoints(monkeypatch) -> None:
-    import ace3.training.optimizers as optimizers_module
+    import ace3.training.optimizers.adam8bit as optimizers_module
 
     monkeypatch.setattr(
         optimizers_module,

@@ -19,8 +19,8 @@ import pytest
 import ace3
 from ace3.config.specs import CallbackSpec
 from ace3.errors import UnsupportedFeatureError
-from ace3.training.callback_transport import callback_spec, callbacks_from_specs
 from ace3.training.callbacks import Callback, CallbackError, EarlyStopping, ModelCheckpoint
+from ace3.training.callbacks.transport import callback_spec, callbacks_from_specs
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -31,7 +31,7 @@ import os.path as osp
 from collections import OrderedDict
 
 import ace3
-from ace3.training.callback_transport import callback_spec
+from ace3.training.callbacks.transport import callback_spec
 
 TARGET = 0.95
 LABELS = ("low", "high")
@@ -325,7 +325,7 @@ def test_a_class_without_readable_source_is_refused():
 def test_a_global_lambda_in_a_file_is_refused(tmp_path):
     path = tmp_path / "uses_lambda.py"
     path.write_text(
-        "import ace3\nfrom ace3.training.callback_transport import callback_spec\n"
+        "import ace3\nfrom ace3.training.callbacks.transport import callback_spec\n"
         "score = lambda logs: logs['val_loss']\n\n"
         "class UsesLambda(ace3.Callback):\n"
         "    def on_epoch_end(self, epoch, logs=None):\n"
@@ -356,7 +356,7 @@ def test_the_sdk_stays_importable_without_torch_for_transport():
         "import sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from tests.unit.sdk.test_callback_transport import ModuleCallback\n"
-        "from ace3.training.callback_transport import callback_spec\n"
+        "from ace3.training.callbacks.transport import callback_spec\n"
         "callback_spec(ModuleCallback())\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

@@ -11,9 +11,9 @@ and its results come back through ``TrainingProfiler.load_remote`` and
 from __future__ import annotations
 
 from ace3.training.profiling.memory import MemoryProfiler, MemoryStats
+from ace3.training.profiling.profiler_options import ProfilerActivity
 from ace3.training.profiling.registry import ProfilingError, active_profilers
 from ace3.training.profiling.torch_profiler import (
-    ProfilerActivity,
     TrainingProfiler,
     active_training_profilers,
     combined_remote_spec,

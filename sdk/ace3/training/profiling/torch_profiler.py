@@ -30,67 +30,21 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from ace3.config.specs import ARTIFACT_SCHEME, ProfilerSpec
+from ace3.training.profiling.profiler_options import (
+    ProfilerActivity,
+    check_activity,
+    check_flag,
+    check_schedule,
+)
 from ace3.training.profiling.registry import ProfilingError, active_profilers, register, unregister
 
 # Only one in-process torch profiler can run at a time.
 _local_lock = threading.Lock()
 _local_owner: TrainingProfiler | None = None
-
-
-class ProfilerActivity(StrEnum):
-    """What to profile: ``CPU`` operators, ``CUDA`` kernels (mirrors
-    ``torch.profiler.ProfilerActivity``)."""
-
-    CPU = "cpu"
-    CUDA = "cuda"
-
-    def to_torch(self) -> Any:
-        from torch.profiler import ProfilerActivity as TorchActivity
-
-        return TorchActivity.CPU if self is ProfilerActivity.CPU else TorchActivity.CUDA
-
-
-def _activity(value: Any) -> ProfilerActivity:
-    if isinstance(value, ProfilerActivity):
-        return value
-    if isinstance(value, str) and value.lower() in ("cpu", "cuda"):
-        return ProfilerActivity(value.lower())
-    name = getattr(value, "name", None)  # torch.profiler.ProfilerActivity.CPU / .CUDA
-    if type(value).__name__ == "ProfilerActivity" and name in ("CPU", "CUDA"):
-        return ProfilerActivity(name.lower())
-    raise ValueError(
-        f"activities: unsupported activity {value!r}; use ace3.ProfilerActivity.CPU or "
-        "ace3.ProfilerActivity.CUDA (or 'cpu' / 'cuda')"
-    )
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def _schedule(value: Any) -> tuple[int, int, int] | None:
-    if value is None:
-        return None
-    if (
-        not isinstance(value, (tuple, list))
-        or len(value) != 3
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        or value[0] < 0
-        or value[1] < 0
-        or value[2] < 1
-    ):
-        raise ValueError(
-            f"schedule_steps must be (wait, warmup, active) integers with wait >= 0, "
-            f"warmup >= 0, active >= 1, got {value!r}"
-        )
-    return (value[0], value[1], value[2])
 
 
 @dataclass
@@ -135,13 +89,15 @@ class TrainingProfiler:
         if activities is not None and not activities:
             raise ValueError("activities is empty; pass ProfilerActivity.CPU (and/or CUDA) or None")
         self.activities: list[ProfilerActivity] | None = (
-            None if activities is None else list(dict.fromkeys(_activity(a) for a in activities))
+            None
+            if activities is None
+            else list(dict.fromkeys(check_activity(a) for a in activities))
         )
-        self.record_shapes = _flag("record_shapes", record_shapes)
-        self.profile_memory = _flag("profile_memory", profile_memory)
-        self.with_stack = _flag("with_stack", with_stack)
-        self.with_flops = _flag("with_flops", with_flops)
-        self.schedule_steps = _schedule(schedule_steps)
+        self.record_shapes = check_flag("record_shapes", record_shapes)
+        self.profile_memory = check_flag("profile_memory", profile_memory)
+        self.with_stack = check_flag("with_stack", with_stack)
+        self.with_flops = check_flag("with_flops", with_flops)
+        self.schedule_steps = check_schedule(schedule_steps)
         self._prof: Any = None  # the running (then finished) local torch profiler
         self._local_done = False
         self._local_note: str | None = None

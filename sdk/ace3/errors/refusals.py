@@ -1,0 +1,40 @@
+"""What the SDK refuses on the client side: an unsupported setting, a directory it cannot pack, a
+download whose checksum does not match."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ace3.errors.base import ACE3Error
+
+__all__ = ["ChecksumMismatchError", "PackingError", "UnsupportedFeatureError"]
+
+
+class UnsupportedFeatureError(ValueError, ACE3Error):
+    """A setting or argument asks for something this version does not implement.
+
+    Raised before anything is uploaded or submitted. ``problems`` holds one entry per refused
+    setting, each with ``field`` and ``reason``.
+    """
+
+    def __init__(self, message: str, problems: list[Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.problems = list(problems or [])
+
+
+class PackingError(ValueError, ACE3Error):
+    """A directory cannot be packed for upload (a symlink or special file, a bad layout)."""
+
+
+class ChecksumMismatchError(ACE3Error):
+    """A downloaded file's sha256 differs from the one the server announced."""
+
+    def __init__(self, path: str, expected: str, actual: str):
+        super().__init__(
+            f"sha256 mismatch for {path}: expected {expected}, got {actual}; "
+            "the partial file was removed, download it again"
+        )
+        self.path = path
+        self.expected = expected
+        self.actual = actual
