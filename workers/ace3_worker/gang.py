@@ -27,15 +27,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control import job_nodes, job_transitions
 from ace3_control.models import ACTIVE_STATES, Job, JobNode, JobState, NodeState, utcnow
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
+from ace3_worker.messages import RecentCopies, publish
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
-
-# job id -> when this process last passed a copy of its message on (time.monotonic()).
-_passed_on: dict[str, float] = {}
 
 
 @dataclass
@@ -83,7 +80,8 @@ def rendezvous_endpoint(host: str, port: int) -> str:
 
 class GangMember:
     """One supervisor process acting for its worker (``worker_id``, the registry id shared by
-    the worker's slots) in multi-node jobs."""
+    the worker's slots) in multi-node jobs. It lives as long as the worker process: it
+    remembers which copies of a job's message it passed on."""
 
     def __init__(
         self,
@@ -98,6 +96,7 @@ class GangMember:
         self.worker_id = worker_id
         self.process = process
         self.host = settings.resolved_worker_advertise_host
+        self.passed_on = RecentCopies()
 
     @property
     def lost_after(self) -> float:
@@ -183,26 +182,22 @@ class GangMember:
         """One message per node still missing: each finds a worker that takes one slot."""
         if count <= 0:
             return
-        publisher = JobPublisher(self.settings)
-        try:
-            for _ in range(count):
-                publisher.publish(job_id, countdown=countdown)
-        except Exception:
-            logger.exception("job %s: could not publish for its missing nodes; retrying", job_id)
-        finally:
-            publisher.close()
+        publish(
+            self.settings,
+            job_id,
+            copies=count,
+            countdown=countdown,
+            on_failure="could not publish for its missing nodes; retrying",
+        )
 
     def pass_on(self, job_id: str, reason: str) -> None:
         """Hand a copy this worker cannot use back to the queue, delayed by
         ``unfit_republish_seconds``, for another worker; a second copy within half that interval
         is dropped (the leader publishes again for slots still missing)."""
         delay = self.settings.unfit_republish_seconds
-        now = time.monotonic()
-        for stale in [key for key, at in _passed_on.items() if now - at >= delay / 2]:
-            del _passed_on[stale]
-        if job_id in _passed_on:
+        if self.passed_on.sent_within(job_id, delay):
             return
-        _passed_on[job_id] = now
+        self.passed_on.note(job_id)
         logger.info("job %s: %s; passing its message on in %g s", job_id, reason, delay)
         self.publish_copies(job_id, 1, countdown=delay)
 

@@ -35,7 +35,6 @@ import logging
 import os
 import queue
 import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -62,7 +61,6 @@ from ace3_control import job_nodes, job_transitions
 from ace3_control.capacity import JobNeeds, fit_problem
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings, get_settings
 from ace3_control.storage import LocalArtifactStore
 from ace3_worker import reports
@@ -80,6 +78,7 @@ from ace3_worker.job_dir import (
 )
 from ace3_worker.launcher import multinode_torchrun_command, rank_environment, torchrun_command
 from ace3_worker.log_limits import LogLimiter
+from ace3_worker.messages import RecentCopies, publish
 from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError, lease_identity
 from ace3_worker.sandbox.launch import SandboxedProcess, launch, sandbox_environment
 from ace3_worker.sandbox.limits import JobLimits
@@ -96,9 +95,6 @@ RECORDS_PER_PASS = 500
 MAX_QUEUED_LINES = 50_000
 MAX_NOTICES_PER_ATTEMPT = 200  # refused records past this are counted, not each logged
 SERVICE_STREAM = "service"  # the worker's own notices in a job's log (a job cannot write it)
-
-# job id -> when this process last handed it back (time.monotonic()); see Supervisor.hand_back.
-_handed_back: dict[str, float] = {}
 
 
 @functools.cache
@@ -128,15 +124,6 @@ def max_micro_batch_halvings(config: dict[str, Any], num_processes: int) -> int:
     stages, ways = parallel_degrees(settings, processes)
     per_rank = max(1, settings.batch_size // max(1, processes // (stages * ways)))
     return max(0, per_rank.bit_length() - 1)
-
-
-def registered_worker_id() -> str | None:
-    """The registry id of the Celery worker this process serves (inherited from the worker's
-    main process, so all its slots share it); None outside a Celery worker."""
-    module = sys.modules.get("ace3_worker.celery_app")
-    registration = getattr(module, "_registration", None) if module is not None else None
-    worker_id = getattr(registration, "worker_id", None)
-    return worker_id if isinstance(worker_id, str) else None
 
 
 @dataclass
@@ -209,19 +196,21 @@ def _service_line(text: str) -> reports.LogLine:
 
 
 class Supervisor:
+    """Runs jobs' attempts for one worker process. It may live as long as the process (the
+    Celery task keeps one per process): what it remembers between jobs is which copies of a
+    job's message it handed back or passed on."""
+
     def __init__(self, settings: Settings, node_id: str | None = None) -> None:
         """``node_id`` names this worker in multi-node gangs (one node per worker per attempt):
-        by default the worker's registry id, shared by its slots."""
+        the worker's registry id, shared by its slots (by default, this process's identity)."""
         self.settings = settings
         self.sessions = _sessions(settings.resolved_database_url)
         self.store = LocalArtifactStore(settings.resolved_storage_dir)
         self.worker_id = worker_identity()
         self.limits = JobLimits.from_settings(settings)
+        self.handed_back = RecentCopies()
         self.gang = GangMember(
-            settings,
-            self.sessions,
-            worker_id=node_id or registered_worker_id() or self.worker_id,
-            process=self.worker_id,
+            settings, self.sessions, worker_id=node_id or self.worker_id, process=self.worker_id
         )
 
     @property
@@ -335,11 +324,7 @@ class Supervisor:
         half that interval is dropped (another copy is on its way), so copies never multiply and
         a worker never spins on a job; the reconciler re-publishes it if every copy is lost."""
         delay = self.settings.unfit_republish_seconds
-        now = time.monotonic()
-        # The copy handed back comes back after `delay`; anything sooner is another copy.
-        for stale in [key for key, at in _handed_back.items() if now - at >= delay / 2]:
-            del _handed_back[stale]
-        if job_id in _handed_back:
+        if self.handed_back.sent_within(job_id, delay):
             logger.debug("job %s: another copy was handed back just now; dropping this one", job_id)
             return
         with self.sessions() as session:
@@ -347,20 +332,19 @@ class Supervisor:
             session.commit()
         if not result.rowcount:
             return  # claimed or cancelled meanwhile
-        _handed_back[job_id] = now
+        self.handed_back.note(job_id)
         logger.info(
             "job %s does not fit this worker (%s): handing it back to the queue in %g s",
             job_id,
             reason,
             delay,
         )
-        publisher = JobPublisher(self.settings)
-        try:
-            publisher.publish(job_id, countdown=delay)
-        except Exception:
-            logger.exception("job %s: not handed back; the reconciler will publish it", job_id)
-        finally:
-            publisher.close()
+        publish(
+            self.settings,
+            job_id,
+            countdown=delay,
+            on_failure="not handed back; the reconciler will publish it",
+        )
 
     def run(self, job_id: str) -> None:
         shape = self._shape(job_id)
@@ -1076,15 +1060,11 @@ class Supervisor:
         return True
 
     def _publish(self, job_id: str) -> None:
-        publisher = JobPublisher(self.settings)
-        try:
-            publisher.publish(job_id)
-        except Exception:
-            logger.exception(
-                "job %s: retry queued but not published; the reconciler will publish it", job_id
-            )
-        finally:
-            publisher.close()
+        publish(
+            self.settings,
+            job_id,
+            on_failure="retry queued but not published; the reconciler will publish it",
+        )
 
     def _record_surviving_outage(
         self, job_id: str, attempt: int, state: JobState, **fields: Any
@@ -1146,4 +1126,6 @@ def _owner(identity: JobIdentity | None) -> JobOwner | None:
 
 
 def run_job(job_id: str, node_id: str | None = None) -> None:
+    """Run one message's job on a supervisor of its own (the Celery task keeps one per worker
+    process instead: :mod:`ace3_worker.tasks`)."""
     Supervisor(get_settings(), node_id).run(job_id)
