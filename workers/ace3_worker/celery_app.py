@@ -26,6 +26,12 @@ app.conf.include = ["ace3_worker.tasks"]
 _registration: Registration | None = None
 
 
+def registered_worker_id() -> str | None:
+    """The registry id of this Celery worker (registered in its main process before the pool
+    forks, so all its slots share it); None before it registered."""
+    return _registration.worker_id if _registration is not None else None
+
+
 @signals.worker_init.connect
 def _register(sender: Any = None, **_: Any) -> None:
     """In the main process, before the pool starts and before any message is consumed."""

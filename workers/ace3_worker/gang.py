@@ -1,5 +1,6 @@
-"""A worker's part in a multi-node job: take a node slot, wait for the whole gang, heartbeat and
-watch the other nodes while torchrun runs, and report how this node's torchrun ended.
+"""A worker's part in assembling a multi-node job: take a node slot, wait for the whole gang.
+What a node does once torchrun runs (heartbeat, watch the other nodes, report its exit, the
+leader's verdict) is :mod:`ace3_worker.gang_node`.
 
 The rows and the decisions are in ``ace3_control.job_nodes``; this module runs them against the
 database from one supervisor process. The leader (node 0, the worker that claimed the queued job)
@@ -12,12 +13,9 @@ node keeps its Celery slot meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -26,16 +24,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control import job_nodes, job_transitions
-from ace3_control.models import ACTIVE_STATES, Job, JobNode, JobState, NodeState, utcnow
-from ace3_control.queue import JobPublisher
+from ace3_control.models import Job, JobNode, JobState, utcnow
 from ace3_control.settings import Settings
+from ace3_worker.messages import RecentCopies, publish
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
-
-# job id -> when this process last passed a copy of its message on (time.monotonic()).
-_passed_on: dict[str, float] = {}
 
 
 @dataclass
@@ -58,15 +53,6 @@ class NodeSeat:
         return f"{self.job_id}-{self.attempt}"
 
 
-@dataclass(frozen=True)
-class NodeBeat:
-    """What one heartbeat of a running node learned."""
-
-    owned: bool  # the attempt still owns the job
-    cancel_requested: bool
-    trouble: str | None  # why another node makes this one stop
-
-
 def free_port() -> int:
     """A TCP port free on every interface right now (torchrun's rendezvous store binds it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -81,9 +67,16 @@ def rendezvous_endpoint(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def node_reports(session: Session, seat: NodeSeat) -> list[job_nodes.NodeReport]:
+    """Every node row of the seat's attempt."""
+    rows = session.scalars(job_nodes.members(seat.job_id, seat.attempt)).all()
+    return [job_nodes.NodeReport.of(row) for row in rows]
+
+
 class GangMember:
     """One supervisor process acting for its worker (``worker_id``, the registry id shared by
-    the worker's slots) in multi-node jobs."""
+    the worker's slots) in multi-node jobs. It lives as long as the worker process: it
+    remembers which copies of a job's message it passed on."""
 
     def __init__(
         self,
@@ -98,6 +91,7 @@ class GangMember:
         self.worker_id = worker_id
         self.process = process
         self.host = settings.resolved_worker_advertise_host
+        self.passed_on = RecentCopies()
 
     @property
     def lost_after(self) -> float:
@@ -183,26 +177,22 @@ class GangMember:
         """One message per node still missing: each finds a worker that takes one slot."""
         if count <= 0:
             return
-        publisher = JobPublisher(self.settings)
-        try:
-            for _ in range(count):
-                publisher.publish(job_id, countdown=countdown)
-        except Exception:
-            logger.exception("job %s: could not publish for its missing nodes; retrying", job_id)
-        finally:
-            publisher.close()
+        publish(
+            self.settings,
+            job_id,
+            copies=count,
+            countdown=countdown,
+            on_failure="could not publish for its missing nodes; retrying",
+        )
 
     def pass_on(self, job_id: str, reason: str) -> None:
         """Hand a copy this worker cannot use back to the queue, delayed by
         ``unfit_republish_seconds``, for another worker; a second copy within half that interval
         is dropped (the leader publishes again for slots still missing)."""
         delay = self.settings.unfit_republish_seconds
-        now = time.monotonic()
-        for stale in [key for key, at in _passed_on.items() if now - at >= delay / 2]:
-            del _passed_on[stale]
-        if job_id in _passed_on:
+        if self.passed_on.sent_within(job_id, delay):
             return
-        _passed_on[job_id] = now
+        self.passed_on.note(job_id)
         logger.info("job %s: %s; passing its message on in %g s", job_id, reason, delay)
         self.publish_copies(job_id, 1, countdown=delay)
 
@@ -286,8 +276,7 @@ class GangMember:
         return None
 
     def _waiting(self, session: Session, seat: NodeSeat) -> int:
-        rows = session.scalars(job_nodes.members(seat.job_id, seat.attempt)).all()
-        return job_nodes.waiting_count([job_nodes.NodeReport.of(row) for row in rows])
+        return job_nodes.waiting_count(node_reports(session, seat))
 
     def _give_up(self, session: Session, seat: NodeSeat, came: int) -> None:
         error = job_nodes.gang_timeout_error(seat.nodes, came, self.settings.gang_wait_seconds)
@@ -353,132 +342,4 @@ class GangMember:
                     )
                     return False
                 session.commit()
-            time.sleep(POLL_SECONDS)
-
-    # -- while torchrun runs ---------------------------------------------------------------------
-    def beat(self, seat: NodeSeat) -> NodeBeat:
-        """Heartbeat this node (the leader also renews the job's lease) and read the cancel
-        flag and the other nodes."""
-        now = utcnow()
-        with self.sessions() as session:
-            if seat.is_leader:
-                lease = session.execute(
-                    job_transitions.renew_lease(
-                        seat.job_id, seat.attempt, self.settings.lease_seconds
-                    )
-                ).first()
-                owned, cancel = lease is not None, bool(lease and lease.cancel_requested)
-            else:
-                job = session.execute(
-                    select(Job.state, Job.attempt, Job.cancel_requested).where(
-                        Job.id == seat.job_id
-                    )
-                ).first()
-                owned = (
-                    job is not None and job.attempt == seat.attempt and job.state in ACTIVE_STATES
-                )
-                cancel = bool(job is not None and job.cancel_requested)
-            session.execute(
-                job_nodes.touch(seat.job_id, seat.attempt, seat.node_rank, self.worker_id)
-            )
-            nodes = self._reports(session, seat)
-            session.commit()
-        trouble = job_nodes.peer_trouble(nodes, seat.node_rank, seat.nodes, now, self.lost_after)
-        return NodeBeat(owned, cancel, trouble)
-
-    @contextlib.contextmanager
-    def keep_alive(self, seat: NodeSeat) -> Iterator[None]:
-        """Heartbeat this node from a thread meanwhile (after torchrun exited, while the last
-        artifacts and checkpoints are stored and the exit reported, which may take longer than
-        the other nodes' patience)."""
-        stop = threading.Event()
-
-        def touch() -> None:
-            while not stop.wait(self.settings.heartbeat_seconds):
-                try:
-                    with self.sessions() as session:
-                        session.execute(
-                            job_nodes.touch(
-                                seat.job_id, seat.attempt, seat.node_rank, self.worker_id
-                            )
-                        )
-                        if seat.is_leader:
-                            session.execute(
-                                job_transitions.renew_lease(
-                                    seat.job_id, seat.attempt, self.settings.lease_seconds
-                                )
-                            )
-                        session.commit()
-                except Exception:
-                    logger.warning("job %s: node heartbeat failed; retrying", seat.job_id)
-
-        thread = threading.Thread(target=touch, name="ace3-node-keep-alive", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=self.settings.heartbeat_seconds + 10)
-
-    def _reports(self, session: Session, seat: NodeSeat) -> list[job_nodes.NodeReport]:
-        rows = session.scalars(job_nodes.members(seat.job_id, seat.attempt)).all()
-        return [job_nodes.NodeReport.of(row) for row in rows]
-
-    def report(
-        self,
-        seat: NodeSeat,
-        *,
-        exit_code: int,
-        error: str | None,
-        stopped: str | None,
-        final_metrics: dict[str, Any] | None,
-    ) -> None:
-        """Record how this node's torchrun ended (the leader reads it)."""
-        with self.sessions() as session:
-            session.execute(
-                job_nodes.report_exit(
-                    seat.job_id,
-                    seat.attempt,
-                    seat.node_rank,
-                    self.worker_id,
-                    exit_code=exit_code,
-                    error=error,
-                    stopped=stopped,
-                    final_metrics=final_metrics,
-                )
-            )
-            session.commit()
-
-    def collect(self, seat: NodeSeat) -> job_nodes.Verdict | None:
-        """The leader, after its own report: wait until every node reported or went silent
-        (renewing the lease), then decide the attempt. None: the lease was lost (a newer attempt
-        owns the job; nothing to record)."""
-        deadline = time.monotonic() + self.lost_after + self.settings.cancel_grace_seconds
-        next_renew = 0.0
-        cancel = False
-        while True:
-            now = utcnow()
-            with self.sessions() as session:
-                if time.monotonic() >= next_renew:
-                    lease = session.execute(
-                        job_transitions.renew_lease(
-                            seat.job_id, seat.attempt, self.settings.lease_seconds
-                        )
-                    ).first()
-                    if lease is None:
-                        session.commit()
-                        return None
-                    cancel = bool(lease.cancel_requested)
-                    next_renew = time.monotonic() + self.settings.heartbeat_seconds
-                nodes = self._reports(session, seat)
-                session.commit()
-            pending = [
-                node
-                for node in nodes
-                if node.state != NodeState.EXITED and not node.silent(now, self.lost_after)
-            ]
-            if not pending or time.monotonic() >= deadline:
-                return job_nodes.attempt_verdict(
-                    nodes, needed=seat.nodes, attempt=seat.attempt, cancel_requested=cancel
-                )
             time.sleep(POLL_SECONDS)

@@ -17,7 +17,8 @@ from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
 from ace3_server.migrations_check import upgrade
 from ace3_worker import reports
-from ace3_worker.supervisor import Supervisor, resume_checkpoint
+from ace3_worker.supervisor import Supervisor
+from ace3_worker.workspace import resume_checkpoint
 from tests.conftest import insert_job
 
 

@@ -19,7 +19,6 @@ from ace3_control.job_nodes import drop_silent_waiting, members
 from ace3_control.models import Job, JobNode, utcnow
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_worker import gang as gang_module
 from ace3_worker.gang import GangMember, NodeSeat, rendezvous_endpoint
 from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job
@@ -39,7 +38,6 @@ def settings(tmp_path: Path) -> Settings:
         unfit_republish_seconds=30,
     )
     upgrade(settings.resolved_database_url)
-    gang_module._passed_on.clear()
     return settings
 
 

@@ -15,8 +15,9 @@ from sqlalchemy import func, select
 from ace3_control.models import Job, JobCheckpoint, JobLog
 from ace3_control.settings import Settings
 from ace3_worker import reports
+from ace3_worker.attempt import MAX_NOTICES_PER_ATTEMPT, AttemptWatch
 from ace3_worker.job_dir import JobDirectory
-from ace3_worker.supervisor import MAX_NOTICES_PER_ATTEMPT, AttemptWatch, Supervisor
+from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job
 
 
@@ -41,7 +42,7 @@ def _ingest_everything(
     events = reports.EventTail(directory.output_dir)
     lines: queue.Queue[reports.LogLine] = queue.Queue()
     for _ in range(100):
-        if not supervisor._ingest(job, directory, watch, lines, events):
+        if not supervisor.ingest.store_batch(job, directory, watch, lines, events):
             break
     else:
         pytest.fail("the ingest never caught up")
@@ -177,7 +178,7 @@ def test_a_plan_read_after_the_attempt_lost_the_job_is_not_stored(
         job = insert_job(session, attempt=2, state="running")  # a newer attempt owns it
     watch = AttemptWatch(job.id, 1)
     events = reports.EventTail(directory.output_dir)
-    while supervisor._ingest(job, directory, watch, queue.Queue(), events):
+    while supervisor.ingest.store_batch(job, directory, watch, queue.Queue(), events):
         pass
     with supervisor.sessions() as session:
         assert session.get(Job, job.id).plan is None  # type: ignore[union-attr]

@@ -96,7 +96,7 @@ def test_a_failure_names_the_ranks_exception_not_torchruns_summary() -> None:
 def test_out_of_memory_halvings_are_bounded_by_the_per_rank_micro_batch() -> None:
     """Exit status 75 is the job's own claim: it buys at most log2(per-rank micro-batch)
     attempts, and none where the engine never halves (a pipeline, dynamic_batch_size off)."""
-    from ace3_worker.supervisor import max_micro_batch_halvings
+    from ace3_worker.outcome import max_micro_batch_halvings
 
     assert max_micro_batch_halvings({"batch_size": 64, "num_gpus": 2}, 2) == 5  # 32 per rank
     assert max_micro_batch_halvings({"batch_size": 64, "num_gpus": 2}, 64) == 0
@@ -116,8 +116,9 @@ def test_an_out_of_memory_exit_counts_even_when_a_peer_failed_first() -> None:
     """Rank 0, waiting in DDP's all-reduce, can fail on the closed connection before torchrun
     sees rank 1's exit status 75: torchrun then names rank 0 as the root cause."""
     from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
+    from ace3_worker.attempt import AttemptWatch
     from ace3_worker.failures import failed_ranks
-    from ace3_worker.supervisor import AttemptWatch, Supervisor
+    from ace3_worker.outcome import ran_out_of_memory
 
     summary = [
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
@@ -146,8 +147,8 @@ def test_an_out_of_memory_exit_counts_even_when_a_peer_failed_first() -> None:
     ]
     watch = AttemptWatch("job", 1)
     watch.launcher_stderr_tail.extend(summary)
-    assert Supervisor._ran_out_of_memory(watch)
+    assert ran_out_of_memory(watch)
     watch.launcher_stderr_tail.clear()
     watch.launcher_stderr_tail.extend(line.replace(" 75 ", " 1 ") for line in summary)
-    assert not Supervisor._ran_out_of_memory(watch)
+    assert not ran_out_of_memory(watch)
     assert failed_ranks(["no summary"]) == []

@@ -17,10 +17,11 @@ from ace3_control.models import Job, JobLog, JobMetric
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
 from ace3_worker import reports
+from ace3_worker.attempt import AttemptWatch
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.sandbox.launch import SandboxedProcess
 from ace3_worker.sandbox.plan import SandboxPlan
-from ace3_worker.supervisor import AttemptWatch, Supervisor
+from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job
 
 
@@ -59,17 +60,19 @@ def test_lines_and_metrics_drained_during_an_outage_are_stored_afterwards(
         '{"type": "metrics", "step": 1, "epoch": 1, "values": {"train_loss": 0.5}}\n'
     )
     events = reports.EventTail(directory.output_dir)
-    working = supervisor.sessions
-    supervisor.sessions = _unreachable  # type: ignore[assignment]
+    working = supervisor.ingest.sessions
+    supervisor.ingest.sessions = _unreachable  # type: ignore[assignment]
     process = _sleeping()
     try:
-        supervisor._tolerating_database_errors(
-            watch, process, lambda: supervisor._ingest(job, directory, watch, lines, events)
+        supervisor.watcher.tolerating_database_errors(
+            watch,
+            process,
+            lambda: supervisor.ingest.store_batch(job, directory, watch, lines, events),
         )
         assert len(watch.pending_lines) == 1 and len(watch.pending_records) == 1
         assert process.poll() is None, "a short outage does not stop training"
-        supervisor.sessions = working
-        supervisor._ingest(job, directory, watch, lines, events)
+        supervisor.ingest.sessions = working
+        supervisor.ingest.store_batch(job, directory, watch, lines, events)
     finally:
         process.kill()
         process.wait()
@@ -85,10 +88,10 @@ def test_an_outage_longer_than_the_lease_stops_the_attempt(supervisor: Superviso
     watch = AttemptWatch("job", 1)
     process = _sleeping()
     try:
-        supervisor._tolerating_database_errors(watch, process, _unreachable)
+        supervisor.watcher.tolerating_database_errors(watch, process, _unreachable)
         assert not watch.lease_lost and process.poll() is None
         watch.lease_renewed_at = time.monotonic() - supervisor.settings.lease_seconds - 1
-        supervisor._tolerating_database_errors(watch, process, _unreachable)
+        supervisor.watcher.tolerating_database_errors(watch, process, _unreachable)
         assert watch.lease_lost and watch.terminate_sent_at is not None
         assert process.wait(timeout=5) == -signal.SIGTERM
     finally:
@@ -111,7 +114,7 @@ def test_the_last_records_and_the_outcome_are_stored_through_an_outage(
             _unreachable()
 
     watch.lease_renewed_at = time.monotonic() - 10  # the heartbeat is due
-    supervisor._through_outage(watch, beat, flaky)
+    supervisor.watcher.through_outage(watch, beat, flaky)
     assert calls.count("store") == 3 and not watch.lease_lost
     assert calls[0] == "beat", "the lease is renewed before the final pass"
 
@@ -119,12 +122,12 @@ def test_the_last_records_and_the_outcome_are_stored_through_an_outage(
 def test_a_final_pass_gives_up_once_the_lease_cannot_be_ours(supervisor: Supervisor) -> None:
     watch = AttemptWatch("job", 1)
     watch.lease_renewed_at = time.monotonic() - supervisor.settings.lease_seconds - 1
-    supervisor._through_outage(watch, _unreachable, _unreachable)
+    supervisor.watcher.through_outage(watch, _unreachable, _unreachable)
     assert watch.lease_lost, "the reconciler re-queues the job; this attempt records nothing"
 
 
 def test_each_pass_stores_a_bounded_batch(supervisor: Supervisor, tmp_path: Path) -> None:
-    from ace3_worker.supervisor import LINES_PER_PASS
+    from ace3_worker.ingest import LINES_PER_PASS
 
     job = _job(supervisor)
     watch = AttemptWatch(job.id, 1)
@@ -134,9 +137,11 @@ def test_each_pass_stores_a_bounded_batch(supervisor: Supervisor, tmp_path: Path
     directory = JobDirectory(tmp_path, PurePosixPath("/job"))
     directory.output_dir.mkdir()
     events = reports.EventTail(directory.output_dir)
-    assert supervisor._ingest(job, directory, watch, lines, events) is True, "more is waiting"
+    assert supervisor.ingest.store_batch(job, directory, watch, lines, events) is True, (
+        "more is waiting"
+    )
     with supervisor.sessions() as session:
         assert len(session.scalars(select(JobLog)).all()) == LINES_PER_PASS
-    assert supervisor._ingest(job, directory, watch, lines, events) is False
+    assert supervisor.ingest.store_batch(job, directory, watch, lines, events) is False
     with supervisor.sessions() as session:
         assert len(session.scalars(select(JobLog)).all()) == LINES_PER_PASS + 10

@@ -15,7 +15,6 @@ from sqlalchemy import update
 from ace3_control.models import Job, utcnow
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_worker import supervisor as supervisor_module
 from ace3_worker.device import local_capacity
 from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job
@@ -31,7 +30,6 @@ def supervisor(tmp_path: Path) -> Supervisor:
         queue_name="unfit-test",
     )
     upgrade(settings.resolved_database_url)
-    supervisor_module._handed_back.clear()
     return Supervisor(settings)
 
 

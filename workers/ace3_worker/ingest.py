@@ -1,0 +1,209 @@
+"""Storing what a running attempt produces: its log lines, its events records (metrics, the run
+plan, checkpoints, refusals) and its artifacts.
+
+Everything the job writes is untrusted: events are validated (:mod:`ace3.config.events`) and a refused
+one becomes a warning in the job's log (stream ``service``, which a job cannot write);
+checkpoints are read only from the attempt's checkpoint directory and never deleted there. Each
+pass stores a bounded batch, so a job that prints without end cannot starve the heartbeat, and
+nothing is lost while the database is down: what was read stays pending for the next pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ace3.config.events import (
+    CheckpointRecord,
+    EventRecord,
+    MetricsRecord,
+    NonFiniteLossRecord,
+    RefusedRecord,
+    StartRecord,
+)
+from ace3_control import job_transitions
+from ace3_control.models import Job
+from ace3_control.settings import Settings
+from ace3_control.storage import LocalArtifactStore
+from ace3_worker import reports
+from ace3_worker.artifact_sync import ArtifactSync
+from ace3_worker.attempt import (
+    MAX_NOTICES_PER_ATTEMPT,
+    POLL_SECONDS,
+    AttemptWatch,
+    PendingRecord,
+)
+from ace3_worker.job_dir import JobDirectory
+from ace3_worker.log_limits import LogLimiter
+
+logger = logging.getLogger(__name__)
+
+# What one pass of the watch loop stores at most (the rest waits for the next pass).
+LINES_PER_PASS = 2000
+RECORDS_PER_PASS = 500
+SERVICE_STREAM = "service"  # the worker's own notices in a job's log (a job cannot write it)
+FINAL_SYNC_TRIES = 3
+
+
+def service_line(text: str) -> reports.LogLine:
+    """A line of the worker's own (which may quote what a job wrote)."""
+    return reports.LogLine(
+        SERVICE_STREAM, None, reports.storable_text(text[: reports.MAX_LINE_CHARS])
+    )
+
+
+class Ingest:
+    """Stores one attempt's output into the database and the artifact store."""
+
+    def __init__(
+        self, settings: Settings, sessions: sessionmaker[Session], store: LocalArtifactStore
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.store = store
+
+    def store_batch(
+        self,
+        job: Job,
+        directory: JobDirectory,
+        watch: AttemptWatch,
+        lines: queue.Queue[reports.LogLine],
+        events: reports.EventTail,
+        limiter: LogLimiter | None = None,
+    ) -> bool:
+        """Store one bounded batch of log lines and event records; return whether more were
+        waiting (the caller's next pass takes them). Nothing is lost when the database is down:
+        what was taken stays pending for the next pass."""
+        batch: list[reports.LogLine] = []
+        while len(watch.pending_lines) + len(batch) < LINES_PER_PASS:
+            try:
+                batch.append(lines.get_nowait())
+            except queue.Empty:
+                break
+        more = not lines.empty()
+        if limiter is not None and (dropped := limiter.take_dropped()) is not None:
+            batch.append(service_line(dropped))
+        for item in batch:
+            if item.rank == 0:
+                watch.syncs_artifacts = True  # rank 0 (which writes the artifacts) is here
+            if item.stream != "stderr":
+                continue
+            if item.rank is None:
+                watch.launcher_stderr_tail.append(item.line)
+            else:
+                watch.rank_stderr_tail.append((item.rank, item.line))
+        watch.pending_lines += batch
+        if len(watch.pending_records) < RECORDS_PER_PASS:
+            watch.pending_records += [
+                self._take(watch, job, directory, events, record) for record in events.read_new()
+            ]
+        taken = watch.pending_records[:RECORDS_PER_PASS]
+        more = more or events.has_more or len(watch.pending_records) > len(taken)
+        if not watch.pending_lines and not taken:
+            return more
+        notices = [service_line(item.notice) for item in taken if item.notice is not None]
+        stale_keys: list[str] = []
+        with self.sessions() as session:
+            reports.store_log_lines(session, job.id, watch.attempt, watch.pending_lines + notices)
+            for item in taken:
+                if isinstance(item.record, MetricsRecord):
+                    reports.store_metrics(session, job.id, item.record)
+                elif item.plan is not None:
+                    session.execute(
+                        job_transitions.record_plan(
+                            job.id, watch.attempt, item.plan.model_dump(mode="json")
+                        )
+                    )
+                elif item.checkpoint is not None:
+                    stale_keys += reports.record_checkpoint(
+                        session,
+                        self.store,
+                        job.id,
+                        watch.attempt,
+                        item.checkpoint,
+                        job.config.get("max_checkpoints"),
+                    )
+            session.commit()
+        watch.pending_lines = []
+        del watch.pending_records[: len(taken)]
+        for key in stale_keys:
+            self.store.delete(key)
+        return more
+
+    def _take(
+        self,
+        watch: AttemptWatch,
+        job: Job,
+        directory: JobDirectory,
+        events: reports.EventTail,
+        record: EventRecord | RefusedRecord,
+    ) -> PendingRecord:
+        """A record as it is read: a valid checkpoint's file is copied into the store now
+        (once, whatever happens to the database meanwhile); what is refused gets its notice."""
+        item = PendingRecord(record)
+        if isinstance(record, RefusedRecord):
+            item.notice = f"ace3: refused an events record ({record.reason}): {record.excerpt}"
+        elif isinstance(record, StartRecord) and events.plan is record:
+            item.plan = record.plan()  # (a later, larger plan is not accepted: reports.py)
+        elif isinstance(record, NonFiniteLossRecord):
+            item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
+        elif isinstance(record, CheckpointRecord):
+            outcome = reports.checkpoint_problem(
+                record, directory.visible(directory.checkpoints_dir), events.plan
+            )
+            if outcome is None and record.name in watch.staged_checkpoints:
+                outcome = f"checkpoint {record.name} was already taken"
+            outcome = outcome or reports.stage_checkpoint(
+                self.store, job.id, record, directory.output_dir, self.settings.max_checkpoint_bytes
+            )
+            if isinstance(outcome, str):
+                item.notice = f"ace3: refused a checkpoint record: {outcome}"
+            else:
+                watch.staged_checkpoints.add(record.name)
+                item.checkpoint = outcome
+        if item.notice is not None:
+            # (a job that writes refused records without end gets a bounded number of lines)
+            watch.notices_left -= 1
+            if watch.notices_left < 0:
+                item.notice = None
+            elif watch.notices_left == 0:
+                item.notice += (
+                    f" (the last of {MAX_NOTICES_PER_ATTEMPT} refusals logged for this attempt;"
+                    " later ones are not)"
+                )
+        if item.notice is not None:
+            logger.warning("job %s: %s", job.id, item.notice)
+        return item
+
+    # -- artifacts -------------------------------------------------------------------------------
+    def sync_artifacts(self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]) -> None:
+        """One artifact pass; what it has to tell the user goes to the job's log. A problem
+        other than the database's never stops the job (the pass is retried)."""
+        try:
+            artifacts.sync(self.sessions)
+        except DBAPIError:
+            raise
+        except Exception:
+            logger.exception("job %s: artifact sync failed; retrying", artifacts.job_id)
+        finally:
+            for notice in artifacts.take_notices():
+                lines.put(reports.LogLine("stdout", None, notice))
+
+    def final_artifact_sync(
+        self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]
+    ) -> None:
+        """The files as the job left them, before its outcome is recorded (a few tries through
+        a database hiccup; the outcome is recorded either way)."""
+        for attempt_number in range(FINAL_SYNC_TRIES):
+            try:
+                self.sync_artifacts(artifacts, lines)
+                return
+            except DBAPIError as exc:
+                logger.warning(
+                    "job %s: final artifact sync failed (%s)", artifacts.job_id, type(exc).__name__
+                )
+                time.sleep(POLL_SECONDS * (attempt_number + 1))

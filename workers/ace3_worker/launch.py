@@ -1,0 +1,130 @@
+"""Starting an attempt's torchrun in the worker's sandbox and reading its output.
+
+The command (single-node ``--standalone`` or a node of a c10d rendezvous) comes from the
+attempt's membership (:mod:`ace3_worker.membership`); this module starts it with the sandboxed,
+allow-listed environment (:mod:`ace3_worker.sandbox.launch`) and pumps its stdout and stderr
+into a queue through the log limiter (:mod:`ace3_worker.log_limits`). Stopping kills the whole
+sandbox: no process of the attempt outlives it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import IO
+
+from ace3_control.settings import Settings
+from ace3_worker import reports
+from ace3_worker.job_dir import JobDirectory
+from ace3_worker.launcher import rank_environment
+from ace3_worker.log_limits import LogLimiter
+from ace3_worker.sandbox.identity import JobIdentity
+from ace3_worker.sandbox.launch import SandboxedProcess, launch, sandbox_environment
+from ace3_worker.sandbox.limits import JobLimits
+from ace3_worker.sandbox.plan import SandboxPlan
+from ace3_worker.workspace import job_owner
+
+# Lines read but not yet stored (the database may be down): past it, lines are dropped.
+MAX_QUEUED_LINES = 50_000
+PUMP_JOIN_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What one node runs: torchrun's command line, and what the sandbox adds for it."""
+
+    command: list[str]
+    share_network: bool = False  # a multi-node rendezvous crosses machines
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunningTorchrun:
+    """A started torchrun and the threads that read its output into ``lines``."""
+
+    process: SandboxedProcess
+    lines: queue.Queue[reports.LogLine]
+    limiter: LogLimiter
+    pumps: list[threading.Thread]
+
+    def stop(self) -> int:
+        """Kill whatever is left of the sandbox, wait for it and for the pumps; its exit
+        status."""
+        self.process.kill()
+        self.process.wait()
+        self.process.close()
+        for pump in self.pumps:
+            pump.join(timeout=PUMP_JOIN_SECONDS)
+        returncode = self.process.returncode
+        assert returncode is not None
+        return returncode
+
+
+def start_torchrun(
+    settings: Settings,
+    plan: SandboxPlan,
+    limits: JobLimits,
+    spec: LaunchSpec,
+    *,
+    directory: JobDirectory,
+    identity: JobIdentity | None,
+    device: str,
+    job_id: str,
+    nproc: int,
+) -> RunningTorchrun:
+    env = sandbox_environment(
+        rank_environment(device, nproc, settings.worker_slots),
+        directory,
+        job_owner(identity),
+        job_id,
+    )
+    env.update(spec.env)
+    process = launch(
+        plan,
+        directory,
+        identity,
+        spec.command,
+        env,
+        share_network=spec.share_network,
+        device=device,
+        limits=limits,
+    )
+    limiter = LogLimiter(
+        settings.max_log_lines_per_second,
+        settings.max_log_bytes_per_second,
+        settings.max_log_bytes_per_job,
+    )
+    lines: queue.Queue[reports.LogLine] = queue.Queue()
+    pumps = [
+        threading.Thread(
+            target=_pump, args=(stream, name, lines, limiter), daemon=True, name=f"ace3-{name}"
+        )
+        for stream, name in (
+            (process.process.stdout, "stdout"),
+            (process.process.stderr, "stderr"),
+        )
+    ]
+    for pump in pumps:
+        pump.start()
+    return RunningTorchrun(process, lines, limiter, pumps)
+
+
+def _pump(
+    stream: IO[bytes], name: str, lines: queue.Queue[reports.LogLine], limiter: LogLimiter
+) -> None:
+    """Read one of torchrun's streams line by line (a line is cut at MAX_LINE_CHARS bytes and
+    its rest skipped), queueing what the limiter admits."""
+    limit = reports.MAX_LINE_CHARS
+    skipping = False  # the rest of a line already cut
+    for raw in iter(lambda: stream.readline(limit), b""):
+        complete = raw.endswith(b"\n")
+        if skipping:
+            skipping = not complete
+            continue
+        skipping = not complete and len(raw) >= limit
+        if lines.qsize() >= MAX_QUEUED_LINES:
+            limiter.drop("the database is not keeping up with the job's log")
+        elif limiter.admit(len(raw)):
+            lines.put(reports.parse_log_line(name, raw.decode("utf-8", errors="replace")))
+    stream.close()

@@ -1,0 +1,140 @@
+"""How this worker takes part in one attempt: the one interface the supervisor's attempt, the
+watch loop and the outcome go through, whatever the job's number of nodes.
+
+A single-node job is a gang of one: :class:`SingleNode` is its whole gang, and it leads. It
+renews the job's lease (no ``job_nodes`` row: what is stored and what the API shows is what a
+single-node job always had), marks the job ``running`` once torchrun started and records the
+outcome from its own exit. A node of a multi-node job is :class:`ace3_worker.gang_node.GangNode`.
+The supervisor chooses one of the two once, when it takes the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ace3_control import job_transitions
+from ace3_control.models import Job, JobState
+from ace3_control.settings import Settings
+from ace3_worker import reports
+from ace3_worker.attempt import AttemptWatch, Beat
+from ace3_worker.launch import LaunchSpec
+from ace3_worker.launcher import torchrun_command
+from ace3_worker.outcome import Outcomes
+from ace3_worker.watch import Watcher
+
+
+class Membership(Protocol):
+    """This worker's part in one attempt."""
+
+    job_id: str
+    attempt: int
+
+    @property
+    def node_rank(self) -> int | None:
+        """Which node this worker runs (None: the job has one node)."""
+
+    @property
+    def nodes(self) -> int:
+        """How many nodes (workers) run the attempt."""
+
+    @property
+    def name(self) -> str:
+        """This worker's part, for the log: ``attempt 3``, ``node 1``."""
+
+    @property
+    def hosts_rank_zero(self) -> bool:
+        """Whether this node surely hosts global rank 0 before torchrun says so (it then syncs
+        the artifacts from the start; otherwise once a rank 0 line comes through)."""
+
+    def keep_alive(self) -> AbstractContextManager[None]:
+        """Heartbeat from a thread meanwhile (a slow step outside the watch loop)."""
+
+    def launch_spec(self, job_file: str, nproc: int) -> LaunchSpec:
+        """This node's torchrun command line and sandbox."""
+
+    def started(self) -> None:
+        """Torchrun started: the job is ``running``."""
+
+    def beat(self) -> Beat:
+        """One heartbeat: renew what this worker holds, read the cancel flag (and the peers)."""
+
+    def report(
+        self,
+        job: Job,
+        watch: AttemptWatch,
+        returncode: int,
+        events: reports.EventTail,
+        beat: Callable[[], None],
+    ) -> None:
+        """Torchrun exited: record (or report, for the leader to decide) how."""
+
+    def decide(self, watch: AttemptWatch) -> None:
+        """After the report: the attempt's leader records it, when that waits for others."""
+
+    def failed_outside_torchrun(self, error: str) -> None:
+        """This worker cannot run its part (preparing failed, or the supervisor itself)."""
+
+
+@dataclass
+class SingleNode:
+    """A single-node attempt: the gang of one."""
+
+    job_id: str
+    attempt: int
+    settings: Settings
+    sessions: sessionmaker[Session]
+    outcomes: Outcomes
+    watcher: Watcher
+
+    node_rank: None = None
+    nodes: int = 1
+    hosts_rank_zero: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"attempt {self.attempt}"
+
+    def keep_alive(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()  # (no node row; the loop renews the lease)
+
+    def launch_spec(self, job_file: str, nproc: int) -> LaunchSpec:
+        return LaunchSpec(torchrun_command(job_file, nproc))
+
+    def started(self) -> None:
+        with self.sessions() as session:
+            session.execute(job_transitions.mark_running(self.job_id, self.attempt))
+            session.commit()
+
+    def beat(self) -> Beat:
+        with self.sessions() as session:
+            row = session.execute(
+                job_transitions.renew_lease(self.job_id, self.attempt, self.settings.lease_seconds)
+            ).first()
+            session.commit()
+        return Beat(owned=row is not None, cancel_requested=bool(row and row.cancel_requested))
+
+    def report(
+        self,
+        job: Job,
+        watch: AttemptWatch,
+        returncode: int,
+        events: reports.EventTail,
+        beat: Callable[[], None],
+    ) -> None:
+        self.watcher.through_outage(
+            watch, beat, lambda: self.outcomes.record_attempt(job, watch, returncode, events)
+        )
+
+    def decide(self, watch: AttemptWatch) -> None:
+        return None  # (recorded by the report)
+
+    def failed_outside_torchrun(self, error: str) -> None:
+        self.outcomes.record_surviving_outage(
+            self.job_id, self.attempt, JobState.FAILED, error=error
+        )

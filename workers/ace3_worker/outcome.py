@@ -1,0 +1,292 @@
+"""How an attempt ended, written to the job's row: succeeded, cancelled, failed (with the
+failing rank's error), re-queued for a retry, or re-queued with half the micro-batch after
+running out of memory.
+
+Every write is a conditional update fenced by the attempt number
+(``ace3_control.job_transitions``), so a worker that lost its lease changes nothing. A
+single-node attempt is decided here from its own exit (:meth:`Outcomes.record_attempt`); a
+multi-node attempt's nodes each report their exit (:meth:`Outcomes.node_exit`) and the leader
+applies the verdict of ``ace3_control.job_nodes`` (:meth:`Outcomes.apply_verdict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ace3.config import TrainingConfig, parallel_degrees, runs_pipeline
+from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
+from ace3_control import job_nodes, job_transitions
+from ace3_control.models import Job, JobState
+from ace3_control.settings import Settings
+from ace3_worker import reports
+from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS, AttemptWatch
+from ace3_worker.failures import RankFailure, failed_ranks, failure_message, root_cause
+from ace3_worker.ingest import service_line
+from ace3_worker.messages import publish
+from ace3_worker.sandbox.limits import JobLimits
+
+logger = logging.getLogger(__name__)
+
+
+def max_micro_batch_halvings(config: dict[str, Any], num_processes: int) -> int:
+    """How often a job's micro-batch can be halved after running out of memory: until it is
+    one sample (log2 of the per-rank micro-batch); none for a job that cannot run out of memory
+    that way (``dynamic_batch_size`` off, or a pipeline, whose step has no such recovery),
+    whatever exit status its ranks claim."""
+    try:
+        settings = TrainingConfig.model_validate(config)
+    except ValueError:
+        return 0
+    if not settings.dynamic_batch_size or runs_pipeline(settings):
+        return 0
+    # The global batch splits evenly over the data-parallel replicas (all the processes, unless
+    # tensor parallelism groups them).
+    processes = max(1, num_processes)
+    stages, ways = parallel_degrees(settings, processes)
+    per_rank = max(1, settings.batch_size // max(1, processes // (stages * ways)))
+    return max(0, per_rank.bit_length() - 1)
+
+
+def final_metrics(events: reports.EventTail) -> dict[str, Any] | None:
+    """The runtime's final metrics (they include best_val_accuracy, steps and epochs)."""
+    return dict(events.summary.final_metrics) if events.summary is not None else None
+
+
+def ran_out_of_memory(watch: AttemptWatch) -> bool:
+    """A rank left with OUT_OF_MEMORY_EXIT_CODE: it ran out of memory inside a step of a
+    multi-process job (ace3.runtime.steps), and torchrun stopped the others. Any rank of
+    torchrun's summary counts, not only its root cause: a peer waiting in the all-reduce can
+    fail first on the closed connection ("Connection closed by peer")."""
+    if watch.stopped_for is not None:
+        return False
+    return any(
+        failure.exit_code == OUT_OF_MEMORY_EXIT_CODE
+        for failure in failed_ranks(watch.launcher_stderr_tail)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeExit:
+    """What a node of a multi-node attempt reports about its torchrun."""
+
+    exit_code: int
+    error: str | None
+    stopped: str | None  # why the service stopped this node, if it did
+
+
+class Outcomes:
+    """Records attempts' outcomes for one worker process."""
+
+    def __init__(
+        self, settings: Settings, sessions: sessionmaker[Session], limits: JobLimits
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.limits = limits
+
+    # -- reading the exit ------------------------------------------------------------------------
+    def failure(self, watch: AttemptWatch, returncode: int) -> tuple[str, bool]:
+        """(the failure's message, whether another attempt may help)."""
+        cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
+        if watch.stopped_for is not None:
+            return f"training stopped: {watch.stopped_for}", False
+        if cause is not None and cause.signal is not None:
+            return self._message(returncode, watch, cause), cause.retryable
+        if returncode < 0:
+            # torchrun itself was killed by a signal (not ours): the machine, not the code, failed.
+            return f"the torchrun process was killed by signal {-returncode}", True
+        return self._message(returncode, watch, cause), False
+
+    def _message(self, returncode: int, watch: AttemptWatch, cause: RankFailure | None) -> str:
+        return failure_message(
+            returncode, watch.rank_stderr_tail, watch.launcher_stderr_tail, cause, self.limits
+        )
+
+    def node_exit(self, watch: AttemptWatch, returncode: int) -> NodeExit:
+        """How this node's torchrun ended, and why the service stopped it if it did. A rank
+        killed by a signal is reported as a signal exit (the verdict then retries)."""
+        if watch.cancel_requested:
+            stopped: str | None = "the job was cancelled"
+        elif watch.peer_trouble is not None:
+            stopped = watch.peer_trouble
+        elif watch.lease_lost:
+            stopped = "the attempt no longer owns the job"
+        else:
+            stopped = None
+        error = None
+        if returncode != 0 or watch.stopped_for is not None:
+            error, retryable = self.failure(watch, returncode)
+            cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
+            if retryable and cause is not None and cause.signal is not None and stopped is None:
+                returncode = cause.exit_code
+            elif stopped is None and ran_out_of_memory(watch):
+                returncode = OUT_OF_MEMORY_EXIT_CODE  # (the verdict halves the micro-batch)
+            elif returncode == 0:
+                returncode = 1  # stopped by the service on its own: a failure of this node
+        return NodeExit(returncode, error, stopped)
+
+    # -- deciding --------------------------------------------------------------------------------
+    def record_attempt(
+        self, job: Job, watch: AttemptWatch, returncode: int, events: reports.EventTail
+    ) -> None:
+        """Decide a single-node attempt from its own exit."""
+        if watch.lease_lost:
+            logger.warning(
+                "job %s attempt %d: lease lost; its outcome belongs to a newer attempt",
+                job.id,
+                watch.attempt,
+            )
+            return
+        metrics = final_metrics(events)
+        if watch.cancel_requested:
+            self.record(
+                job.id,
+                watch.attempt,
+                JobState.CANCELLED,
+                exit_code=returncode,
+                final_metrics=metrics,
+            )
+            return
+        if returncode == 0 and watch.stopped_for is None:
+            self.record(
+                job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=metrics
+            )
+            return
+        if ran_out_of_memory(watch) and self.halve_micro_batch(job, watch.attempt):
+            return
+        error, retryable = self.failure(watch, returncode)
+        if retryable and self.retry(job.id, watch.attempt, error):
+            headline = error.partition("\n")[0]
+            logger.warning("job %s attempt %d: %s; retrying", job.id, watch.attempt, headline)
+            with self.sessions() as session:
+                reports.store_log_lines(
+                    session,
+                    job.id,
+                    watch.attempt,
+                    [service_line(f"ace3: attempt {watch.attempt} ended: {headline}; retrying")],
+                )
+                session.commit()
+            return
+        if retryable:
+            headline, newline, rest = error.partition("\n")
+            error = f"{headline}; no retries left{newline}{rest}"
+        self.record(
+            job.id,
+            watch.attempt,
+            JobState.FAILED,
+            exit_code=returncode,
+            error=error,
+            final_metrics=metrics,
+        )
+
+    def apply_verdict(self, job_id: str, attempt: int, verdict: job_nodes.Verdict) -> None:
+        """Record a multi-node attempt as its leader decided it from every node's report."""
+        if verdict.outcome == "out_of_memory":
+            with self.sessions() as session:
+                job = session.get(Job, job_id)
+                if job is not None:
+                    session.expunge(job)
+            if job is not None and self.halve_micro_batch(job, attempt):
+                return
+            verdict = dataclasses.replace(verdict, outcome="failed")
+        if verdict.outcome == "retry":
+            reason = verdict.error or "a node of the attempt was lost"
+            if not self.retry(job_id, attempt, reason):
+                self.record(
+                    job_id,
+                    attempt,
+                    JobState.FAILED,
+                    exit_code=verdict.exit_code,
+                    error=reason + "; no retries left",
+                )
+            return
+        self.record(
+            job_id,
+            attempt,
+            JobState(verdict.outcome),
+            exit_code=verdict.exit_code,
+            error=verdict.error,
+            final_metrics=verdict.final_metrics,
+        )
+
+    # -- re-queueing -----------------------------------------------------------------------------
+    def retry(self, job_id: str, attempt: int, reason: str) -> bool:
+        with self.sessions() as session:
+            result = session.execute(job_transitions.requeue_for_retry(job_id, attempt, reason))
+            session.commit()
+        if not result.rowcount:
+            return False
+        self._publish(job_id)
+        return True
+
+    def halve_micro_batch(self, job: Job, attempt: int) -> bool:
+        """Queue the next attempt with twice the micro-batch split (job.json), from the job's
+        newest checkpoint; False when the micro-batch cannot be halved again (the attempt then
+        fails like any other). The update itself bounds the halvings by
+        :func:`max_micro_batch_halvings`, whatever a job's exit status claims."""
+        limit = max_micro_batch_halvings(job.config, job.num_processes)
+        split = 2 ** ((job.micro_batch_halvings or 0) + 1)
+        reason = (
+            f"attempt {attempt} ran out of memory inside a training step; the next one runs "
+            f"micro-batch split {split} (the effective batch unchanged)"
+        )
+        with self.sessions() as session:
+            result = session.execute(
+                job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, reason, limit)
+            )
+            if result.rowcount:
+                reports.store_log_lines(
+                    session, job.id, attempt, [service_line(f"ace3: {reason}; retrying")]
+                )
+            session.commit()
+        if not result.rowcount:
+            return False
+        logger.warning("job %s: %s", job.id, reason)
+        self._publish(job.id)
+        return True
+
+    def _publish(self, job_id: str) -> None:
+        publish(
+            self.settings,
+            job_id,
+            on_failure="retry queued but not published; the reconciler will publish it",
+        )
+
+    # -- writing the row -------------------------------------------------------------------------
+    def record_surviving_outage(
+        self, job_id: str, attempt: int, state: JobState, **fields: Any
+    ) -> None:
+        """:meth:`record`, retried through a database outage for up to a lease (after that the
+        reconciler re-queues the job anyway)."""
+        deadline = time.monotonic() + self.settings.lease_seconds
+        delay = POLL_SECONDS
+        while True:
+            try:
+                self.record(job_id, attempt, state, **fields)
+                return
+            except DBAPIError:
+                if time.monotonic() > deadline:
+                    logger.exception("job %s attempt %d: outcome not recorded", job_id, attempt)
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_DB_RETRY_SECONDS)
+
+    def record(self, job_id: str, attempt: int, state: JobState, **fields: Any) -> None:
+        with self.sessions() as session:
+            result = session.execute(job_transitions.finish(job_id, attempt, state, **fields))
+            session.commit()
+        if result.rowcount:
+            logger.info("job %s attempt %d: %s", job_id, attempt, state.value)
+        else:
+            logger.warning(
+                "job %s attempt %d: not recorded as %s (no longer ours)",
+                job_id,
+                attempt,
+                state.value,
+            )

@@ -1,0 +1,190 @@
+"""Watching a running attempt: the loop that, every ``POLL_SECONDS`` until torchrun exits,
+heartbeats, enforces ``max_runtime_seconds``, escalates SIGTERM to SIGKILL, stores a batch of
+output and syncs the artifacts; and riding out a database outage meanwhile and afterwards.
+
+What a heartbeat does (renew the job's lease, or a node's row) is the attempt's membership's
+(:mod:`ace3_worker.membership`); what it learned is applied here, the same way for a single-node
+job and for each node of a multi-node one: a lost lease, a cancel request or a peer node's
+trouble sends SIGTERM to torchrun, and SIGKILL follows after ``cancel_grace_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from sqlalchemy.exc import DBAPIError
+
+from ace3_control.models import Job
+from ace3_control.settings import Settings
+from ace3_worker import reports
+from ace3_worker.artifact_sync import ArtifactSync
+from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS, AttemptWatch, Beat
+from ace3_worker.ingest import Ingest
+from ace3_worker.job_dir import JobDirectory
+from ace3_worker.launch import RunningTorchrun
+from ace3_worker.sandbox.launch import SandboxedProcess
+
+logger = logging.getLogger(__name__)
+
+
+def stop_processes(watch: AttemptWatch, process: SandboxedProcess) -> None:
+    """SIGTERM to torchrun, once (SIGKILL follows after the grace period: :meth:`escalate`)."""
+    if watch.terminate_sent_at is None:
+        process.terminate()
+        watch.terminate_sent_at = time.monotonic()
+
+
+def apply_beat(watch: AttemptWatch, beat: Beat, process: SandboxedProcess, who: str) -> None:
+    """What a heartbeat learned: the lease renewed or lost, a cancel request, a peer node's
+    trouble; any of the last three stops ``who`` (the attempt's processes, or a node)."""
+    if beat.owned:
+        watch.lease_renewed_at = time.monotonic()
+    else:
+        if not watch.lease_lost:
+            logger.error(
+                "job %s attempt %d is no longer this attempt's (its lease is lost): stopping %s",
+                watch.job_id,
+                watch.attempt,
+                who,
+            )
+        watch.lease_lost = True
+    if beat.owned and beat.cancel_requested:
+        watch.cancel_requested = True
+    if beat.owned and beat.trouble and watch.peer_trouble is None:
+        logger.warning(
+            "job %s attempt %d: stopping %s: %s", watch.job_id, watch.attempt, who, beat.trouble
+        )
+        watch.peer_trouble = beat.trouble
+    if watch.stopping:
+        stop_processes(watch, process)
+
+
+class Watcher:
+    """Runs the watch loop of this worker's attempts."""
+
+    def __init__(self, settings: Settings, ingest: Ingest) -> None:
+        self.settings = settings
+        self.ingest = ingest
+
+    def watch(
+        self,
+        job: Job,
+        directory: JobDirectory,
+        watch: AttemptWatch,
+        running: RunningTorchrun,
+        events: reports.EventTail,
+        artifacts: ArtifactSync,
+        beat: Callable[[], None],
+    ) -> int:
+        """Watch torchrun until it exits, then kill what is left of its sandbox; its exit
+        status."""
+        process, lines = running.process, running.lines
+        max_runtime = job.config.get("max_runtime_seconds")
+
+        def ingest() -> None:
+            self.ingest.store_batch(job, directory, watch, lines, events, running.limiter)
+
+        next_heartbeat = next_artifact_sync = 0.0
+        try:
+            while True:
+                exited = process.poll() is not None
+                if time.monotonic() >= next_heartbeat:
+                    self.tolerating_database_errors(watch, process, beat)
+                    next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
+                if max_runtime and not exited:
+                    self.enforce_max_runtime(watch, process, float(max_runtime))
+                self.escalate(watch, process)
+                self.tolerating_database_errors(watch, process, ingest)
+                if time.monotonic() >= next_artifact_sync and not exited and watch.syncs_artifacts:
+                    self.tolerating_database_errors(
+                        watch, process, lambda: self.ingest.sync_artifacts(artifacts, lines)
+                    )
+                    next_artifact_sync = time.monotonic() + self.settings.artifact_sync_seconds
+                if exited:
+                    break
+                time.sleep(POLL_SECONDS)
+        finally:
+            # Whatever happened, nothing of this attempt may outlive it.
+            returncode = running.stop()
+        return returncode
+
+    def enforce_max_runtime(
+        self, watch: AttemptWatch, process: SandboxedProcess, max_runtime: float
+    ) -> None:
+        elapsed = time.monotonic() - watch.started_at
+        if elapsed <= max_runtime or watch.terminate_sent_at is not None:
+            return
+        watch.stopped_for = (
+            f"the attempt ran past max_runtime_seconds={max_runtime:g} (stopped after "
+            f"{elapsed:.0f} s)"
+        )
+        logger.warning("job %s attempt %d: %s", watch.job_id, watch.attempt, watch.stopped_for)
+        stop_processes(watch, process)
+
+    def escalate(self, watch: AttemptWatch, process: SandboxedProcess) -> None:
+        if watch.terminate_sent_at is None or watch.killed or process.poll() is not None:
+            return
+        if time.monotonic() - watch.terminate_sent_at >= self.settings.cancel_grace_seconds:
+            process.kill()
+            watch.killed = True
+
+    # -- database outages ------------------------------------------------------------------------
+    def tolerating_database_errors(
+        self, watch: AttemptWatch, process: SandboxedProcess, action: Callable[[], object]
+    ) -> None:
+        """Ride out a database outage: training goes on and the action is retried next pass.
+        Once the lease cannot have been renewed in time, another worker may own the job: stop."""
+        try:
+            action()
+        except DBAPIError as exc:
+            logger.warning(
+                "job %s: database unreachable (%s); retrying", watch.job_id, type(exc).__name__
+            )
+            if (
+                watch.lease_lost
+                or time.monotonic() - watch.lease_renewed_at <= self.settings.lease_seconds
+            ):
+                return
+            logger.error(
+                "job %s: lease not renewed for %.0f s: stopping",
+                watch.job_id,
+                self.settings.lease_seconds,
+            )
+            watch.lease_lost = True
+            stop_processes(watch, process)
+
+    def through_outage(
+        self, watch: AttemptWatch, beat: Callable[[], None], action: Callable[[], object]
+    ) -> None:
+        """Run a last step of the attempt (store what is left, record the outcome) through a
+        database outage, as the watch loop does: retried with the heartbeat until it works, or
+        until the lease cannot be this attempt's any more (the reconciler then re-queues the
+        job, which resumes from its last stored checkpoint)."""
+        delay = POLL_SECONDS
+        while True:
+            try:
+                if time.monotonic() - watch.lease_renewed_at > self.settings.heartbeat_seconds:
+                    beat()
+                action()
+                return
+            except DBAPIError as exc:
+                waited = time.monotonic() - watch.lease_renewed_at
+                if watch.lease_lost or waited > self.settings.lease_seconds:
+                    logger.error(
+                        "job %s attempt %d: database unreachable for %.0f s after the run; "
+                        "giving the job up to the reconciler",
+                        watch.job_id,
+                        watch.attempt,
+                        waited,
+                    )
+                    watch.lease_lost = True
+                    return
+                logger.warning(
+                    "job %s: database unreachable (%s); retrying",
+                    watch.job_id,
+                    type(exc).__name__,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_DB_RETRY_SECONDS)
