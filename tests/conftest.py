@@ -232,7 +232,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-def _load_example(name: str):  # type: ignore[no-untyped-def]
+def load_example(name: str):  # type: ignore[no-untyped-def]
     import importlib.util
 
     path = REPO_ROOT / "examples" / "digits" / f"{name}.py"
@@ -254,7 +254,7 @@ class DigitsFiles:
 def digits_files(tmp_path_factory: pytest.TempPathFactory) -> DigitsFiles:
     """The demo's model file and scikit-learn's digits split into train/validation .npz files."""
     directory = tmp_path_factory.mktemp("digits")
-    train, validation = _load_example("data").write_digits(directory)
+    train, validation = load_example("data").write_digits(directory)
     return DigitsFiles(REPO_ROOT / "examples" / "digits" / "model.py", train, validation)
 
 

@@ -20,7 +20,7 @@ Importing ``ace3`` needs only httpx, pydantic and rich (never torch). The traini
 
 from __future__ import annotations
 
-from ace3 import hp, utils
+from ace3 import _aliases, hp, utils
 from ace3.client import (
     Client,
     DatasetRef,
@@ -77,6 +77,8 @@ from ace3.trainers import (
 from ace3.trainers.hyperparameter_search import hyperparameter_search
 
 __version__ = SDK_VERSION
+
+_aliases.install()  # import ace3.callbacks, ace3.optimizers, ... (earlier releases' paths)
 
 __all__ = [
     "ACE3Error",

@@ -93,3 +93,28 @@ def test_every_module_of_the_torch_free_packages_leaves_torch_out():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_module_paths_of_earlier_releases_still_import():
+    """Jobs stored by an earlier SDK carry callbacks as source with ``from ace3.callbacks import
+    ...``; user scripts import ``ace3.optimizers``. Both load today's modules, lazily."""
+    code = (
+        "import sys, ace3\n"
+        "assert 'torch' not in sys.modules\n"
+        "exec('from ace3.callbacks import EarlyStopping as EarlyStopping')\n"
+        "import ace3.callbacks, ace3.training.callbacks\n"
+        "assert ace3.callbacks is ace3.training.callbacks\n"
+        "assert ace3.training.callbacks.__spec__.name == 'ace3.training.callbacks'\n"
+        "from ace3.optimizers import Adam8bit\n"
+        "from ace3.schedulers import WarmupCosineScheduler\n"
+        "import ace3.data, ace3.amp, ace3.loggers, ace3.profiling, ace3.checkpoint_files\n"
+        "assert ace3.optimizers.Adam8bit is Adam8bit\n"
+        "try:\n"
+        "    import ace3.no_such_module\n"
+        "except ModuleNotFoundError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('an unknown name imported')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

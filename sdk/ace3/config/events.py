@@ -199,10 +199,14 @@ def _refuse_constant(name: str) -> Any:
 # The engine echoes what it reports as metrics in its log as well (rank 0's output, read with
 # client.jobs.logs): the interval line, the end-of-epoch and mid-epoch validation lines and the
 # final summary. A display that prints the metrics themselves skips these lines, so that each
-# value shows once.
+# value shows once. Only whole lines of the engine's exact shape match (a prefix, then nothing
+# but name=value pairs): a user's own print that starts the same way is still shown.
+_PAIRS = r"[A-Za-z_][\w/]*=\S+(?: [A-Za-z_][\w/]*=\S+)*"
 _METRIC_ECHO = re.compile(
-    r"^(?:\[rank \d+\] )?"
-    r"(?:step \d+ epoch \S+ train_loss=|epoch \d+ done: |validation at step \d+: |done: )"
+    r"^(?:\[rank 0\] )?(?:"
+    r"step \d+ epoch \S+ train_loss=\S+ lr=\S+(?: samples/s=\S+)?"
+    rf"|(?:epoch \d+ done|validation at step \d+|done): {_PAIRS}"
+    r")$"
 )
 
 

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
@@ -35,7 +36,7 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TrainingConfig(_Schema):
+class TrainingConfig(FineTuningFields, _Schema):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed

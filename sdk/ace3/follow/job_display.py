@@ -178,7 +178,7 @@ class PlainDisplay(Display):
         self._pending[metric.name] = metric.value
 
     def _on_log(self, line: LogLine) -> None:
-        if echoes_metrics(line.line):
+        if line.rank in (None, 0) and echoes_metrics(line.line):
             return  # the engine's echo of the metrics this display prints as they arrive
         self._flush()
         self.note(line.format())

@@ -25,6 +25,7 @@ from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
 from ace3.runtime.distributed import DistContext
+from ace3.runtime.freezing import apply_freezing
 from ace3.runtime.job_spec import JobSpec
 from ace3.runtime.optim import build_scheduler
 from ace3.runtime.parallel import Strategy, strategy_for
@@ -140,6 +141,9 @@ def assemble(
     strategy = strategy_for(config, ctx)
     per_rank_batch = check_config(config, ctx, strategy)
     apply_dropout_override(model, config, ctx)
+    frozen = apply_freezing(model, config)
+    if frozen is not None and ctx.is_main:
+        print(frozen.describe(), flush=True)
     precision = resolve_precision(config, ctx.device)
     if ctx.is_main:
         for note in strategy.describe():

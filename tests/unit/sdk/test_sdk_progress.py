@@ -119,6 +119,11 @@ def test_plain_lines_show_each_metric_once_not_again_in_the_engine_log_echo():
         JobEvent("log", ace3.LogLine.model_validate(log(2, "validation at step 1: val_loss=0.5"))),
         JobEvent("log", ace3.LogLine.model_validate(log(3, "epoch 1 done: val_loss=0.50000"))),
         JobEvent("log", ace3.LogLine.model_validate(log(4, "resumed from step 0", rank=0))),
+        # a user's own prints that start like the engine's lines are not its echo
+        JobEvent("log", ace3.LogLine.model_validate(log(5, "epoch 3 done: saved to /tmp/x"))),
+        JobEvent("log", ace3.LogLine.model_validate(log(6, "done: wrote predictions.csv"))),
+        JobEvent("log", ace3.LogLine.model_validate(log(7, "validation at step 5: ok", rank=0))),
+        JobEvent("log", ace3.LogLine.model_validate(log(8, echo, rank=1))),
     ]
     with create_display(None, {"epochs": 2}, mode="plain", file=out) as display:
         for event in stream:
@@ -127,4 +132,8 @@ def test_plain_lines_show_each_metric_once_not_again_in_the_engine_log_echo():
         "job job_1: running",
         "step 1/20 epoch 1: train_loss=0.75",
         "[rank 0] resumed from step 0",
+        "[rank 0] epoch 3 done: saved to /tmp/x",
+        "[rank 0] done: wrote predictions.csv",
+        "[rank 0] validation at step 5: ok",
+        f"[rank 1] {echo}",
     ]
