@@ -6,6 +6,7 @@ and the engine reads back (:mod:`.training`, :mod:`.sections`), what a job canno
 Nothing in this package imports torch or the engine (import-linter checks it).
 """
 
+from ace3.config.distillation import DistillationConfig
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -20,6 +21,7 @@ __all__ = [
     "AMPConfig",
     "CheckpointConfig",
     "ConfigProblem",
+    "DistillationConfig",
     "DistributedConfig",
     "TrainingConfig",
     "parallel_degrees",

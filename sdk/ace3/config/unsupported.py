@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ace3.config.distillation_checks import distillation_problems
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -38,6 +39,10 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         value = getattr(config, field)
         if value not in accepted:
             problems.append(ConfigProblem(field=field, reason=f"{field}={value!r}: {reason}"))
+    problems += [
+        ConfigProblem(field=field, reason=f"{field}: {reason}")
+        for field, reason in distillation_problems(config)
+    ]
     return problems + _unsupported_with_zero(config) + _model_parallel_problems(config)
 
 

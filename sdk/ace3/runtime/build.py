@@ -24,6 +24,7 @@ from ace3.config import TrainingConfig, unsupported_settings
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
+from ace3.runtime.distillation import make_distiller
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.freezing import apply_freezing
 from ace3.runtime.job_spec import JobSpec
@@ -32,6 +33,7 @@ from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.precision import resolve_precision
 from ace3.runtime.rng import rank_seed, seed_all
 from ace3.runtime.step_counts import total_optimizer_steps
+from ace3.runtime.teacher import build_job_teacher, local_teacher, prepare_teacher
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode, build_model, load_user_code
 
@@ -95,7 +97,15 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     data = load_datasets(job.dataset, job.validation_dataset, config)
     torch.manual_seed(config.seed)
     model = build_model(user, job.model.kwargs)
-    parts = assemble(config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from)
+    teacher = None
+    if config.distillation is not None:  # after the student, whose initial weights stay the same
+        if job.teacher is None:
+            raise ValueError("config.distillation is set but job.json names no teacher")
+        teacher = build_job_teacher(job.teacher)
+    parts = assemble(
+        config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from,
+        teacher=teacher,
+    )  # fmt: skip
     parts.micro_batch_split = job.micro_batch_split
     if job.micro_batch_split > 1 and ctx.is_main:
         micro = -(-parts.per_rank_batch // job.micro_batch_split)
@@ -119,9 +129,11 @@ def build_local(
 ) -> Components:
     """Components for an in-process run of a live model (its weights are trained in place)."""
     seed_all(config.seed)
+    teacher = local_teacher(config) if config.distillation is not None else None
     return assemble(
-        config, ctx, user, model, train_set, validation_set, ckpt, resume_label, live_module=True
-    )
+        config, ctx, user, model, train_set, validation_set, ckpt, resume_label,
+        live_module=True, teacher=teacher,
+    )  # fmt: skip
 
 
 def assemble(
@@ -134,9 +146,11 @@ def assemble(
     ckpt: dict[str, Any] | None,
     resume_label: str | None,
     live_module: bool = False,
+    teacher: nn.Module | None = None,
 ) -> Components:
     """Dropout override, the strategy's split or shards, precision, optimizer, schedule,
-    resume. ``live_module``: the caller keeps using ``model`` (an in-process run)."""
+    resume. ``live_module``: the caller keeps using ``model`` (an in-process run);
+    ``teacher``: the distillation teacher (``config.distillation``)."""
     refuse_unsupported(config)  # every reason at once, before the layout is worked out
     strategy = strategy_for(config, ctx)
     per_rank_batch = check_config(config, ctx, strategy)
@@ -149,6 +163,9 @@ def assemble(
         for note in strategy.describe():
             print(note, flush=True)
     local = strategy.prepare(model, precision, user, ckpt, live_module)
+    if teacher is not None:
+        teacher = prepare_teacher(teacher, precision, ctx.device)
+    distiller = make_distiller(config.distillation, config, local, teacher, precision, ctx)
     optimizer = strategy.make_optimizer(local, precision)
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
     scheduler = build_scheduler(optimizer, config, steps)
@@ -168,6 +185,7 @@ def assemble(
         per_rank_batch=per_rank_batch,
         state=TrainState(),
         strategy=strategy,
+        distiller=distiller,
     )
     if ckpt is not None:
         parts.state = strategy.restore(ckpt, parts)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,6 +15,9 @@ from ace3.runtime.parallel.base import Strategy
 from ace3.runtime.precision import Precision
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
+
+if TYPE_CHECKING:
+    from ace3.runtime.distillation import Distiller
 
 
 @dataclass
@@ -39,3 +42,6 @@ class Components:
     # Each loader batch runs as this many micro-batches from the first step: what an earlier
     # attempt that ran out of memory left (job.json), 1 otherwise.
     micro_batch_split: int = 1
+    # Knowledge distillation (config.distillation): the training loss, the projections' step
+    # and the loss-part metrics (ace3.runtime.distillation); None otherwise.
+    distiller: Distiller | None = None
