@@ -166,6 +166,8 @@ def assemble(
     if teacher is not None:
         teacher = prepare_teacher(teacher, precision, ctx.device)
     distiller = make_distiller(config.distillation, config, local, teacher, precision, ctx)
+    if distiller is not None and ctx.is_main:
+        print(distiller.describe(), flush=True)
     optimizer = strategy.make_optimizer(local, precision)
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
     scheduler = build_scheduler(optimizer, config, steps)

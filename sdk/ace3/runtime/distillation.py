@@ -91,6 +91,24 @@ class Distiller:
         self.window = torch.zeros(len(PARTS), dtype=torch.float64, device=ctx.device)
         self.window_steps = 0
 
+    def describe(self) -> str:
+        """What rank 0 logs at build time."""
+        s = self.settings
+        params = sum(p.numel() for p in self.teacher.parameters())
+        origin = getattr(self.teacher, "ace3_weights_origin", None)
+        weights = f"weights from {origin}" if origin else "weights as its factory built them"
+        parts = [f"T={s.temperature:g}", f"alpha={s.alpha:g}"]
+        if self.pairs:
+            parts.append(
+                f"{len(self.pairs)} feature pair(s) ({s.hidden_loss}, {s.feature_weight:g})"
+            )
+        if s.attention_loss_weight:
+            parts.append(f"attention maps ({s.attention_loss_weight:g})")
+        return (
+            f"distillation: teacher {type(self.teacher).__name__} ({params:,} parameters, "
+            f"{weights}), {', '.join(parts)}"
+        )
+
     def _keep(self, key: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             self.features[key] = _first_tensor(output)

@@ -65,6 +65,49 @@ async def reference_problems(
                     "type": "not_found",
                 }
             )
+    return problems + await teacher_problems(session, owner_id, body)
+
+
+async def teacher_problems(
+    session: AsyncSession, owner_id: str, body: JobCreate | Any
+) -> list[dict[str, Any]]:
+    """A distillation teacher (``config.distillation.teacher_model_id``, a search's
+    ``config.base_config...``) must be one of the caller's models, and its weights
+    (``teacher_checkpoint_id``) a checkpoint of one of the caller's jobs."""
+    config = body.config
+    loc = ["body", "config"]
+    if hasattr(config, "base_config"):  # a search
+        config, loc = config.base_config, [*loc, "base_config"]
+    settings = getattr(config, "distillation", None)
+    if settings is None:
+        return []
+    problems = []
+    model_id = settings.teacher_model_id
+    if model_id is not None and await get_owned(session, StoredModel, owner_id, model_id) is None:
+        problems.append(
+            {
+                "loc": [*loc, "distillation", "teacher_model_id"],
+                "msg": f"no model with id {model_id!r}: the teacher must be one of your stored "
+                "models (client.load_model('teacher.py'))",
+                "type": "not_found",
+            }
+        )
+    checkpoint_id = settings.teacher_checkpoint_id
+    if checkpoint_id is not None:
+        owned = await session.scalar(
+            select(JobCheckpoint.id)
+            .join(Job, Job.id == JobCheckpoint.job_id)
+            .where(JobCheckpoint.id == checkpoint_id, Job.owner_id == owner_id)
+        )
+        if owned is None:
+            problems.append(
+                {
+                    "loc": [*loc, "distillation", "teacher_checkpoint_id"],
+                    "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
+                    "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints)",
+                    "type": "not_found",
+                }
+            )
     return problems
 
 
