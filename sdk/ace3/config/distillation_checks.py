@@ -18,8 +18,8 @@ def distillation_problems(config: TrainingConfig) -> list[tuple[str, str]]:
                 "distillation",
                 "cannot run with pipeline parallelism: each stage holds a slice of the "
                 "student and only the last one sees its logits, while the teacher needs the "
-                "batch's inputs and the whole student output; use data parallelism (DDP or "
-                "zero_stage=1)",
+                "batch's inputs and the whole student output; use data parallelism (DDP, ZeRO-1 or "
+                "FSDP)",
             )
         )
     if runs_tensor_parallel(config):
@@ -28,16 +28,16 @@ def distillation_problems(config: TrainingConfig) -> list[tuple[str, str]]:
                 "distillation",
                 "cannot run with tensor parallelism: the student's logits and hidden states "
                 "are sharded over the ranks, which the distillation losses do not gather; use "
-                "data parallelism (DDP or zero_stage=1)",
+                "data parallelism (DDP, ZeRO-1 or FSDP)",
             )
         )
-    if config.effective_zero_stage >= 2:
+    if config.offload:
         problems.append(
             (
                 "distillation",
-                f"cannot run with ZeRO stage {config.effective_zero_stage} (FSDP): feature "
-                "hooks and the projections' gradients are not implemented over sharded "
-                "parameters yet; use zero_stage=0 or 1",
+                "cannot run with CPU offload yet: the teacher, the projections and the "
+                "offloaded student would live on different devices; turn offload off "
+                "(zero_stage 0-3 without offload all work)",
             )
         )
     return problems

@@ -96,7 +96,7 @@ class Distiller:
         s = self.settings
         params = sum(p.numel() for p in self.teacher.parameters())
         origin = getattr(self.teacher, "ace3_weights_origin", None)
-        weights = f"weights from {origin}" if origin else "weights as its factory built them"
+        weights = f"weights from {origin}" if origin else "its own weights"
         parts = [f"T={s.temperature:g}", f"alpha={s.alpha:g}"]
         if self.pairs:
             parts.append(
