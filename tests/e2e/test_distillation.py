@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ace3
-from ace3.errors import ValidationError
+from ace3.errors import ConflictError, ValidationError
 from tests.conftest import DigitsFiles
 
 pytestmark = pytest.mark.slow
@@ -74,3 +74,20 @@ def test_a_remote_job_distils_a_stored_teacher_into_a_student(
     )
     with pytest.raises(ValidationError, match="teacher_model_id"):
         client.jobs.create(model_id=teacher.id, dataset_id=train.id, config=body)
+
+    # A stored model that a live job distils from cannot be deleted (like the model it trains).
+    copy = tmp_path / "teacher_copy.py"
+    copy.write_bytes(digits_files.model.read_bytes() + b"\n# another teacher\n")
+    busy_teacher = client.load_model(copy)
+    body = config.model_copy(
+        update={
+            "epochs": 200,
+            "distillation": settings.model_copy(update={"teacher_model_id": busy_teacher.id}),
+        }
+    )
+    job = client.jobs.create(model_id=teacher.id, dataset_id=train.id, config=body)
+    try:
+        with pytest.raises(ConflictError, match=job.id):
+            client.models.delete(busy_teacher.id)
+    finally:
+        client.jobs.cancel(job.id)
