@@ -26,6 +26,7 @@ from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.freezing import apply_freezing
+from ace3.runtime.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.job_spec import JobSpec
 from ace3.runtime.optim import build_scheduler
 from ace3.runtime.parallel import Strategy, strategy_for
@@ -84,6 +85,15 @@ def override_dropout(model: nn.Module, p: float | None) -> int:
     return count
 
 
+def start_from_weights(
+    model: nn.Module, path: Path, expected_sha256: str | None, ctx: DistContext
+) -> None:
+    """``init_from``: load the weights of ``path`` into the freshly built ``model``."""
+    note = load_initial_weights(model, read_weights(path, expected_sha256), path.name)
+    if ctx.is_main:
+        print(note, flush=True)
+
+
 def build(job: JobSpec, ctx: DistContext) -> Components:
     """Build a job's components in the order described in the module docstring."""
     config = job.config
@@ -95,6 +105,8 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     data = load_datasets(job.dataset, job.validation_dataset, config)
     torch.manual_seed(config.seed)
     model = build_model(user, job.model.kwargs)
+    if job.init_from and ckpt is None:  # a resume holds weights of its own
+        start_from_weights(model, Path(job.init_from), job.init_from_sha256, ctx)
     parts = assemble(config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from)
     parts.micro_batch_split = job.micro_batch_split
     if job.micro_batch_split > 1 and ctx.is_main:
@@ -116,9 +128,13 @@ def build_local(
     validation_set: Dataset[Any] | None,
     ckpt: dict[str, Any] | None = None,
     resume_label: str | None = None,
+    init_from: Path | None = None,
 ) -> Components:
-    """Components for an in-process run of a live model (its weights are trained in place)."""
+    """Components for an in-process run of a live model (its weights are trained in place;
+    ``init_from`` first loads the weights of that file into it, unless resuming)."""
     seed_all(config.seed)
+    if init_from is not None and ckpt is None:
+        start_from_weights(model, init_from, None, ctx)
     return assemble(
         config, ctx, user, model, train_set, validation_set, ckpt, resume_label, live_module=True
     )

@@ -155,6 +155,7 @@ def train_in_process(
     checkpoint_dir: Path | None = None,
     keep_checkpoints: int | None = None,
     resume_from: Path | None = None,
+    init_from: Path | None = None,
     compute_loss: LossFn | None = None,
     compute_metrics: MetricsFn | None = None,
     on_memory: Callable[[Mapping[str, Any]], None] | None = None,
@@ -180,6 +181,7 @@ def train_in_process(
         parts = build_local(
             config, ctx, _user_code(compute_loss, compute_metrics), module,
             data.train, data.validation, ckpt, str(resume_from) if resume_from else None,
+            init_from=init_from,
         )  # fmt: skip
         parts.collate_fn = data.collate_fn
         collector = _Collector()

@@ -54,6 +54,12 @@ class JobSpec(_Strict):
     resume_sha256: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of resume_from."
     )
+    init_from: str | None = Field(
+        None, description="Model weights to start from (config.init_from_checkpoint_id's file)."
+    )
+    init_from_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of init_from."
+    )
     micro_batch_split: int = Field(
         1,
         ge=1,
