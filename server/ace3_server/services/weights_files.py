@@ -69,7 +69,7 @@ def check_safetensors(path: Path) -> int:
         raw = handle.read(header_bytes)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise NotWeightsFileError("not a safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise NotWeightsFileError("not a safetensors file (its header is not an object)")

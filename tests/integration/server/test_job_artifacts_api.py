@@ -237,6 +237,10 @@ def test_uploaded_weights_are_checked_stored_once_and_private(
         ),
         "json.safetensors": (b"\x05\x00\x00\x00\x00\x00\x00\x00[1,2]", "header is not an object"),
         "dtype.safetensors": (_safetensors({"x": ("OBJ", [1], bytes(4))}), "unknown dtype"),
+        "deep.safetensors": (
+            (200_000).to_bytes(8, "little") + b"[" * 100_000 + b"]" * 100_000,
+            "its header is not JSON",
+        ),
     }
     for name, (data, reason) in bad_files.items():
         response = client.post("/v1/checkpoints", files={"file": (name, data)})
