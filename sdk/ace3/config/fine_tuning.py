@@ -44,6 +44,7 @@ class FineTuningFields(BaseModel):
     )
     init_from: str | None = Field(
         None,
+        max_length=4096,
         description="SDK only: a local checkpoint file to start from. The SDK uploads it as "
         "weights and sends init_from_checkpoint_id instead (the service refuses a path); an "
         "in-process run loads it.",
