@@ -36,17 +36,19 @@ _TENSORS = ("qdata", "scale", "zero_point", "act_quant_scale", "act_quant_zero_p
 
 
 def import_torchao() -> Any:
-    """``torchao.quantization`` (its optional CUDA kernels' load warnings silenced), or an
-    ImportError that says how to install it."""
-    logger = logging.getLogger("torchao")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    """``torchao.quantization`` (the warnings its import logs about optional CUDA kernels and
+    torch.compile registrations silenced), or an ImportError that says how to install it."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         import torchao.quantization as quantization
     except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} ({exc})") from exc
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
     return quantization
 
 
