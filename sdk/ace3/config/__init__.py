@@ -6,6 +6,7 @@ and the engine reads back (:mod:`.training`, :mod:`.sections`), what a job canno
 Nothing in this package imports torch or the engine (import-linter checks it).
 """
 
+from ace3.config.compression import PruningConfig, QuantizationConfig
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -21,6 +22,8 @@ __all__ = [
     "CheckpointConfig",
     "ConfigProblem",
     "DistributedConfig",
+    "PruningConfig",
+    "QuantizationConfig",
     "TrainingConfig",
     "parallel_degrees",
     "pipeline_layout",

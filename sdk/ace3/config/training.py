@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from ace3.config.compression import CompressionFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 
@@ -36,7 +37,7 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TrainingConfig(FineTuningFields, _Schema):
+class TrainingConfig(FineTuningFields, CompressionFields, _Schema):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed

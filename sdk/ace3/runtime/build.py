@@ -25,6 +25,7 @@ from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
 from ace3.runtime.distributed import DistContext
+from ace3.runtime.extensions import compression_extensions
 from ace3.runtime.freezing import apply_freezing
 from ace3.runtime.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.job_spec import JobSpec
@@ -168,6 +169,7 @@ def assemble(
     optimizer = strategy.make_optimizer(local, precision)
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
     scheduler = build_scheduler(optimizer, config, steps)
+    extensions = compression_extensions(config, local, ctx, steps)
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
     strategy.wrap(local)
@@ -184,6 +186,7 @@ def assemble(
         per_rank_batch=per_rank_batch,
         state=TrainState(),
         strategy=strategy,
+        extensions=extensions,
     )
     if ckpt is not None:
         parts.state = strategy.restore(ckpt, parts)
