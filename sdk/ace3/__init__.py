@@ -37,6 +37,7 @@ from ace3.config import (
     CheckpointConfig,
     ConfigProblem,
     DistributedConfig,
+    LoRAConfig,
     TrainingConfig,
     unsupported_settings,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "JobFailedError",
     "JobHandle",
     "JobState",
+    "LoRAConfig",
     "LogLine",
     "Metric",
     "Model",

@@ -12,6 +12,7 @@ from ace3.config.layout import (
     runs_pipeline,
     runs_tensor_parallel,
 )
+from ace3.config.lora import LoRAConfig
 from ace3.config.sections import AMPConfig, CheckpointConfig, DistributedConfig
 from ace3.config.training import TrainingConfig
 from ace3.config.unsupported import ConfigProblem, unsupported_settings
@@ -21,6 +22,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigProblem",
     "DistributedConfig",
+    "LoRAConfig",
     "TrainingConfig",
     "parallel_degrees",
     "pipeline_layout",

@@ -13,6 +13,7 @@ from ace3.config.layout import (
     runs_pipeline,
     runs_tensor_parallel,
 )
+from ace3.config.lora import lora_problems
 from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
 
 
@@ -38,7 +39,12 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         value = getattr(config, field)
         if value not in accepted:
             problems.append(ConfigProblem(field=field, reason=f"{field}={value!r}: {reason}"))
-    return problems + _unsupported_with_zero(config) + _model_parallel_problems(config)
+    return (
+        problems
+        + _unsupported_with_zero(config)
+        + _model_parallel_problems(config)
+        + lora_problems(config)
+    )
 
 
 def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:

@@ -28,6 +28,8 @@ from ace3.runtime.distributed import DistContext
 from ace3.runtime.freezing import apply_freezing
 from ace3.runtime.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.job_spec import JobSpec
+from ace3.runtime.lora import apply_lora
+from ace3.runtime.lora_merge import LoRAHook
 from ace3.runtime.optim import build_scheduler
 from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.precision import resolve_precision
@@ -158,8 +160,9 @@ def assemble(
     per_rank_batch = check_config(config, ctx, strategy)
     apply_dropout_override(model, config, ctx)
     frozen = apply_freezing(model, config)
-    if frozen is not None and ctx.is_main:
-        print(frozen.describe(), flush=True)
+    adapters = apply_lora(model, config)  # after freezing: trainable=[...] also trains fully
+    if ctx.is_main and (adapters is not None or frozen is not None):
+        print((adapters or frozen).describe(), flush=True)  # type: ignore[union-attr]
     precision = resolve_precision(config, ctx.device)
     if ctx.is_main:
         for note in strategy.describe():
@@ -185,6 +188,8 @@ def assemble(
         state=TrainState(),
         strategy=strategy,
     )
+    if adapters is not None:  # an in-process run's module gets the merged weights instead
+        parts.hooks.append(LoRAHook(adapters, precision, write_merged=not live_module))
     if ckpt is not None:
         parts.state = strategy.restore(ckpt, parts)
         if ctx.is_main:

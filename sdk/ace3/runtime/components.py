@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
+from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.optim import ScheduleDriver
 from ace3.runtime.parallel.base import Strategy
 from ace3.runtime.precision import Precision
@@ -39,3 +40,6 @@ class Components:
     # Each loader batch runs as this many micro-batches from the first step: what an earlier
     # attempt that ran out of memory left (job.json), 1 otherwise.
     micro_batch_split: int = 1
+    # The engine's own hooks for what the config turned on (LoRA's summary figures and merged
+    # model): the loop runs them after the caller's hooks.
+    hooks: list[TrainingHook] = field(default_factory=list)

@@ -99,6 +99,11 @@ class TrainingHook:
     def wants_stop(self) -> bool:
         return False
 
+    def summary_values(self) -> dict[str, Any]:
+        """Values this hook adds to the run's summary (final metrics: numbers, booleans or
+        short strings), asked for once before the summary is written, on every rank."""
+        return {}
+
     def close(self) -> None:
         """Release files and threads; called once at the end, also after a failure."""
 
@@ -153,6 +158,12 @@ class HookList(TrainingHook):
 
     def wants_stop(self) -> bool:
         return any(hook.wants_stop() for hook in self.hooks)
+
+    def summary_values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for hook in self.hooks:
+            values.update(hook.summary_values())
+        return values
 
     def close(self) -> None:
         for hook in self.hooks:

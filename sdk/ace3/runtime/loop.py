@@ -67,7 +67,7 @@ class TrainingLoop:
         self.place, self.ctx, self.parts = place, ctx, parts
         self.config = parts.config
         self.state = parts.state
-        self.hooks = hooks or HookList()
+        self.hooks = HookList([*(hooks.hooks if hooks is not None else []), *parts.hooks])
         self.events = events or EventWriter(place.output_dir / "events.jsonl", enabled=ctx.is_main)
         self.memory = memory
         self.strategy = parts.strategy
@@ -347,6 +347,7 @@ class TrainingLoop:
         if self.parts.scaler.is_enabled():
             final["skipped_steps"] = self.parts.scaler.skipped_steps
             final["loss_scale"] = float(self.parts.scaler.get_scale())
+        final.update(self.hooks.summary_values())
         self.events.summary(final, state.best_val_accuracy, state.step, state.display_epoch())
         self._log("done: " + " ".join(f"{k}={v}" for k, v in final.items()))
         return final
