@@ -6,6 +6,7 @@ refused by name."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +267,12 @@ def test_a_target_that_matches_no_layer_is_refused_with_the_module_names() -> No
     model = nn.Sequential(nn.Sequential(nn.ReLU()))
     with pytest.raises(ValueError, match=r"matches 0, 0\.0, none of them a layer LoRA adapts"):
         apply_lora(model, ace3.TrainingConfig(lora=ace3.LoRAConfig(target_modules=["0"])))
+
+
+def test_without_peft_the_build_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "peft", None)  # (import peft raises ImportError)
+    with pytest.raises(ImportError, match=r"pip install 'ace3\[finetune\]'"):
+        apply_lora(_net(), ace3.TrainingConfig(lora=LORA))
 
 
 @pytest.mark.parametrize(
