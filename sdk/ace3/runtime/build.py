@@ -28,7 +28,7 @@ from ace3.runtime.distributed import DistContext
 from ace3.runtime.freezing import apply_freezing
 from ace3.runtime.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.job_spec import JobSpec
-from ace3.runtime.lora import apply_lora
+from ace3.runtime.lora import apply_lora, remove_adapters
 from ace3.runtime.lora_merge import LoRAHook
 from ace3.runtime.optim import build_scheduler
 from ace3.runtime.parallel import Strategy, strategy_for
@@ -137,9 +137,12 @@ def build_local(
     seed_all(config.seed)
     if init_from is not None and ckpt is None:
         start_from_weights(model, init_from, None, ctx)
-    return assemble(
-        config, ctx, user, model, train_set, validation_set, ckpt, resume_label, live_module=True
-    )
+    built = (config, ctx, user, model, train_set, validation_set, ckpt, resume_label)
+    try:
+        return assemble(*built, live_module=True)
+    except BaseException:
+        remove_adapters(model, merge=False)  # LoRA: the caller's module as it was given
+        raise
 
 
 def assemble(

@@ -34,7 +34,7 @@ from ace3.runtime.hook_factory import engine_hooks
 from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.job_spec import DatasetSpec
 from ace3.runtime.loop import RunPlace, TrainingLoop
-from ace3.runtime.lora_merge import hand_back_module
+from ace3.runtime.lora import remove_adapters
 from ace3.runtime.memory_meter import PeakMemoryMeter
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.user_code import LossFn, MetricsFn, UserCode
@@ -202,7 +202,7 @@ def train_in_process(
             trainer.run()
             parts.precision.restore_model(module)
         finally:
-            hand_back_module(parts.hooks)  # LoRA: the module's own layers, adapters merged
+            remove_adapters(module, merge=True)  # LoRA: its own layers, the adapters merged
         if on_memory is not None:
             on_memory(dict(collector.final))
         return collector.run()

@@ -41,6 +41,7 @@ from ace3.config import TrainingConfig
 
 ADAPTER = "default"  # peft's adapter name; the parameter names hold it (fc1.lora_A.default...)
 FINGERPRINT_KEY = "_ace3_lora_base_sha256"
+_ATTRIBUTE = "_ace3_lora_adapters"  # on the adapted model: its LoRAAdapters
 ADAPTABLE = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 PEFT_HINT = (
     "lora needs the peft package where the training runs: pip install 'ace3[finetune]' "
@@ -182,14 +183,17 @@ class LoRAAdapters:
 
     # -- the end --------------------------------------------------------------------------------
     @torch.no_grad()
-    def unload(self) -> None:
-        """Give the model its own layers back, each with its adapters merged into its weights
-        (peft's merge), and the ``requires_grad`` flags it had; remove the state-dict hooks."""
+    def unload(self, merge: bool) -> None:
+        """Give the model its own layers back (with ``merge``, each with its adapters merged
+        into its weights: peft's merge) and the ``requires_grad`` flags it had; remove the
+        state-dict hooks."""
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        self.model.__dict__.pop(_ATTRIBUTE, None)
         for name, layer in self.layers.items():
-            layer.merge(safe_merge=True, adapter_names=[ADAPTER])  # type: ignore[operator]
+            if merge:
+                layer.merge(safe_merge=True, adapter_names=[ADAPTER])  # type: ignore[operator]
             parent_name, _, child = name.rpartition(".")
             parent = self.model.get_submodule(parent_name) if parent_name else self.model
             setattr(parent, child, layer.get_base_layer())  # type: ignore[operator]
@@ -232,4 +236,14 @@ def apply_lora(model: nn.Module, config: TrainingConfig) -> LoRAAdapters | None:
         grad_before=grad_before,
     )
     adapters._install_hooks()
+    model.__dict__[_ATTRIBUTE] = adapters
     return adapters
+
+
+def remove_adapters(model: nn.Module, merge: bool) -> None:
+    """Undo :func:`apply_lora` on ``model`` if it was applied (see
+    :meth:`LoRAAdapters.unload`): an in-process run's end (``merge``), or a build that failed
+    (the caller's module as it was given)."""
+    adapters = model.__dict__.get(_ATTRIBUTE)
+    if isinstance(adapters, LoRAAdapters):
+        adapters.unload(merge)

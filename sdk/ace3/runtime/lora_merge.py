@@ -9,7 +9,8 @@ copy of that one layer. :class:`LoRAHook` adds ``trainable_parameters`` and
 ``total_parameters`` to the summary and, for a job, has rank 0 write
 ``output_dir/artifacts/merged_model.safetensors`` at the end (the worker syncs it as an
 artifact). In-process runs write no file: the caller's module gets the merged weights
-(:func:`ace3.runtime.in_process.train_in_process`).
+(:func:`ace3.runtime.lora.remove_adapters`, called by
+:func:`ace3.runtime.in_process.train_in_process`).
 """
 
 from __future__ import annotations
@@ -96,11 +97,3 @@ class LoRAHook(TrainingHook):
             f"merged model (base + LoRA adapters, {len(state)} tensors, {size:,} bytes) "
             f"written to artifacts/{MERGED_MODEL}"
         )
-
-
-def hand_back_module(hooks: list[TrainingHook]) -> None:
-    """An in-process run's end (also after a failure): the caller's module gets its own layers
-    back with the adapters merged into their weights (:meth:`LoRAAdapters.unload`)."""
-    for hook in hooks:
-        if isinstance(hook, LoRAHook):
-            hook.adapters.unload()

@@ -167,9 +167,14 @@ def test_an_adapter_only_checkpoint_resumes_exactly_on_the_rebuilt_base(tmp_path
     for name, value in whole.end.items():
         assert torch.equal(resumed.end[name], value), name
 
-    # adapters onto other base weights: refused with the reason
+    # adapters onto other base weights: refused with the reason, the module left as it was
+    other = _net(seed=1)
+    given = {name: value.clone() for name, value in other.state_dict().items()}
     with pytest.raises(ValueError, match="trained on other base weights"):
-        _train(tmp_path / "other", _net(seed=1), **fields, resume=first.checkpoints[0])
+        _train(tmp_path / "other", other, **fields, resume=first.checkpoints[0])
+    assert [type(m) for m in other.children()] == [nn.Linear, nn.Linear, nn.Linear]
+    for name, value in other.state_dict().items():
+        assert torch.equal(value, given[name]), name
 
 
 MODEL_FILE = """
