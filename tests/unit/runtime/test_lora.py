@@ -158,11 +158,15 @@ def test_the_merged_state_computes_what_base_and_adapters_compute() -> None:
     assert all(value.dtype == torch.float32 for value in merged.values())
 
 
-def test_an_adapter_only_checkpoint_resumes_exactly_on_the_rebuilt_base(tmp_path: Path) -> None:
-    fields = {"save_interval": 6}  # 12 steps in all
+@pytest.mark.parametrize("zero_stage", [0, 1], ids=["plain", "zero1"])
+def test_an_adapter_only_checkpoint_resumes_exactly_on_the_rebuilt_base(
+    tmp_path: Path, zero_stage: int
+) -> None:
+    fields = {"save_interval": 6, "zero_stage": zero_stage}  # 12 steps in all
     whole, _ = _train(tmp_path / "whole", _net(), **fields)
     _, first = _train(tmp_path / "cut", _net(), **fields, max_steps=6)
-    assert [path.name for path in first.checkpoints] == ["step-00000006.pt"]
+    suffix = ".pt" if zero_stage == 0 else ".dcp.tar"
+    assert [path.name for path in first.checkpoints] == [f"step-00000006{suffix}"]
     resumed, _ = _train(tmp_path / "cut", _net(), **fields, resume=first.checkpoints[0])
     for name, value in whole.end.items():
         assert torch.equal(resumed.end[name], value), name
