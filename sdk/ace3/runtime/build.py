@@ -107,7 +107,9 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     data = load_datasets(job.dataset, job.validation_dataset, config)
     torch.manual_seed(config.seed)
     model = build_model(user, job.model.kwargs)
-    if job.init_from and ckpt is None:  # a resume holds weights of its own
+    # A resume holds weights of its own; with LoRA only the adapters: the base comes back
+    # from init_from, as it did the first time.
+    if job.init_from and (ckpt is None or config.lora is not None):
         start_from_weights(model, Path(job.init_from), job.init_from_sha256, ctx)
     parts = assemble(config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from)
     parts.micro_batch_split = job.micro_batch_split
@@ -135,7 +137,7 @@ def build_local(
     """Components for an in-process run of a live model (its weights are trained in place;
     ``init_from`` first loads the weights of that file into it, unless resuming)."""
     seed_all(config.seed)
-    if init_from is not None and ckpt is None:
+    if init_from is not None and (ckpt is None or config.lora is not None):  # (as in build)
         start_from_weights(model, init_from, None, ctx)
     built = (config, ctx, user, model, train_set, validation_set, ckpt, resume_label)
     try:

@@ -20,6 +20,7 @@ from torch.utils.data import TensorDataset
 import ace3
 from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.in_process import train_in_process
+from ace3.runtime.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.lora import apply_lora
 from ace3.runtime.lora_merge import merged_state_dict
 from ace3.runtime.precision import resolve_precision
@@ -190,9 +191,22 @@ def build_model():
 """
 
 
-def _run_job(root: Path, name: str, resume_from: Path | None = None, **fields: Any) -> Path:
-    """One attempt of a job as the worker starts it (job spec, model file, data file), in this
-    process; returns its output directory."""
+def _sequential(seed: int) -> nn.Module:
+    torch.manual_seed(seed)  # (what MODEL_FILE builds after the engine seeded torch)
+    return nn.Sequential(
+        nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)
+    )
+
+
+def _run_job(
+    root: Path,
+    name: str,
+    resume_from: Path | None = None,
+    init_from: Path | None = None,
+    **fields: Any,
+) -> Path:
+    """One attempt of a job as the worker starts it (job spec, model file, data file, the
+    weights it starts from), in this process; returns its output directory."""
     from ace3.runtime.build import build
     from ace3.runtime.distributed import destroy_distributed, init_distributed
     from ace3.runtime.job_spec import JobSpec
@@ -210,6 +224,7 @@ def _run_job(root: Path, name: str, resume_from: Path | None = None, **fields: A
             "dataset": {"path": str(root / "data.npz")},
             "output_dir": str(root / name),
             "resume_from": str(resume_from) if resume_from else None,
+            "init_from": str(init_from) if init_from else None,
         }
     )
     ctx = init_distributed(job.config)
@@ -222,30 +237,39 @@ def _run_job(root: Path, name: str, resume_from: Path | None = None, **fields: A
     return root / name
 
 
-def test_a_job_attempt_resumes_its_adapters_on_the_base_its_model_file_builds(
-    tmp_path: Path,
+@pytest.mark.parametrize("start", ["seed", "init_from"])
+def test_a_job_attempt_resumes_its_adapters_on_the_base_it_started_from(
+    tmp_path: Path, start: str
 ) -> None:
+    """The base of a resumed attempt: the model file's weights from the seed, or init_from's
+    (which a resume of a LoRA job loads again: its checkpoint holds the adapters alone)."""
     from safetensors.torch import load_file
 
-    whole = _run_job(tmp_path, "whole")
-    cut = _run_job(tmp_path, "cut", max_steps=6)
+    built = _sequential(seed=0 if start == "seed" else 7)
+    init_from = None
+    if start == "init_from":
+        init_from = tmp_path / "pretrained.pt"
+        torch.save(built.state_dict(), init_from)
+    whole = _run_job(tmp_path, "whole", init_from=init_from)
+    cut = _run_job(tmp_path, "cut", init_from=init_from, max_steps=6)
     first = cut / "checkpoints" / "step-00000006.pt"
-    resumed = _run_job(tmp_path, "resumed", resume_from=first)
+    resumed = _run_job(tmp_path, "resumed", resume_from=first, init_from=init_from)
     last = [torch.load(out / "checkpoints" / "step-00000012.pt", weights_only=True)
             for out in (whole, resumed)]  # fmt: skip
     assert list(last[0]["model"]) == list(last[1]["model"])
     for name, value in last[0]["model"].items():
         assert torch.equal(last[1]["model"][name], value), name
     merged = [load_file(out / "artifacts" / "merged_model.safetensors") for out in (whole, resumed)]
-    torch.manual_seed(0)
-    built = nn.Sequential(
-        nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)
-    )
     assert set(merged[0]) == set(built.state_dict())
     for name, value in merged[0].items():
         assert torch.equal(merged[1][name], value), name
         base = built.state_dict()[name]
         assert torch.equal(value, base) == (name not in {"0.weight", "2.weight"}), name
+
+    # a LoRA checkpoint holds no whole model to start another job from: the merged model does
+    with pytest.raises(ValueError, match="start from that job's merged model"):
+        load_initial_weights(_sequential(0), read_weights(first), first.name)
+    load_initial_weights(_sequential(0), merged[1], "merged_model.safetensors")
 
 
 def test_trainable_parameters_train_fully_next_to_the_adapters(tmp_path: Path) -> None:
