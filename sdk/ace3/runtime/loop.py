@@ -11,7 +11,8 @@ A NaN or infinite training loss stops the run: the loss window watches for it on
 and reports it with the sums it already reduces (at every metrics report and before every
 save, never a host read per step); then rank 0 writes a ``nonfinite_loss`` record and every
 rank raises :class:`ace3.errors.NonFiniteLossError` at the same point.
-Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
+Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`; then the engine's own from
+``Components.hooks``, e.g. LoRA's, which may add ``summary_values``) see every step and epoch;
 any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
 """
 
