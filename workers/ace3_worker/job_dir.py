@@ -197,7 +197,8 @@ def prepare_job_directory(
     (workers on one machine may share a work directory). ``visible_root``: where the job sees
     the directory (default: its real path); ``owner``: the uid the job runs as (None: this
     process's own); ``init_from``: the weights the job starts from (not copied when the attempt
-    resumes: a resume holds weights of its own)."""
+    resumes: a resume holds weights of its own, except a LoRA job's, which holds its adapters
+    alone)."""
     _traversable_dir(work_dir)
     _traversable_dir(work_dir / job.id)
     root = attempt_path(work_dir, job.id, attempt, node_rank)
@@ -221,7 +222,9 @@ def prepare_job_directory(
             store, resume_from.storage_key, root / "resume" / resume_from.name, resume_from.sha256
         )
     init_path = None
-    if init_from is not None and resume_from is None:
+    # A resume holds weights of its own; a LoRA job's only its adapters, whose base is
+    # init_from's again.
+    if init_from is not None and (resume_from is None or (job.config or {}).get("lora")):
         init_path = _copy_stored(
             store, init_from.storage_key, root / "init" / init_from.name, init_from.sha256
         )

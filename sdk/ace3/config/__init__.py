@@ -13,6 +13,7 @@ from ace3.config.layout import (
     runs_pipeline,
     runs_tensor_parallel,
 )
+from ace3.config.lora import LoRAConfig
 from ace3.config.sections import AMPConfig, CheckpointConfig, DistributedConfig
 from ace3.config.training import TrainingConfig
 from ace3.config.unsupported import ConfigProblem, unsupported_settings
@@ -22,6 +23,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigProblem",
     "DistributedConfig",
+    "LoRAConfig",
     "PruningConfig",
     "QuantizationConfig",
     "TrainingConfig",

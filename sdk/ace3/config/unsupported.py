@@ -13,6 +13,7 @@ from ace3.config.layout import (
     runs_pipeline,
     runs_tensor_parallel,
 )
+from ace3.config.lora import lora_problems
 from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
 
 
@@ -43,6 +44,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + _unsupported_with_zero(config)
         + _model_parallel_problems(config)
         + _compression_problems(config)
+        + lora_problems(config)
     )
 
 

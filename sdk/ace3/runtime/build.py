@@ -29,6 +29,8 @@ from ace3.runtime.extensions import compression_extensions
 from ace3.runtime.freezing import apply_freezing
 from ace3.runtime.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.job_spec import JobSpec
+from ace3.runtime.lora import apply_lora, remove_adapters
+from ace3.runtime.lora_merge import LoRAExtension
 from ace3.runtime.optim import build_scheduler
 from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.precision import resolve_precision
@@ -106,7 +108,9 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     data = load_datasets(job.dataset, job.validation_dataset, config)
     torch.manual_seed(config.seed)
     model = build_model(user, job.model.kwargs)
-    if job.init_from and ckpt is None:  # a resume holds weights of its own
+    # A resume holds weights of its own; with LoRA only the adapters: the base comes back
+    # from init_from, as it did the first time.
+    if job.init_from and (ckpt is None or config.lora is not None):
         start_from_weights(model, Path(job.init_from), job.init_from_sha256, ctx)
     parts = assemble(config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from)
     parts.micro_batch_split = job.micro_batch_split
@@ -134,11 +138,14 @@ def build_local(
     """Components for an in-process run of a live model (its weights are trained in place;
     ``init_from`` first loads the weights of that file into it, unless resuming)."""
     seed_all(config.seed)
-    if init_from is not None and ckpt is None:
+    if init_from is not None and (ckpt is None or config.lora is not None):  # (as in build)
         start_from_weights(model, init_from, None, ctx)
-    return assemble(
-        config, ctx, user, model, train_set, validation_set, ckpt, resume_label, live_module=True
-    )
+    built = (config, ctx, user, model, train_set, validation_set, ckpt, resume_label)
+    try:
+        return assemble(*built, live_module=True)
+    except BaseException:
+        remove_adapters(model, merge=False)  # LoRA: the caller's module as it was given
+        raise
 
 
 def assemble(
@@ -159,8 +166,9 @@ def assemble(
     per_rank_batch = check_config(config, ctx, strategy)
     apply_dropout_override(model, config, ctx)
     frozen = apply_freezing(model, config)
-    if frozen is not None and ctx.is_main:
-        print(frozen.describe(), flush=True)
+    adapters = apply_lora(model, config)  # after freezing: trainable=[...] also trains fully
+    if ctx.is_main and (adapters is not None or frozen is not None):
+        print((adapters or frozen).describe(), flush=True)  # type: ignore[union-attr]
     precision = resolve_precision(config, ctx.device)
     if ctx.is_main:
         for note in strategy.describe():
@@ -188,6 +196,8 @@ def assemble(
         strategy=strategy,
         extensions=extensions,
     )
+    if adapters is not None:  # an in-process run's module gets the merged weights instead
+        parts.extensions.append(LoRAExtension(adapters, precision, write_merged=not live_module))
     if ckpt is not None:
         parts.state = strategy.restore(ckpt, parts)
         if ctx.is_main:

@@ -80,9 +80,15 @@ def load_initial_weights(model: nn.Module, weights: dict[str, torch.Tensor], lab
     if wrong_shape:
         problems.append(f"shapes differ: {_listed(wrong_shape, 4)}")
     if problems:
+        lora = (
+            ". It is a LoRA job's checkpoint, which holds the adapters alone: start from that "
+            "job's merged model (its artifact merged_model.safetensors) instead"
+            if any(".lora_" in name for name in unexpected)
+            else ""
+        )
         raise ValueError(
             f"init_from: the weights of {label} do not fit the model ({'; '.join(problems)}): "
-            "start from a checkpoint of the same architecture (same model file and kwargs)"
+            f"start from a checkpoint of the same architecture (same model file and kwargs){lora}"
         )
     with torch.no_grad():
         for name, value in expected.items():

@@ -136,7 +136,8 @@ def run_locally(
                 config, model, dataset, validation_dataset,
                 hooks=hooks, checkpoint_dir=checkpoint_dir,
                 keep_checkpoints=config.max_checkpoints, resume_from=resume_from,
-                init_from=init_from if resume_from is None else None,
+                # (a LoRA checkpoint holds the adapters alone: its base is init_from's again)
+                init_from=init_from if resume_from is None or config.lora else None,
                 compute_loss=compute_loss, compute_metrics=compute_metrics, on_memory=on_memory,
             )  # fmt: skip
         status = "succeeded"
