@@ -131,6 +131,27 @@ class StoredDataset(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
+class UploadedCheckpoint(Base):
+    """Model weights uploaded from the caller's machine (a safetensors file, checked to hold
+    only tensors), to start jobs from (``init_from``). Stored once per owner."""
+
+    __tablename__ = "uploaded_checkpoints"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "sha256", name="uq_uploaded_checkpoints_owner_sha256"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    filename: Mapped[str] = mapped_column(String(255))
+    tensors: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class Job(Base):
     """A training job and its state machine; ``attempt`` is the fencing token of every update."""
 

@@ -17,7 +17,7 @@ from ace3_server.api.error_handlers import (
     log_database_unavailable,
 )
 
-UPLOAD_PATHS = ("/v1/models", "/v1/datasets")
+UPLOAD_PATHS = ("/v1/models", "/v1/datasets", "/v1/checkpoints")
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 

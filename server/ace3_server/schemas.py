@@ -128,6 +128,18 @@ class CheckpointOut(_Out):
     created_at: datetime
 
 
+class UploadedCheckpointOut(_Out):
+    """Model weights uploaded to start jobs from (``config.init_from_checkpoint_id``)."""
+
+    id: str
+    name: str
+    filename: str
+    tensors: int
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+
+
 class CheckpointList(BaseModel):
     data: list[CheckpointOut]
 

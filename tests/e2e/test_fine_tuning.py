@@ -46,3 +46,44 @@ def test_a_remote_job_with_freeze_keeps_the_frozen_layers_bitwise(
         line.startswith(f"training {trainable} of {len(initial)} parameter tensors")
         for line in lines
     )
+
+
+def test_init_from_starts_a_remote_job_from_another_jobs_weights(
+    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
+) -> None:
+    """A job started from another job's checkpoint begins at that job's validation loss, and a
+    fine-tuning job started from a local copy of it (uploaded by the SDK as weights) beats the
+    same job from scratch."""
+    model = client.load_model(digits_files.model)
+    train = client.load_dataset(digits_files.train)
+    validation = client.load_dataset(digits_files.validation)
+
+    def run(epochs: int = 1, **fields: object) -> ace3.TrainingResult:
+        config = ace3.TrainingConfig(
+            **{"batch_size": 64, "learning_rate": 3e-3, "seed": 0, **fields}
+        )
+        return ace3.Trainer(config).train(
+            model=model, train_dataset=train, validation_dataset=validation, epochs=epochs
+        )
+
+    pretrained = run(num_gpus=2, epochs=2)
+    source = client.jobs.checkpoints(pretrained.job_id)[-1]
+    pretrained_loss = source.metrics["val_loss"]
+
+    # A stored checkpoint (its handle), a rate too small to move the weights: the job's
+    # validation after one step is the source job's.
+    continued = run(init_from=source, learning_rate=1e-9, max_steps=1)
+    assert continued.final_metrics["steps"] == 1
+    assert continued.final_metrics["val_loss"] == pytest.approx(pretrained_loss, rel=1e-3)
+    lines = [line.line for line in client.jobs.logs(continued.job_id, limit=5000).data]
+    assert any(line.startswith(f"initialised from {source.name}") for line in lines)
+
+    # A local checkpoint file: converted to safetensors and uploaded by the SDK.
+    local = client.jobs.download_checkpoint(pretrained.job_id, source, tmp_path)
+    fine_tuned = run(init_from=local, max_steps=4)
+    scratch = run(max_steps=4)
+    tuned_accuracy = fine_tuned.final_metrics["val_accuracy"]
+    scratch_accuracy = scratch.final_metrics["val_accuracy"]
+    assert tuned_accuracy > scratch_accuracy + 0.2, (tuned_accuracy, scratch_accuracy)
+    job = client.jobs.retrieve(fine_tuned.job_id)
+    assert job.config["init_from_checkpoint_id"] not in (None, source.id)  # the uploaded copy

@@ -1,14 +1,14 @@
 """Materialises a job attempt into its own directory: code, data, the job file, an output dir.
 
 The runtime reads only ``job.json``; every path in it is the path the job sees (``/job/...``
-inside the bubblewrap sandbox, the real path otherwise). Model code, data and the resume
-checkpoint are **copies** of the stored bytes, verified against their sha256 while they are
+inside the bubblewrap sandbox, the real path otherwise). Model code, data, the resume
+checkpoint and the weights a fine-tuning job starts from are **copies** of the stored bytes, verified against their sha256 while they are
 copied, read-only and owned by the worker: nothing a job does can change what the store holds.
 The job writes only ``output/`` (events, checkpoints, artifacts), ``home/`` and ``tmp/``, which
 belong to its uid. The layout is documented in docs/runtime.md::
 
     <work_dir>/<job id>/attempt-<n>[-node-<k>]/   root, mode 0750, group: the job's gid
-        job.json  code/  data/  resume/  teacher/   read-only copies
+        job.json  code/  data/  resume/  init/  teacher/   read-only copies
         etc/passwd  etc/group                       the job's /etc/passwd and /etc/group
         output/  home/  tmp/                        the job's own (mode 0700)
 """
@@ -28,6 +28,7 @@ from typing import Any
 from ace3.files import CHUNK_BYTES
 from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.storage import LocalArtifactStore
+from ace3_control.stored_weights import StoredWeights
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
 from ace3_worker.teacher_inputs import TeacherRows, copy_teacher
 
@@ -191,12 +192,15 @@ def prepare_job_directory(
     *,
     visible_root: PurePosixPath | None = None,
     owner: JobOwner | None = None,
+    init_from: StoredWeights | None = None,
     teacher: TeacherRows | None = None,
 ) -> JobDirectory:
     """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
     (workers on one machine may share a work directory). ``visible_root``: where the job sees
     the directory (default: its real path); ``owner``: the uid the job runs as (None: this
-    process's own); ``teacher``: a distillation job's teacher, copied into ``teacher/``."""
+    process's own); ``init_from``: the weights the job starts from (not copied when the attempt
+    resumes: a resume holds weights of its own, except a LoRA job's, which holds its adapters
+    alone); ``teacher``: a distillation job's teacher, copied into ``teacher/``."""
     _traversable_dir(work_dir)
     _traversable_dir(work_dir / job.id)
     root = attempt_path(work_dir, job.id, attempt, node_rank)
@@ -219,6 +223,13 @@ def prepare_job_directory(
         resume_path = _copy_stored(
             store, resume_from.storage_key, root / "resume" / resume_from.name, resume_from.sha256
         )
+    init_path = None
+    # A resume holds weights of its own; a LoRA job's only its adapters, whose base is
+    # init_from's again.
+    if init_from is not None and (resume_from is None or (job.config or {}).get("lora")):
+        init_path = _copy_stored(
+            store, init_from.storage_key, root / "init" / init_from.name, init_from.sha256
+        )
     spec = {
         "job_id": job.id,
         "attempt": attempt,
@@ -239,6 +250,8 @@ def prepare_job_directory(
         "output_dir": str(directory.visible(directory.output_dir)),
         "resume_from": str(directory.visible(resume_path)) if resume_path is not None else None,
         "resume_sha256": resume_from.sha256 if resume_from is not None else None,
+        "init_from": str(directory.visible(init_path)) if init_path is not None else None,
+        "init_from_sha256": init_from.sha256 if init_path is not None and init_from else None,
         # Halved once for every earlier attempt that ran out of memory inside a step.
         "micro_batch_split": 2 ** (job.micro_batch_halvings or 0),
     }
@@ -250,7 +263,7 @@ def prepare_job_directory(
     _identity_files(directory, owner)
     for path in (
         directory.job_file,
-        *(root / name for name in ("code", "data", "resume", "teacher")),
+        *(root / name for name in ("code", "data", "resume", "init", "teacher")),
     ):
         if path.exists():
             _freeze(path)

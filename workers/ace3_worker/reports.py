@@ -32,7 +32,16 @@ from ace3.config.events import (
     parse_record,
 )
 from ace3_control.db import insert_ignoring_duplicates
-from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, new_id, utcnow
+from ace3_control.models import (
+    ACTIVE_STATES,
+    Job,
+    JobCheckpoint,
+    JobLog,
+    JobMetric,
+    JobState,
+    new_id,
+    utcnow,
+)
 from ace3_control.storage import LocalArtifactStore
 from ace3_worker.job_files import open_job_file
 
@@ -353,7 +362,9 @@ def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
 
     Never the newest one (``keep`` is at least 1), and never one that a job starts from
     (``resume_from_checkpoint``): those stay, and the foreign key refuses the delete when such a
-    job was created meanwhile (then nothing is pruned this time).
+    job was created meanwhile (then nothing is pruned this time). Nor one whose weights a job
+    that has not finished starts from (``config.init_from_checkpoint_id``; no foreign key: a
+    job created in between fails with the reason).
     """
     rows = session.scalars(
         select(JobCheckpoint)
@@ -368,6 +379,14 @@ def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
         session.scalars(
             select(Job.resume_from_checkpoint_id).where(
                 Job.resume_from_checkpoint_id.in_(stale_ids)
+            )
+        )
+    )
+    init_from = Job.config["init_from_checkpoint_id"].as_string()
+    pinned.update(
+        session.scalars(
+            select(init_from).where(
+                init_from.in_(stale_ids), Job.state.in_([JobState.QUEUED, *ACTIVE_STATES])
             )
         )
     )

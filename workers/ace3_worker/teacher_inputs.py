@@ -4,8 +4,9 @@ only, verified against their sha256 like every input), described for ``job.json`
 ``teacher`` entry (:func:`copy_teacher`).
 
 The teacher's model is a stored model (``config.distillation.teacher_model_id``), its weights
-optionally a stored checkpoint (``teacher_checkpoint_id``, a checkpoint of one of the owner's
-jobs). Both were checked to belong to the job's owner when the job was created.
+optionally stored weights (``teacher_checkpoint_id``: a checkpoint of one of the owner's jobs or
+weights the owner uploaded, found like ``init_from_checkpoint_id``). Both were checked to belong
+to the job's owner when the job was created; the weights are checked again here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ace3_control.models import Job, JobCheckpoint, StoredModel
+from ace3_control.models import Job, StoredModel
+from ace3_control.stored_weights import StoredWeights, owned_weights
 
 # Copies a stored file into the job directory: (storage key, target, sha256) -> the copy.
 CopyStored = Callable[[str, Path, str], Path]
@@ -28,16 +30,19 @@ class TeacherRows:
     """The stored model that builds the teacher and the checkpoint with its weights."""
 
     model: StoredModel
-    checkpoint: JobCheckpoint | None
+    checkpoint: StoredWeights | None
     model_kwargs: dict[str, Any]
 
 
-def teacher_checkpoint(session: Session, checkpoint_id: str) -> JobCheckpoint:
-    """The stored checkpoint ``teacher_checkpoint_id`` names (refused when it is gone)."""
-    row = session.get(JobCheckpoint, checkpoint_id)
-    if row is None:
-        raise FileNotFoundError(f"the teacher's checkpoint {checkpoint_id} is gone")
-    return row
+def teacher_checkpoint(session: Session, job: Job, checkpoint_id: str) -> StoredWeights:
+    """The owner's stored weights ``teacher_checkpoint_id`` names (refused when gone)."""
+    weights = owned_weights(session, job.owner_id, checkpoint_id)
+    if weights is None:
+        raise FileNotFoundError(
+            f"checkpoint {checkpoint_id}, the teacher's weights, is gone (pruned, or its job "
+            "deleted): upload the weights again and submit a new job"
+        )
+    return weights
 
 
 def teacher_rows(session: Session, job: Job) -> TeacherRows | None:
@@ -50,7 +55,7 @@ def teacher_rows(session: Session, job: Job) -> TeacherRows | None:
     if model is None or model.deleted_at is not None:
         raise FileNotFoundError(f"the teacher's model {model_id} is gone")
     checkpoint_id = settings.get("teacher_checkpoint_id")
-    checkpoint = teacher_checkpoint(session, checkpoint_id) if checkpoint_id else None
+    checkpoint = teacher_checkpoint(session, job, str(checkpoint_id)) if checkpoint_id else None
     return TeacherRows(model, checkpoint, dict(settings.get("teacher_model_kwargs") or {}))
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
+from ace3_control.stored_weights import StoredWeights, owned_weights
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.job_dir import (
@@ -48,6 +49,21 @@ def resume_checkpoint(session: Session, job: Job, attempt: int) -> JobCheckpoint
             f"checkpoint {job.resume_from_checkpoint_id}, which this job starts from, is gone"
         )
     return origin
+
+
+def initial_weights(session: Session, job: Job) -> StoredWeights | None:
+    """The weights the job starts from (``config.init_from_checkpoint_id``), checked again to
+    belong to the job's owner."""
+    checkpoint_id = (job.config or {}).get("init_from_checkpoint_id")
+    if not checkpoint_id:
+        return None
+    weights = owned_weights(session, job.owner_id, str(checkpoint_id))
+    if weights is None:
+        raise FileNotFoundError(
+            f"checkpoint {checkpoint_id}, whose weights this job starts from, is gone (pruned, "
+            "or its job deleted): upload the weights again and submit a new job"
+        )
+    return weights
 
 
 def job_owner(identity: JobIdentity | None) -> JobOwner | None:
@@ -116,6 +132,7 @@ class Workspace:
                 node_rank,
                 visible_root=self.plan.visible_root,
                 owner=job_owner(identity),
+                init_from=initial_weights(session, job),
                 teacher=teacher_rows(session, job),
             )
             if resume_from is not None:

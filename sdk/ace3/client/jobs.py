@@ -75,6 +75,17 @@ _EVENT_ID = re.compile(r"^(\d+):(\d+)$")
 _FILENAME = re.compile(r'filename="?([^";]+)"?')
 
 
+def with_uploaded_weights(config: TrainingConfig, http: Any) -> TrainingConfig:
+    """``config`` with a local ``init_from`` file uploaded (a ``.safetensors`` file) and sent as
+    ``init_from_checkpoint_id``: the service never sees a local path."""
+    if config.init_from is None:
+        return config
+    from ace3.client.resources import Checkpoints
+
+    uploaded = Checkpoints(http).upload(Path(config.init_from).expanduser())
+    return config.model_copy(update={"init_from": None, "init_from_checkpoint_id": uploaded.id})
+
+
 class Jobs(_Runs[Job]):
     """``/v1/jobs``: training jobs, their metrics, logs, checkpoints and live events."""
 
@@ -108,6 +119,7 @@ class Jobs(_Runs[Job]):
             config = TrainingConfig.model_validate(dict(config))
         if isinstance(resume_from_checkpoint, Checkpoint):
             resume_from_checkpoint = resume_from_checkpoint.id
+        config = with_uploaded_weights(config, self._http)
         return self._create(
             model_id=model_id,
             dataset_id=dataset_id,

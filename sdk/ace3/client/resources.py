@@ -1,6 +1,6 @@
 """The stored things and the cluster: ``client.models``, ``client.datasets`` (upload once by
 content hash, read, list, delete), ``client.checkpoints`` (find a stored checkpoint by the sha256
-of a file) and ``client.workers``. Each method is one REST call of ``docs/api.md``."""
+of a file, upload weights to start jobs from, download by id) and ``client.workers``. Each method is one REST call of ``docs/api.md``."""
 
 from __future__ import annotations
 
@@ -118,7 +118,57 @@ _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 class Checkpoints(_Resource):
-    """``/v1/checkpoints``: stored checkpoints across your jobs."""
+    """``/v1/checkpoints``: stored checkpoints across your jobs, and weights you uploaded."""
+
+    def upload(
+        self,
+        file: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Checkpoint:
+        """Upload model weights (a ``.safetensors`` file: tensors only, checked by the server)
+        to start jobs from: ``TrainingConfig(init_from=checkpoint)``. The same bytes uploaded
+        again give the same checkpoint. ``ace3.Trainer`` converts a checkpoint ``.pt`` file to
+        safetensors before it uploads it; ``ace3.save_checkpoint(model.state_dict(),
+        "weights.safetensors")`` writes one."""
+        if Path(file).suffix.lower() != ".safetensors":
+            raise ValueError(
+                f"{os.fspath(file)!r}: upload weights as a .safetensors file (ace3.Trainer "
+                "converts a .pt checkpoint for you; or ace3.save_checkpoint(state_dict, "
+                "'weights.safetensors'))"
+            )
+        upload_name, handle, close = _upload_file(file, None)
+        try:
+            response = self._http.request(
+                "POST",
+                "/v1/checkpoints",
+                files={"file": (upload_name, handle, "application/octet-stream")},
+                data={"name": name},
+                idempotency_key=idempotency_key or str(uuid.uuid4()),
+            )
+        finally:
+            if close:
+                handle.close()
+        return Checkpoint.model_validate(response.json())
+
+    def download(
+        self, checkpoint: str | Checkpoint, to: str | os.PathLike[str], *, verify: bool = True
+    ) -> Path:
+        """Download a stored checkpoint (of any of your jobs) or uploaded weights by id to
+        ``to`` (a file path, or an existing directory to put it in under its own name), checked
+        against the server's sha256; returns the path."""
+        from ace3.client.jobs import _FILENAME, _write_verified
+
+        checkpoint_id = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        expected = checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None
+        target = Path(to)
+        with self._http.stream("GET", f"/v1/checkpoints/{checkpoint_id}/content") as response:
+            if target.is_dir():
+                match = _FILENAME.search(response.headers.get("content-disposition", ""))
+                target = target / (Path(match.group(1)).name if match else f"{checkpoint_id}.pt")
+            _write_verified(response, target, expected, verify=verify)
+        return target
 
     def find(self, *, sha256: str) -> builtins.list[Checkpoint]:
         """The stored checkpoints (of your jobs) whose file has this sha256, newest first:

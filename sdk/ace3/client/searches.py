@@ -191,6 +191,11 @@ class Searches(_Runs[Search]):
         repeat returns the search created the first time."""
         if not isinstance(config, HPConfig):
             config = HPConfig.model_validate(dict(config))
+        if config.base_config.init_from is not None:
+            from ace3.client.jobs import with_uploaded_weights
+
+            base = with_uploaded_weights(config.base_config, self._http)
+            config = config.model_copy(update={"base_config": base})
         return self._create(
             model_id=model_id,
             dataset_id=dataset_id,

@@ -6,6 +6,7 @@ and the engine reads back (:mod:`.training`, :mod:`.sections`), what a job canno
 Nothing in this package imports torch or the engine (import-linter checks it).
 """
 
+from ace3.config.compression import PruningConfig, QuantizationConfig
 from ace3.config.distillation import DistillationConfig
 from ace3.config.layout import (
     parallel_degrees,
@@ -13,6 +14,7 @@ from ace3.config.layout import (
     runs_pipeline,
     runs_tensor_parallel,
 )
+from ace3.config.lora import LoRAConfig
 from ace3.config.sections import AMPConfig, CheckpointConfig, DistributedConfig
 from ace3.config.training import TrainingConfig
 from ace3.config.unsupported import ConfigProblem, unsupported_settings
@@ -23,6 +25,9 @@ __all__ = [
     "ConfigProblem",
     "DistillationConfig",
     "DistributedConfig",
+    "LoRAConfig",
+    "PruningConfig",
+    "QuantizationConfig",
     "TrainingConfig",
     "parallel_degrees",
     "pipeline_layout",

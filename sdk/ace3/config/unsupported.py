@@ -14,6 +14,7 @@ from ace3.config.layout import (
     runs_pipeline,
     runs_tensor_parallel,
 )
+from ace3.config.lora import lora_problems
 from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
 
 
@@ -39,11 +40,48 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         value = getattr(config, field)
         if value not in accepted:
             problems.append(ConfigProblem(field=field, reason=f"{field}={value!r}: {reason}"))
-    problems += [
-        ConfigProblem(field=field, reason=f"{field}: {reason}")
-        for field, reason in distillation_problems(config)
-    ]
-    return problems + _unsupported_with_zero(config) + _model_parallel_problems(config)
+    return (
+        problems
+        + _unsupported_with_zero(config)
+        + _model_parallel_problems(config)
+        + _compression_problems(config)
+        + lora_problems(config)
+        + [
+            ConfigProblem(field=field, reason=f"{field}: {reason}")
+            for field, reason in distillation_problems(config)
+        ]
+    )
+
+
+def _compression_problems(config: TrainingConfig) -> list[ConfigProblem]:
+    """``pruning`` and ``quantization`` need the whole model on every rank (data parallelism,
+    ZeRO 0 or 1) and float32 weights under their own names."""
+    problems: list[ConfigProblem] = []
+    asked = [name for name in ("pruning", "quantization") if getattr(config, name) is not None]
+    for name in asked:
+        what = (
+            "pruning computes its magnitude masks over whole weight tensors"
+            if name == "pruning"
+            else "quantization converts the whole trained model"
+        )
+        if runs_pipeline(config) or runs_tensor_parallel(config):
+            problems.append(ConfigProblem(field=name, reason=(
+                f"{name} with pipeline or tensor parallelism is not implemented: {what}, and "
+                "each rank holds part of the model; use data parallelism (zero_stage 0 or 1)"
+            )))  # fmt: skip
+        elif config.effective_zero_stage >= 2:
+            problems.append(ConfigProblem(field=name, reason=(
+                f"{name} with ZeRO-{config.effective_zero_stage} (FSDP) is not implemented: "
+                f"{what}, and FSDP shards every parameter over the ranks; use zero_stage 0 or "
+                "1 (and no offload)"
+            )))  # fmt: skip
+        if config.mixed_precision and config.amp_level in ("O2", "O3"):
+            problems.append(ConfigProblem(field=name, reason=(
+                f"{name} with amp_level={config.amp_level!r} is not implemented: the 16-bit "
+                "weights (and O2's float32 master copies, kept by parameter name) would not "
+                "follow the masks or the float32 model; use amp_level='O1' (autocast)"
+            )))  # fmt: skip
+    return problems
 
 
 def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:

@@ -26,8 +26,12 @@ from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
 from ace3.runtime.distillation import make_distiller
 from ace3.runtime.distributed import DistContext
+from ace3.runtime.extensions import compression_extensions
 from ace3.runtime.freezing import apply_freezing
+from ace3.runtime.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.job_spec import JobSpec
+from ace3.runtime.lora import apply_lora, remove_adapters
+from ace3.runtime.lora_merge import LoRAExtension
 from ace3.runtime.optim import build_scheduler
 from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.precision import resolve_precision
@@ -86,6 +90,15 @@ def override_dropout(model: nn.Module, p: float | None) -> int:
     return count
 
 
+def start_from_weights(
+    model: nn.Module, path: Path, expected_sha256: str | None, ctx: DistContext
+) -> None:
+    """``init_from``: load the weights of ``path`` into the freshly built ``model``."""
+    note = load_initial_weights(model, read_weights(path, expected_sha256), path.name)
+    if ctx.is_main:
+        print(note, flush=True)
+
+
 def build(job: JobSpec, ctx: DistContext) -> Components:
     """Build a job's components in the order described in the module docstring."""
     config = job.config
@@ -97,6 +110,10 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     data = load_datasets(job.dataset, job.validation_dataset, config)
     torch.manual_seed(config.seed)
     model = build_model(user, job.model.kwargs)
+    # A resume holds weights of its own; with LoRA only the adapters: the base comes back
+    # from init_from, as it did the first time.
+    if job.init_from and (ckpt is None or config.lora is not None):
+        start_from_weights(model, Path(job.init_from), job.init_from_sha256, ctx)
     teacher = None
     if config.distillation is not None:  # after the student, whose initial weights stay the same
         if job.teacher is None:
@@ -126,14 +143,20 @@ def build_local(
     validation_set: Dataset[Any] | None,
     ckpt: dict[str, Any] | None = None,
     resume_label: str | None = None,
+    init_from: Path | None = None,
 ) -> Components:
-    """Components for an in-process run of a live model (its weights are trained in place)."""
+    """Components for an in-process run of a live model (its weights are trained in place;
+    ``init_from`` first loads the weights of that file into it, unless resuming)."""
     seed_all(config.seed)
+    if init_from is not None and (ckpt is None or config.lora is not None):  # (as in build)
+        start_from_weights(model, init_from, None, ctx)
     teacher = local_teacher(config) if config.distillation is not None else None
-    return assemble(
-        config, ctx, user, model, train_set, validation_set, ckpt, resume_label,
-        live_module=True, teacher=teacher,
-    )  # fmt: skip
+    built = (config, ctx, user, model, train_set, validation_set, ckpt, resume_label)
+    try:
+        return assemble(*built, live_module=True, teacher=teacher)
+    except BaseException:
+        remove_adapters(model, merge=False)  # LoRA: the caller's module as it was given
+        raise
 
 
 def assemble(
@@ -156,8 +179,9 @@ def assemble(
     per_rank_batch = check_config(config, ctx, strategy)
     apply_dropout_override(model, config, ctx)
     frozen = apply_freezing(model, config)
-    if frozen is not None and ctx.is_main:
-        print(frozen.describe(), flush=True)
+    adapters = apply_lora(model, config)  # after freezing: trainable=[...] also trains fully
+    if ctx.is_main and (adapters is not None or frozen is not None):
+        print((adapters or frozen).describe(), flush=True)  # type: ignore[union-attr]
     precision = resolve_precision(config, ctx.device)
     if ctx.is_main:
         for note in strategy.describe():
@@ -171,6 +195,7 @@ def assemble(
     optimizer = strategy.make_optimizer(local, precision)
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
     scheduler = build_scheduler(optimizer, config, steps)
+    extensions = compression_extensions(config, local, ctx, steps)
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
     strategy.wrap(local)
@@ -188,7 +213,10 @@ def assemble(
         state=TrainState(),
         strategy=strategy,
         distiller=distiller,
+        extensions=extensions,
     )
+    if adapters is not None:  # an in-process run's module gets the merged weights instead
+        parts.extensions.append(LoRAExtension(adapters, precision, write_merged=not live_module))
     if ckpt is not None:
         parts.state = strategy.restore(ckpt, parts)
         if ctx.is_main:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
+from ace3.runtime.extensions import LoopExtension
 from ace3.runtime.optim import ScheduleDriver
 from ace3.runtime.parallel.base import Strategy
 from ace3.runtime.precision import Precision
@@ -42,6 +43,8 @@ class Components:
     # Each loader batch runs as this many micro-batches from the first step: what an earlier
     # attempt that ran out of memory left (job.json), 1 otherwise.
     micro_batch_split: int = 1
+    # Parts of the engine the loop calls at fixed points (pruning, quantization, ...).
+    extensions: list[LoopExtension] = field(default_factory=list)
     # Knowledge distillation (config.distillation): the training loss, the projections' step
     # and the loss-part metrics (ace3.runtime.distillation); None otherwise.
     distiller: Distiller | None = None

@@ -75,11 +75,13 @@ def evaluate(
     precision: Precision,
     user: UserCode,
     lockstep: bool = False,
+    reduce_device: torch.device | None = None,
 ) -> dict[str, float]:
     """``val_loss`` (and ``val_accuracy``, ``val_<metric>``) over the whole validation set.
 
     ``model`` is the unwrapped module (not DDP): ranks may see different numbers of batches,
-    unless ``lockstep`` (a sharded model; see the module docstring).
+    unless ``lockstep`` (a sharded model; see the module docstring). ``reduce_device``: where
+    the sums are reduced when the model runs elsewhere (a CPU model in a NCCL job).
     """
     padding = 0
     if lockstep and dist.is_initialized() and dist.get_world_size() > 1:
@@ -99,7 +101,9 @@ def evaluate(
         dist.all_gather_object(gathered, names)
         names = sorted({name for rank_names in gathered for name in rank_names})
     vector = torch.tensor(
-        sums + [extra.get(name, 0.0) for name in names], dtype=torch.float64, device=device
+        sums + [extra.get(name, 0.0) for name in names],
+        dtype=torch.float64,
+        device=reduce_device or device,
     )
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(vector)

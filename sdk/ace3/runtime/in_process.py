@@ -3,7 +3,8 @@
 The same engine as a remote job (:mod:`ace3.runtime`: the step runner, precision levels,
 schedules, hooks, validation, checkpoints), run in this process on a one-process group (or on
 the process group the caller already started, e.g. under their own ``torchrun``). The module is
-trained in place. Imported only when a live ``nn.Module`` is given, so ``import ace3`` stays
+trained in place (with ``lora``, it gets its own layers back at the end, the adapters merged into
+their weights). Imported only when a live ``nn.Module`` is given, so ``import ace3`` stays
 free of torch.
 """
 
@@ -33,6 +34,7 @@ from ace3.runtime.hook_factory import engine_hooks
 from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.job_spec import DatasetSpec
 from ace3.runtime.loop import RunPlace, TrainingLoop
+from ace3.runtime.lora import remove_adapters
 from ace3.runtime.memory_meter import PeakMemoryMeter
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.user_code import LossFn, MetricsFn, UserCode
@@ -155,6 +157,7 @@ def train_in_process(
     checkpoint_dir: Path | None = None,
     keep_checkpoints: int | None = None,
     resume_from: Path | None = None,
+    init_from: Path | None = None,
     compute_loss: LossFn | None = None,
     compute_metrics: MetricsFn | None = None,
     on_memory: Callable[[Mapping[str, Any]], None] | None = None,
@@ -180,6 +183,7 @@ def train_in_process(
         parts = build_local(
             config, ctx, _user_code(compute_loss, compute_metrics), module,
             data.train, data.validation, ckpt, str(resume_from) if resume_from else None,
+            init_from=init_from,
         )  # fmt: skip
         parts.collate_fn = data.collate_fn
         collector = _Collector()
@@ -194,8 +198,11 @@ def train_in_process(
         events = EventWriter(None, enabled=ctx.is_main, sink=collector)
         all_hooks = engine_hooks(config, ctx, extra=hooks)
         trainer = TrainingLoop(place, ctx, parts, all_hooks, events=events, memory=memory)
-        trainer.run()
-        parts.precision.restore_model(module)
+        try:
+            trainer.run()
+            parts.precision.restore_model(module)
+        finally:
+            remove_adapters(module, merge=True)  # LoRA: its own layers, the adapters merged
         if on_memory is not None:
             on_memory(dict(collector.final))
         return collector.run()

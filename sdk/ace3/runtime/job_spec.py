@@ -65,6 +65,12 @@ class JobSpec(_Strict):
     resume_sha256: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of resume_from."
     )
+    init_from: str | None = Field(
+        None, description="Model weights to start from (config.init_from_checkpoint_id's file)."
+    )
+    init_from_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of init_from."
+    )
     teacher: TeacherSpec | None = Field(
         None, description="The distillation teacher (config.distillation set)."
     )

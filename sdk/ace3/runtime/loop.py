@@ -13,10 +13,14 @@ save, never a host read per step); then rank 0 writes a ``nonfinite_loss`` recor
 rank raises :class:`ace3.errors.NonFiniteLossError` at the same point.
 Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
 any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
+Extensions (pruning, quantization: :mod:`ace3.runtime.extensions`) act on the model at fixed
+points: the start, after each optimizer step, around each save, and after the final save (their
+entries join the summary).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,7 @@ class TrainingLoop:
         self.events = events or EventWriter(place.output_dir / "events.jsonl", enabled=ctx.is_main)
         self.memory = memory
         self.strategy = parts.strategy
+        self.extensions = parts.extensions
         # Every rank of a data replica (its stages and tensor shards) reads the same batches.
         data_rank, data_world = self.strategy.dims.replica
         self.counts_samples = self.strategy.dims.counts_samples
@@ -103,6 +108,19 @@ class TrainingLoop:
     def _log(self, message: str) -> None:
         if self.ctx.is_main:
             print(message, flush=True)
+
+    log = _log  # for extensions
+
+    def report_metrics(self, values: dict[str, float]) -> None:
+        """For extensions: a metrics event at the current step (every rank calls it)."""
+        self._metrics(values)
+
+    def evaluate_model(self) -> dict[str, float]:
+        """For extensions: the validation metrics of the model as it is now, without reporting
+        them ({} without a validation set). A collective."""
+        if self.val_loader is None:
+            return {}
+        return self.strategy.evaluate(self.parts, self.val_loader)
 
     def _metrics(self, values: dict[str, float]) -> None:
         self.state.record(values)
@@ -176,7 +194,12 @@ class TrainingLoop:
         }
         if self.place.checkpoint_dir is None:
             return
-        saved = save_job_checkpoint(self.parts, self.ctx, self.place.checkpoint_dir, self.events)
+        with contextlib.ExitStack() as stack:
+            for extension in self.extensions:
+                stack.enter_context(extension.saving())
+            saved = save_job_checkpoint(
+                self.parts, self.ctx, self.place.checkpoint_dir, self.events
+            )
         self.last_saved_step = self.state.step
         if self.ctx.is_main and saved is not None and self.place.keep_checkpoints:
             prune_checkpoint_files(self.place.checkpoint_dir, self.place.keep_checkpoints)
@@ -185,7 +208,10 @@ class TrainingLoop:
     def save_model(self, path: Path, weights_only: bool) -> None:
         """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
         ``path`` (written by rank 0; every rank must call this at the same point)."""
-        self.strategy.save_model_file(self.parts, path, weights_only)
+        with contextlib.ExitStack() as stack:
+            for extension in self.extensions:
+                stack.enter_context(extension.saving())
+            self.strategy.save_model_file(self.parts, path, weights_only)
 
     def _done(self) -> bool:
         max_steps = self.config.max_steps
@@ -226,6 +252,8 @@ class TrainingLoop:
             state.batch_in_epoch += group
             if parts.scheduler is not None:
                 parts.scheduler.after_optimizer_step()
+            for extension in self.extensions:
+                extension.after_step(self)
             if not self.counts_samples:
                 samples = 0  # every rank of the replica ran the same samples: count them once
             self.window.add(step_loss, samples, state.step)
@@ -289,6 +317,8 @@ class TrainingLoop:
         validated_at: int | None = None
         try:
             self.hooks.on_train_begin()
+            for extension in self.extensions:
+                extension.start(self)
             while state.epoch < config.epochs and not self._done():
                 self.hooks.on_epoch_begin(state.epoch + 1)
                 self._train_epoch()
@@ -315,7 +345,10 @@ class TrainingLoop:
                 self._validate(f"validation at step {state.step}", with_epoch_loss=False)
             if self.last_saved_step != state.step:
                 self._save()
-            summary = self._summary()
+            extras: dict[str, Any] = {}
+            for extension in self.extensions:
+                extras.update(extension.finish(self))
+            summary = self._summary(extras)
             self.hooks.on_train_end(dict(summary))
             self.strategy.finish(parts)
             return summary
@@ -334,7 +367,7 @@ class TrainingLoop:
         except Exception:
             return None
 
-    def _summary(self) -> dict[str, Any]:
+    def _summary(self, extras: dict[str, Any] | None = None) -> dict[str, Any]:
         state = self.state
         final: dict[str, Any] = {
             key: value
@@ -352,6 +385,7 @@ class TrainingLoop:
         if self.parts.scaler.is_enabled():
             final["skipped_steps"] = self.parts.scaler.skipped_steps
             final["loss_scale"] = float(self.parts.scaler.get_scale())
+        final.update(extras or {})
         self.events.summary(final, state.best_val_accuracy, state.step, state.display_epoch())
         self._log("done: " + " ".join(f"{k}={v}" for k, v in final.items()))
         return final

@@ -40,6 +40,7 @@ from ace3.trainers._submit import (
     resolve_inputs,
     without_rendezvous,
 )
+from ace3.trainers.weights import upload_local_weights
 
 if TYPE_CHECKING:
     from ace3.client import Client
@@ -99,6 +100,9 @@ def hyperparameter_search(
 
     refuse_local_only(base_config)  # before any upload
     client, ids = resolve_inputs(client, model, dataset, validation_dataset)
+    if config.base_config.init_from is not None:
+        base_config = upload_local_weights(config.base_config, client)
+        config = config.model_copy(update={"base_config": base_config})
     search = client.searches.create(
         **ids,
         config=config,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ace3.config import ConfigProblem, TrainingConfig
 from ace3.errors import UnsupportedFeatureError
 from ace3.follow.job_handle import MetricsView, best_validation
+from ace3.trainers.weights import weights_for_local_run
 
 if TYPE_CHECKING:
     from ace3.runtime.in_process import InProcessRun
@@ -130,12 +131,15 @@ def run_locally(
         logger.start(info)
     status = "failed"
     try:
-        run = train_in_process(
-            config, model, dataset, validation_dataset,
-            hooks=hooks, checkpoint_dir=checkpoint_dir, keep_checkpoints=config.max_checkpoints,
-            resume_from=resume_from, compute_loss=compute_loss, compute_metrics=compute_metrics,
-            on_memory=on_memory,
-        )  # fmt: skip
+        with weights_for_local_run(config, trainer.client) as init_from:
+            run = train_in_process(
+                config, model, dataset, validation_dataset,
+                hooks=hooks, checkpoint_dir=checkpoint_dir,
+                keep_checkpoints=config.max_checkpoints, resume_from=resume_from,
+                # (a LoRA checkpoint holds the adapters alone: its base is init_from's again)
+                init_from=init_from if resume_from is None or config.lora else None,
+                compute_loss=compute_loss, compute_metrics=compute_metrics, on_memory=on_memory,
+            )  # fmt: skip
         status = "succeeded"
         return LocalTrainingResult.of(model, run)
     finally:

@@ -21,7 +21,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
-from ace3_control.models import ACTIVE_STATES, Job, JobState, StoredDataset, StoredModel, utcnow
+from ace3_control.models import (
+    ACTIVE_STATES,
+    Job,
+    JobState,
+    StoredDataset,
+    StoredModel,
+    UploadedCheckpoint,
+    utcnow,
+)
 from ace3_control.storage import LocalArtifactStore
 from ace3_server.archives import (
     DEFAULT_MAX_MEMBERS,
@@ -47,7 +55,7 @@ class PreparedArtifact:
     fields: dict[str, Any]
 
 
-def _safe_display_name(filename: str | None, fallback: str) -> str:
+def safe_display_name(filename: str | None, fallback: str) -> str:
     name = Path(filename or fallback).name
     problem = text_problem(name)
     if problem is not None:
@@ -96,7 +104,7 @@ def prepare_model(
     max_extracted_bytes: int,
     max_archive_members: int = DEFAULT_MAX_MEMBERS,
 ) -> PreparedArtifact:
-    display = _safe_display_name(filename, "model.py")
+    display = safe_display_name(filename, "model.py")
     if not _IDENTIFIER.match(factory):
         raise field_error(["body", "factory"], f"{factory!r} is not a Python identifier")
     if display.endswith(".py"):
@@ -158,7 +166,7 @@ def prepare_dataset(
     max_extracted_bytes: int,
     max_archive_members: int = DEFAULT_MAX_MEMBERS,
 ) -> PreparedArtifact:
-    display = _safe_display_name(filename, "dataset")
+    display = safe_display_name(filename, "dataset")
     base_key = f"datasets/{owner_id}/{staged.sha256}"
     common = {"filename": display, "sha256": staged.sha256, "size_bytes": staged.size_bytes}
     if kind == "file":
@@ -194,7 +202,7 @@ def prepare_dataset(
 async def store_artifact(
     session: AsyncSession,
     store: LocalArtifactStore,
-    model: type[StoredModel] | type[StoredDataset],
+    model: type[StoredModel] | type[StoredDataset] | type[UploadedCheckpoint],
     *,
     owner_id: str,
     name: str | None,

@@ -19,6 +19,7 @@ from ace3_control import job_transitions
 from ace3_control.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
+from ace3_control.stored_weights import find_owned_weights
 from ace3_server.errors import not_found
 from ace3_server.schemas import JobCreate
 from ace3_server.services.admission import capacity_problems
@@ -39,10 +40,55 @@ def request_hash(body: BaseModel) -> str:
 
 
 def _problems(body: JobCreate) -> list[dict[str, Any]]:
-    return [
+    problems = [
         {"loc": ["body", "config", problem.field], "msg": problem.reason, "type": "unsupported"}
         for problem in unsupported_settings(body.config)
     ]
+    if body.config.init_from_checkpoint_id is not None and body.resume_from_checkpoint:
+        problems.append(
+            {
+                "loc": ["body", "config", "init_from_checkpoint_id"],
+                "msg": "init_from_checkpoint_id starts from a checkpoint's weights with a fresh "
+                "optimizer at step 0, resume_from_checkpoint continues a run where it stopped: "
+                "set one of them",
+                "type": "value_error",
+            }
+        )
+    return problems
+
+
+LOCAL_FILE_OVER_HTTP = (
+    "a local file of the SDK, never sent: upload the weights (POST /v1/checkpoints, a "
+    ".safetensors file) and send config.init_from_checkpoint_id"
+)
+
+
+async def weights_problems(
+    session: AsyncSession, owner_id: str, config: Any, loc: list[str | int]
+) -> list[dict[str, Any]]:
+    """``init_from_checkpoint_id`` must name a checkpoint of one of the caller's jobs or weights
+    the caller uploaded; a local ``init_from`` path means nothing to the service."""
+    problems: list[dict[str, Any]] = []
+    if config.init_from is not None:
+        problems.append(
+            {"loc": [*loc, "init_from"], "msg": f"init_from is {LOCAL_FILE_OVER_HTTP}",
+             "type": "value_error"}
+        )  # fmt: skip
+    checkpoint_id = config.init_from_checkpoint_id
+    if (
+        checkpoint_id is not None
+        and await find_owned_weights(session, owner_id, checkpoint_id) is None
+    ):
+        problems.append(
+            {
+                "loc": [*loc, "init_from_checkpoint_id"],
+                "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
+                "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints) or of weights you uploaded "
+                "(POST /v1/checkpoints)",
+                "type": "not_found",
+            }
+        )
+    return problems
 
 
 async def reference_problems(
@@ -65,19 +111,23 @@ async def reference_problems(
                     "type": "not_found",
                 }
             )
-    return problems + await teacher_problems(session, owner_id, body)
+    training = getattr(body.config, "base_config", body.config)  # a search's, or a job's
+    loc: list[str | int] = ["body", "config"]
+    if training is not body.config:
+        loc.append("base_config")
+    return (
+        problems
+        + await weights_problems(session, owner_id, training, loc)
+        + await teacher_problems(session, owner_id, training, loc)
+    )
 
 
 async def teacher_problems(
-    session: AsyncSession, owner_id: str, body: JobCreate | Any
+    session: AsyncSession, owner_id: str, config: Any, loc: list[str | int]
 ) -> list[dict[str, Any]]:
-    """A distillation teacher (``config.distillation.teacher_model_id``, a search's
-    ``config.base_config...``) must be one of the caller's models, and its weights
-    (``teacher_checkpoint_id``) a checkpoint of one of the caller's jobs."""
-    config = body.config
-    loc = ["body", "config"]
-    if hasattr(config, "base_config"):  # a search
-        config, loc = config.base_config, [*loc, "base_config"]
+    """A distillation teacher (``config.distillation.teacher_model_id``) must be one of the
+    caller's models, and its weights (``teacher_checkpoint_id``) a checkpoint of one of the
+    caller's jobs or weights the caller uploaded (as ``init_from_checkpoint_id``)."""
     settings = getattr(config, "distillation", None)
     if settings is None:
         return []
@@ -93,21 +143,19 @@ async def teacher_problems(
             }
         )
     checkpoint_id = settings.teacher_checkpoint_id
-    if checkpoint_id is not None:
-        owned = await session.scalar(
-            select(JobCheckpoint.id)
-            .join(Job, Job.id == JobCheckpoint.job_id)
-            .where(JobCheckpoint.id == checkpoint_id, Job.owner_id == owner_id)
+    if (
+        checkpoint_id is not None
+        and await find_owned_weights(session, owner_id, checkpoint_id) is None
+    ):
+        problems.append(
+            {
+                "loc": [*loc, "distillation", "teacher_checkpoint_id"],
+                "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
+                "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints) or of weights you uploaded "
+                "(POST /v1/checkpoints)",
+                "type": "not_found",
+            }
         )
-        if owned is None:
-            problems.append(
-                {
-                    "loc": [*loc, "distillation", "teacher_checkpoint_id"],
-                    "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
-                    "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints)",
-                    "type": "not_found",
-                }
-            )
     return problems
 
 

@@ -5,6 +5,7 @@ clear 422s naming the field."""
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -193,3 +194,110 @@ def test_openapi_names_the_new_operations(stack: Stack) -> None:
     download = paths["/v1/jobs/{job_id}/artifacts/{path}"]["get"]
     assert download["operationId"] == "download_job_artifact"
     assert paths["/v1/checkpoints"]["get"]["operationId"] == "find_checkpoints"
+
+
+def _safetensors(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
+    """A safetensors file written by hand (the server reads the format without torch)."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [offset, offset + len(data)],
+        }
+        offset += len(data)
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + b"".join(d for _, _, d in tensors.values())
+
+
+def test_uploaded_weights_are_checked_stored_once_and_private(
+    owner: tuple[httpx.Client, str], stranger: httpx.Client
+) -> None:
+    client, _ = owner
+    good = _safetensors({"0.weight": ("F32", [2, 2], bytes(16)), "0.bias": ("F32", [2], bytes(8))})
+    first = client.post("/v1/checkpoints", files={"file": ("w.safetensors", good)})
+    assert first.status_code == 201, first.text
+    uploaded = first.json()
+    assert uploaded["tensors"] == 2 and uploaded["sha256"] == hashlib.sha256(good).hexdigest()
+    again = client.post("/v1/checkpoints", files={"file": ("w.safetensors", good)})
+    assert again.status_code == 200 and again.json()["id"] == uploaded["id"]
+
+    content = client.get(f"/v1/checkpoints/{uploaded['id']}/content")
+    assert content.status_code == 200 and content.content == good
+    assert content.headers["x-checksum-sha256"] == uploaded["sha256"]
+    assert stranger.get(f"/v1/checkpoints/{uploaded['id']}/content").status_code == 404
+
+    bad_files = {
+        "w.pt": (good, "as a .safetensors file"),
+        "short.safetensors": (good[:-4], "the tensors take 24 bytes but the file holds 20"),
+        "size.safetensors": (
+            _safetensors({"x": ("F32", [1], bytes(8))}),
+            "8 bytes for shape [1] of F32",
+        ),
+        "json.safetensors": (b"\x05\x00\x00\x00\x00\x00\x00\x00[1,2]", "header is not an object"),
+        "dtype.safetensors": (_safetensors({"x": ("OBJ", [1], bytes(4))}), "unknown dtype"),
+        "deep.safetensors": (
+            (200_000).to_bytes(8, "little") + b"[" * 100_000 + b"]" * 100_000,
+            "its header is not JSON",
+        ),
+    }
+    for name, (data, reason) in bad_files.items():
+        response = client.post("/v1/checkpoints", files={"file": (name, data)})
+        assert response.status_code == 422, (name, response.text)
+        (problem,) = response.json()["detail"]
+        assert problem["loc"] == ["body", "file"] and reason in problem["msg"], (name, problem)
+
+
+def test_init_from_checkpoint_id_must_be_the_callers(
+    owner: tuple[httpx.Client, str], stranger: httpx.Client, finished_job: dict[str, Any]
+) -> None:
+    client, _ = owner
+    checkpoint_id = finished_job["checkpoint"].id
+    ids = {"model_id": finished_job["job"].model_id, "dataset_id": finished_job["job"].dataset_id}
+    loc = ["body", "config", "init_from_checkpoint_id"]
+
+    unknown = client.post("/v1/jobs", json={**ids, "config": {"init_from_checkpoint_id": "a" * 32}})
+    assert unknown.status_code == 422
+    assert [p["loc"] for p in unknown.json()["detail"]] == [loc]
+
+    theirs = stranger.post(
+        "/v1/jobs", json={**ids, "config": {"init_from_checkpoint_id": checkpoint_id}}
+    )
+    assert theirs.status_code == 422
+    assert loc in [p["loc"] for p in theirs.json()["detail"]]
+
+    both = client.post(
+        "/v1/jobs",
+        json={
+            **ids,
+            "config": {"num_gpus": 2, "init_from_checkpoint_id": checkpoint_id},
+            "resume_from_checkpoint": checkpoint_id,
+        },
+    )
+    assert both.status_code == 422
+    assert [p["loc"] for p in both.json()["detail"]] == [loc]
+    assert "set one of them" in both.json()["detail"][0]["msg"]
+
+    local = client.post("/v1/jobs", json={**ids, "config": {"init_from": "/etc/passwd"}})
+    assert local.status_code == 422
+    (problem,) = local.json()["detail"]
+    assert problem["loc"] == ["body", "config", "init_from"]
+    assert "POST /v1/checkpoints" in problem["msg"]
+
+    search = client.post(
+        "/v1/searches",
+        json={
+            **ids,
+            "config": {
+                "search_space": {
+                    "learning_rate": {"type": "loguniform", "low": 1e-4, "high": 1e-2}
+                },
+                "base_config": {"init_from_checkpoint_id": "b" * 32},
+            },
+        },
+    )
+    assert search.status_code == 422, search.text
+    assert ["body", "config", "base_config", "init_from_checkpoint_id"] in [
+        p["loc"] for p in search.json()["detail"]
+    ]

@@ -177,6 +177,32 @@ def test_a_checkpoint_another_job_starts_from_is_never_pruned(
         assert supervisor.store.exists(origin.storage_key)
 
 
+def test_a_checkpoint_a_queued_job_takes_its_weights_from_is_kept_until_it_finishes(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running")
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        origin = session.scalars(select(JobCheckpoint)).one()
+        fine_tuning = Job(
+            owner_id=job.owner_id, model_id=job.model_id, dataset_id=job.dataset_id,
+            config={"init_from_checkpoint_id": origin.id}, model_kwargs={}, num_processes=1,
+            request_hash="h3", state="queued",
+        )  # fmt: skip
+        session.add(fine_tuning)
+        session.commit()
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 20), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        assert _steps(session, job.id) == [10, 20], "kept while the fine-tuning job waits"
+        fine_tuning.state = "succeeded"
+        session.commit()
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 30), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        assert _steps(session, job.id) == [30]
+        assert not supervisor.store.exists(origin.storage_key)
+
+
 def test_an_attempt_resumes_from_its_own_newest_checkpoint_else_from_its_origin(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:

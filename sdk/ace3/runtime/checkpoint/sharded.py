@@ -53,7 +53,6 @@ from ace3.runtime.checkpoint.archive import (
 from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.loaders import batches_per_epoch, train_sampler
-from ace3.runtime.parallel.sharding import is_zero_redundancy, local_optimizer
 from ace3.runtime.rng import rank_seed, restore_rng, seed_all
 from ace3.runtime.train_state import TrainState
 
@@ -117,8 +116,16 @@ def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def _zero_redundancy(optimizer: Any) -> bool:
+    # (imported here: ace3.runtime.parallel imports this module, so a process whose first
+    # import is this one, ace3.load_checkpoint of a .dcp.tar, must not import it back)
+    from ace3.runtime.parallel.sharding import is_zero_redundancy
+
+    return is_zero_redundancy(optimizer)
+
+
 def _state_to_save(parts: Components, with_optimizer: bool) -> dict[str, Any]:
-    if is_zero_redundancy(parts.optimizer):
+    if _zero_redundancy(parts.optimizer):
         state: dict[str, Any] = {"model": parts.model.state_dict()}
         if with_optimizer:
             state["optimizer"] = _zero_state(parts, _names(parts.model))
@@ -136,11 +143,11 @@ def _load_into(parts: Components, directory: Path, with_optimizer: bool) -> None
     A collective."""
     import torch.distributed.checkpoint as dcp
 
-    if is_zero_redundancy(parts.optimizer):
+    if _zero_redundancy(parts.optimizer):
         names = _names(parts.model)
         state: dict[str, Any] = {"model": parts.model.state_dict()}
         if with_optimizer:
-            _initialise_state(local_optimizer(parts.optimizer))
+            _initialise_state(parts.optimizer.optim)  # type: ignore[attr-defined]
             state["optimizer"] = _zero_state(parts, names)
         dcp.load(state, checkpoint_id=str(directory))
         parts.model.load_state_dict(state["model"])
@@ -290,7 +297,7 @@ def load_full_model_and_optimizer(
     weights, and the optimizer state keyed by parameter position. A collective at stages
     2/3."""
     optimizer_state = ckpt.get("optimizer") or None
-    if is_zero_redundancy(parts.optimizer):
+    if _zero_redundancy(parts.optimizer):
         parts.model.load_state_dict(ckpt["model"])
         if optimizer_state:
             parts.optimizer.load_state_dict(optimizer_state)

@@ -1,20 +1,31 @@
-"""Checkpoints across the caller's jobs: find stored checkpoints by their content hash.
+"""Checkpoints across the caller's jobs: find stored checkpoints by their content hash, and
+upload model weights from the caller's machine to start jobs from.
 
 A checkpoint file downloaded earlier is identified by its sha256, so a client can map it back
-to a checkpoint id (to start a new job from it with ``resume_from_checkpoint``).
+to a checkpoint id (to start a new job from it with ``resume_from_checkpoint``). Uploaded
+weights (a ``.safetensors`` file, checked to hold tensors only) get an id that
+``config.init_from_checkpoint_id`` accepts like a job's checkpoint id.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Query
+from fastapi import File, Form, Query, Response, UploadFile, status
+from fastapi.responses import StreamingResponse
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
-from ace3_control.models import Job, JobCheckpoint
-from ace3_server.api.deps import OwnerDep, SessionDep
-from ace3_server.api.routing import resource_router
-from ace3_server.schemas import CheckpointList
+from ace3_control.models import Job, JobCheckpoint, UploadedCheckpoint
+from ace3_control.stored_weights import find_owned_weights
+from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
+from ace3_server.api.params import StoredText
+from ace3_server.api.routing import error_responses, resource_router
+from ace3_server.errors import not_found
+from ace3_server.schemas import CheckpointList, UploadedCheckpointOut
+from ace3_server.services import artifacts
+from ace3_server.services.uploads import stage_upload
+from ace3_server.services.weights_files import prepare_weights
 
 router = resource_router("/checkpoints", "checkpoints")
 
@@ -39,3 +50,61 @@ async def find_checkpoints(
         .order_by(JobCheckpoint.created_at.desc(), JobCheckpoint.id)
     )
     return {"data": (await session.scalars(stmt)).all()}
+
+
+@router.post(
+    "",
+    response_model=UploadedCheckpointOut,
+    status_code=201,
+    operation_id="upload_checkpoint",
+    responses={
+        200: {"model": UploadedCheckpointOut, "description": "The same bytes were uploaded."},
+        **error_responses(400, 413),
+    },
+)
+async def upload_checkpoint(
+    response: Response,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    file: Annotated[UploadFile, File(description="Model weights: a .safetensors file.")],
+    name: Annotated[StoredText | None, Form(max_length=200)] = None,
+) -> UploadedCheckpoint:
+    """Store model weights to start jobs from (``config.init_from_checkpoint_id``)."""
+    staged = await stage_upload(file.file, store.staging_dir(), settings.max_upload_bytes)
+    try:
+        prepared = await run_in_threadpool(
+            prepare_weights, staged, owner_id=owner_id, filename=file.filename
+        )
+        row, created = await artifacts.store_artifact(
+            session, store, UploadedCheckpoint, owner_id=owner_id, name=name, prepared=prepared
+        )
+    finally:
+        staged.discard()
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return row
+
+
+@router.get(
+    "/{checkpoint_id}/content",
+    operation_id="download_checkpoint",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(404)},
+)
+async def download_checkpoint(
+    checkpoint_id: StoredText, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+) -> StreamingResponse:
+    """The bytes of a checkpoint of one of the caller's jobs, or of weights they uploaded."""
+    weights = await find_owned_weights(session, owner_id, checkpoint_id)
+    if weights is None or not store.exists(weights.storage_key):
+        raise not_found("checkpoint")
+    return StreamingResponse(
+        store.iter_bytes(weights.storage_key),
+        media_type="application/octet-stream",
+        headers={
+            "content-length": str(weights.size_bytes),
+            "content-disposition": f'attachment; filename="{weights.name}"',
+            "x-checksum-sha256": weights.sha256,
+        },
+    )

@@ -1,0 +1,127 @@
+"""Uploaded model weights (``init_from``): a safetensors file, checked to hold tensors and
+nothing else before it is stored. The server has no torch: the check reads the format itself
+(an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and
+byte range, then the bytes), so a file that passes holds no code and no object to unpickle."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+from ace3_server.errors import field_error
+from ace3_server.services.artifacts import PreparedArtifact, safe_display_name
+from ace3_server.services.uploads import StagedUpload
+
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_TENSORS = 1_000_000
+MAX_NAME_LENGTH = 1000
+# safetensors dtypes and their size in bits
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "I16": 16, "U16": 16, "F16": 16,
+    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+}  # fmt: skip
+LOC = ["body", "file"]
+
+
+class NotWeightsFileError(ValueError):
+    """The file is not a well-formed safetensors file."""
+
+
+def _check_entry(name: str, entry: object) -> tuple[int, int]:
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise NotWeightsFileError(f"tensor {name!r}: expected dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in DTYPE_BITS:
+        raise NotWeightsFileError(f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise NotWeightsFileError(f"tensor {name!r}: shape must be a list of sizes >= 0")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise NotWeightsFileError(f"tensor {name!r}: data_offsets must be [begin, end]")
+    expected = math.prod(shape) * DTYPE_BITS[dtype] // 8
+    if offsets[1] - offsets[0] != expected:
+        raise NotWeightsFileError(
+            f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} "
+            f"(expected {expected})"
+        )
+    return offsets[0], offsets[1]
+
+
+def check_safetensors(path: Path) -> int:
+    """The number of tensors in the safetensors file at ``path``; NotWeightsFileError saying
+    what is wrong otherwise (byte ranges must tile the data exactly)."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise NotWeightsFileError("too short for a safetensors file")
+        (header_bytes,) = struct.unpack("<Q", prefix)
+        if header_bytes > min(MAX_HEADER_BYTES, size - 8):
+            raise NotWeightsFileError("not a safetensors file (bad header length)")
+        raw = handle.read(header_bytes)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise NotWeightsFileError("not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise NotWeightsFileError("not a safetensors file (its header is not an object)")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise NotWeightsFileError("__metadata__ must map strings to strings")
+    if not header:
+        raise NotWeightsFileError("the file holds no tensor")
+    if len(header) > MAX_TENSORS:
+        raise NotWeightsFileError(f"more than {MAX_TENSORS} tensors")
+    ranges = []
+    for name, entry in header.items():
+        if not name or len(name) > MAX_NAME_LENGTH:
+            raise NotWeightsFileError("tensor names must be 1 to 1000 characters")
+        ranges.append(_check_entry(name, entry))
+    position = 0
+    for begin, end in sorted(ranges):
+        if begin != position:
+            raise NotWeightsFileError("the tensors' byte ranges overlap or leave gaps")
+        position = end
+    if position != size - 8 - header_bytes:
+        raise NotWeightsFileError(
+            f"the tensors take {position} bytes but the file holds {size - 8 - header_bytes}"
+        )
+    return len(header)
+
+
+def prepare_weights(
+    staged: StagedUpload, *, owner_id: str, filename: str | None
+) -> PreparedArtifact:
+    """The uploaded file as a stored-weights record; a 422 on ``file`` unless it is a
+    well-formed ``.safetensors`` file."""
+    display = safe_display_name(filename, "weights.safetensors")
+    if Path(display).suffix.lower() != ".safetensors":
+        raise field_error(
+            LOC,
+            f"{display}: upload model weights as a .safetensors file (the SDK converts a "
+            "checkpoint .pt file for you: client.checkpoints.upload(path))",
+        )
+    try:
+        tensors = check_safetensors(staged.path)
+    except NotWeightsFileError as exc:
+        raise field_error(LOC, f"{display}: {exc}") from None
+    return PreparedArtifact(
+        staged.path,
+        f"weights/{owner_id}/{staged.sha256}/weights.safetensors",
+        {
+            "filename": display,
+            "sha256": staged.sha256,
+            "size_bytes": staged.size_bytes,
+            "tensors": tensors,
+        },
+    )
