@@ -1,7 +1,8 @@
 """Knowledge distillation through the real stack (API, Postgres, Redis, Celery worker, torchrun
 with 2 gloo ranks): a teacher trained by one job distils into a smaller student in a second
-job, the teacher sent as ids (its stored model file, its stored checkpoint) that the API checks
-for ownership and the worker copies into the job's directory; the loss parts are reported."""
+job, the teacher sent as ids (its stored model file, its weights uploaded from a local file)
+that the API checks for ownership and the worker copies into the job's directory; the loss
+parts are reported."""
 
 from __future__ import annotations
 
@@ -33,16 +34,21 @@ def test_a_remote_job_distils_a_stored_teacher_into_a_student(
     teacher_run = ace3.Trainer(
         ace3.TrainingConfig(batch_size=64, learning_rate=3e-3, seed=0, dropout=0.0)
     ).train(model=teacher, train_dataset=train, validation_dataset=validation, epochs=2)
-    teacher_weights = teacher_run.checkpoints[-1]  # a handle: sent as teacher_checkpoint_id
     assert teacher_run.final_metrics["val_accuracy"] > 0.9
+    # The teacher's weights as a local file: the SDK uploads them (read weights-only, as
+    # safetensors) and sends their id, as it does for init_from.
+    final = teacher_run.checkpoints[-1]
+    local_weights = tmp_path / final.name
+    client.jobs.download_checkpoint(teacher_run.job_id, final.id, local_weights)
 
     (tmp_path / "student.py").write_text(STUDENT)
     settings = ace3.DistillationConfig(
-        teacher=teacher, teacher_checkpoint=teacher_weights, teacher_model_kwargs={"dropout": 0.0},
+        teacher=teacher, teacher_checkpoint=str(local_weights),
+        teacher_model_kwargs={"dropout": 0.0},
         temperature=2.0, alpha=0.7, feature_layers={"1": "1"}, feature_loss_weight=0.5,
     )  # fmt: skip
     assert settings.teacher_model_id == teacher.id
-    assert settings.teacher_checkpoint_id == teacher_weights.id
+    assert settings.teacher_checkpoint_path == str(local_weights)
     config = ace3.TrainingConfig(
         num_gpus=2, batch_size=64, learning_rate=1e-2, seed=0, log_interval=5,
         distillation=settings,
@@ -62,8 +68,7 @@ def test_a_remote_job_distils_a_stored_teacher_into_a_student(
     lines = [line.line for line in client.jobs.logs(result.job_id, limit=5000).data]
     assert any(
         line.startswith(
-            f"distillation: teacher Sequential (26,122 parameters, weights from "
-            f"{teacher_weights.name})"
+            "distillation: teacher Sequential (26,122 parameters, weights from weights.safetensors)"
         )
         for line in lines
     ), lines[:20]

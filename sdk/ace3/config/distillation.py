@@ -5,8 +5,9 @@ for ownership like ``model_id``) and ``teacher_checkpoint_id`` (a stored checkpo
 ``teacher=`` also takes a handle (anything with a string ``.id``, e.g. what
 ``client.load_model(path)`` returns) or a live ``torch.nn.Module`` for in-process runs, and
 ``teacher_checkpoint=`` a handle, a stored checkpoint's id or a local weights file. The live
-module and the local file never go on the wire (a remote job with either is refused by the
-SDK before anything is uploaded). No torch import here: handles and modules are recognised by
+module and the local file never go on the wire (a remote job with a live module is refused by the
+SDK before anything is uploaded; a local weights file is uploaded first, like ``init_from``'s,
+and sent as ``teacher_checkpoint_id``). No torch import here: handles and modules are recognised by
 duck typing.
 """
 
@@ -202,18 +203,13 @@ class DistillationConfig(BaseModel):
         return self.teacher_module if self.teacher_module is not None else self.teacher_model_id
 
     def local_only_parts(self) -> list[str]:
-        """What cannot travel to a remote job (a live module, a local weights file)."""
+        """What cannot travel to a remote job: a live module (a local weights file is uploaded
+        by the SDK, as ``init_from``'s is)."""
         parts = []
         if self.teacher_module is not None:
             parts.append(
                 "teacher is a live torch.nn.Module, which only an in-process run can use: pass "
                 "client.load_model('teacher.py') (a model file that builds it) for a remote job"
-            )
-        if self.teacher_checkpoint_path is not None:
-            parts.append(
-                f"teacher_checkpoint is a local file ({self.teacher_checkpoint_path}); a remote "
-                "job takes a stored checkpoint (a handle or its id, e.g. a checkpoint of the job "
-                "that trained the teacher)"
             )
         return parts
 
