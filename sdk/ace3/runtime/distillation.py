@@ -81,9 +81,11 @@ class Distiller:
         self.teacher, self.precision, self.ctx = teacher, precision, ctx
         self.features: dict[str, torch.Tensor | None] = {}
         self.pairs = list(self.settings.feature_layers.items())
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
         for index, (s_name, t_name) in enumerate(self.pairs):
-            _module(student, s_name, "student").register_forward_hook(self._keep(f"s{index}"))
-            _module(teacher, t_name, "teacher").register_forward_hook(self._keep(f"t{index}"))
+            for model, name, key in ((student, s_name, "s"), (teacher, t_name, "t")):
+                module = _module(model, name, "student" if key == "s" else "teacher")
+                self.handles.append(module.register_forward_hook(self._keep(f"{key}{index}")))
         self.projections: dict[int, nn.Linear] = {}
         self.optimizer: torch.optim.Optimizer | None = None
         self.step_sums = torch.zeros(len(PARTS), dtype=torch.float64, device=ctx.device)
@@ -254,6 +256,13 @@ class Distiller:
                 group["lr"] = learning_rate
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def close(self) -> None:
+        """Remove the feature hooks (an in-process student is the caller's module)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self.features.clear()
 
     # -- metrics -------------------------------------------------------------------------------
     def report(self) -> dict[str, float]:

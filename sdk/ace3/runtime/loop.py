@@ -355,6 +355,8 @@ class TrainingLoop:
         finally:
             self.hooks.close()
             self.events.close()
+            if parts.distiller is not None:
+                parts.distiller.close()
 
     def _example_batch(self) -> Any:
         """The first training batch on the device (for graphs and images); None if unavailable."""

@@ -148,10 +148,11 @@ def test_teacher_weights_load_from_a_local_file(
 def test_feature_layers_of_different_widths_learn_through_a_projection(
     teacher: nn.Module,
 ) -> None:
-    _, result = _train_student(
+    student, result = _train_student(
         2, 192, teacher=teacher, feature_layers={"1": "1"}, feature_loss_weight=1.0,
         hidden_loss="cosine",
     )  # fmt: skip
+    assert not student[1]._forward_hooks  # the caller's module keeps no hook of the run
     feature = [value for _, value in result.history["feature_loss"]]
     assert 0 < feature[-1] < feature[0]  # the projection (16 -> 128) and the student learn
     step, total = result.history["train_loss"][0]
