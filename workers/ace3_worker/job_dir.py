@@ -8,7 +8,7 @@ The job writes only ``output/`` (events, checkpoints, artifacts), ``home/`` and 
 belong to its uid. The layout is documented in docs/runtime.md::
 
     <work_dir>/<job id>/attempt-<n>[-node-<k>]/   root, mode 0750, group: the job's gid
-        job.json  code/  data/  resume/  init/      read-only copies
+        job.json  code/  data/  resume/  init/  teacher/   read-only copies
         etc/passwd  etc/group                       the job's /etc/passwd and /etc/group
         output/  home/  tmp/                        the job's own (mode 0700)
 """
@@ -30,6 +30,7 @@ from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.storage import LocalArtifactStore
 from ace3_control.stored_weights import StoredWeights
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
+from ace3_worker.teacher_inputs import TeacherRows, copy_teacher
 
 _READ_ONLY_FILE = 0o444
 _READ_ONLY_DIR = 0o555
@@ -192,13 +193,14 @@ def prepare_job_directory(
     visible_root: PurePosixPath | None = None,
     owner: JobOwner | None = None,
     init_from: StoredWeights | None = None,
+    teacher: TeacherRows | None = None,
 ) -> JobDirectory:
     """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
     (workers on one machine may share a work directory). ``visible_root``: where the job sees
     the directory (default: its real path); ``owner``: the uid the job runs as (None: this
     process's own); ``init_from``: the weights the job starts from (not copied when the attempt
     resumes: a resume holds weights of its own, except a LoRA job's, which holds its adapters
-    alone)."""
+    alone); ``teacher``: a distillation job's teacher, copied into ``teacher/``."""
     _traversable_dir(work_dir)
     _traversable_dir(work_dir / job.id)
     root = attempt_path(work_dir, job.id, attempt, node_rank)
@@ -253,9 +255,16 @@ def prepare_job_directory(
         # Halved once for every earlier attempt that ran out of memory inside a step.
         "micro_batch_split": 2 ** (job.micro_batch_halvings or 0),
     }
+    if teacher is not None:
+        spec["teacher"] = copy_teacher(
+            teacher, root / "teacher", lambda *a: _copy_stored(store, *a), directory.visible
+        )
     directory.job_file.write_text(json.dumps(spec, indent=2))
     _identity_files(directory, owner)
-    for path in (directory.job_file, root / "code", root / "data", root / "resume", root / "init"):
+    for path in (
+        directory.job_file,
+        *(root / name for name in ("code", "data", "resume", "init", "teacher")),
+    ):
         if path.exists():
             _freeze(path)
     _freeze(directory.etc_dir)

@@ -29,6 +29,7 @@ from ace3_worker.job_dir import (
 )
 from ace3_worker.sandbox.identity import JobIdentity, lease_identity
 from ace3_worker.sandbox.plan import SandboxPlan, sandbox_plan
+from ace3_worker.teacher_inputs import teacher_rows
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class Workspace:
                 visible_root=self.plan.visible_root,
                 owner=job_owner(identity),
                 init_from=initial_weights(session, job),
+                teacher=teacher_rows(session, job),
             )
             if resume_from is not None:
                 logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)

@@ -7,6 +7,7 @@ Nothing in this package imports torch or the engine (import-linter checks it).
 """
 
 from ace3.config.compression import PruningConfig, QuantizationConfig
+from ace3.config.distillation import DistillationConfig
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -22,6 +23,7 @@ __all__ = [
     "AMPConfig",
     "CheckpointConfig",
     "ConfigProblem",
+    "DistillationConfig",
     "DistributedConfig",
     "LoRAConfig",
     "PruningConfig",

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from ace3.config.compression import CompressionFields
+from ace3.config.distillation import DistillationFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.lora import LoRAFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
@@ -38,7 +39,7 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, _Schema):
+class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, DistillationFields, _Schema):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed

@@ -24,6 +24,7 @@ from ace3.config import TrainingConfig, unsupported_settings
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
+from ace3.runtime.distillation import make_distiller
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.extensions import compression_extensions
 from ace3.runtime.freezing import apply_freezing
@@ -36,6 +37,7 @@ from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.precision import resolve_precision
 from ace3.runtime.rng import rank_seed, seed_all
 from ace3.runtime.step_counts import total_optimizer_steps
+from ace3.runtime.teacher import build_job_teacher, local_teacher, prepare_teacher
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode, build_model, load_user_code
 
@@ -112,7 +114,15 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     # from init_from, as it did the first time.
     if job.init_from and (ckpt is None or config.lora is not None):
         start_from_weights(model, Path(job.init_from), job.init_from_sha256, ctx)
-    parts = assemble(config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from)
+    teacher = None
+    if config.distillation is not None:  # after the student, whose initial weights stay the same
+        if job.teacher is None:
+            raise ValueError("config.distillation is set but job.json names no teacher")
+        teacher = build_job_teacher(job.teacher)
+    parts = assemble(
+        config, ctx, user, model, data.train, data.validation, ckpt, job.resume_from,
+        teacher=teacher,
+    )  # fmt: skip
     parts.micro_batch_split = job.micro_batch_split
     if job.micro_batch_split > 1 and ctx.is_main:
         micro = -(-parts.per_rank_batch // job.micro_batch_split)
@@ -140,9 +150,10 @@ def build_local(
     seed_all(config.seed)
     if init_from is not None and (ckpt is None or config.lora is not None):  # (as in build)
         start_from_weights(model, init_from, None, ctx)
+    teacher = local_teacher(config) if config.distillation is not None else None
     built = (config, ctx, user, model, train_set, validation_set, ckpt, resume_label)
     try:
-        return assemble(*built, live_module=True)
+        return assemble(*built, live_module=True, teacher=teacher)
     except BaseException:
         remove_adapters(model, merge=False)  # LoRA: the caller's module as it was given
         raise
@@ -158,9 +169,11 @@ def assemble(
     ckpt: dict[str, Any] | None,
     resume_label: str | None,
     live_module: bool = False,
+    teacher: nn.Module | None = None,
 ) -> Components:
     """Dropout override, the strategy's split or shards, precision, optimizer, schedule,
-    resume. ``live_module``: the caller keeps using ``model`` (an in-process run)."""
+    resume. ``live_module``: the caller keeps using ``model`` (an in-process run);
+    ``teacher``: the distillation teacher (``config.distillation``)."""
     refuse_unsupported(config)  # every reason at once, before the layout is worked out
     strategy = strategy_for(config, ctx)
     per_rank_batch = check_config(config, ctx, strategy)
@@ -174,6 +187,11 @@ def assemble(
         for note in strategy.describe():
             print(note, flush=True)
     local = strategy.prepare(model, precision, user, ckpt, live_module)
+    if teacher is not None:
+        teacher = prepare_teacher(teacher, precision, ctx.device)
+    distiller = make_distiller(config.distillation, config, local, teacher, precision, ctx)
+    if distiller is not None and ctx.is_main:
+        print(distiller.describe(), flush=True)
     optimizer = strategy.make_optimizer(local, precision)
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
     scheduler = build_scheduler(optimizer, config, steps)
@@ -194,6 +212,7 @@ def assemble(
         per_rank_batch=per_rank_batch,
         state=TrainState(),
         strategy=strategy,
+        distiller=distiller,
         extensions=extensions,
     )
     if adapters is not None:  # an in-process run's module gets the merged weights instead

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from ace3.runtime.parallel.base import Strategy
 from ace3.runtime.precision import Precision
 from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
+
+if TYPE_CHECKING:
+    from ace3.runtime.distillation import Distiller
 
 
 @dataclass
@@ -42,3 +45,6 @@ class Components:
     micro_batch_split: int = 1
     # Parts of the engine the loop calls at fixed points (pruning, quantization, ...).
     extensions: list[LoopExtension] = field(default_factory=list)
+    # Knowledge distillation (config.distillation): the training loss, the projections' step
+    # and the loss-part metrics (ace3.runtime.distillation); None otherwise.
+    distiller: Distiller | None = None

@@ -40,6 +40,17 @@ class DatasetSpec(_Strict):
     path: str
 
 
+class TeacherSpec(_Strict):
+    """The distillation teacher: its model code (``model.kwargs`` from the config's
+    ``teacher_model_kwargs``) and, optionally, a weights file loaded into it."""
+
+    model: ModelSpec
+    checkpoint: str | None = Field(None, description="The teacher's weights file.")
+    checkpoint_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of checkpoint."
+    )
+
+
 class JobSpec(_Strict):
     """Everything one attempt of a job needs; see docs/runtime.md."""
 
@@ -59,6 +70,9 @@ class JobSpec(_Strict):
     )
     init_from_sha256: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{64}$", description="Expected sha256 of init_from."
+    )
+    teacher: TeacherSpec | None = Field(
+        None, description="The distillation teacher (config.distillation set)."
     )
     micro_batch_split: int = Field(
         1,

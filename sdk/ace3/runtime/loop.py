@@ -44,6 +44,9 @@ from ace3.runtime.rng import rank_seed
 from ace3.runtime.step_counts import planned_total_steps, steps_per_epoch
 from ace3.runtime.steps import StepRunner
 
+# The training metrics the summary repeats (their last reported values).
+SUMMARY_TRAINING_METRICS = ("train_loss", "kd_loss", "feature_loss", "task_loss", "attention_loss")
+
 
 @dataclass(frozen=True)
 class RunPlace:
@@ -141,6 +144,8 @@ class TrainingLoop:
             values["samples_per_sec"] = samples_per_sec
         if self.parts.scaler.is_enabled():
             values["loss_scale"] = float(self.parts.scaler.get_scale())
+        if self.parts.distiller is not None:  # kd_loss, feature_loss, task_loss (a collective)
+            values.update(self.parts.distiller.report())
         self._metrics(values)
         speed = f" samples/s={samples_per_sec:.0f}" if samples_per_sec is not None else ""
         self._log(
@@ -350,6 +355,8 @@ class TrainingLoop:
         finally:
             self.hooks.close()
             self.events.close()
+            if parts.distiller is not None:
+                parts.distiller.close()
 
     def _example_batch(self) -> Any:
         """The first training batch on the device (for graphs and images); None if unavailable."""
@@ -367,7 +374,7 @@ class TrainingLoop:
         final: dict[str, Any] = {
             key: value
             for key, value in state.last_metrics.items()
-            if key == "train_loss" or key.startswith("val_")
+            if key in SUMMARY_TRAINING_METRICS or key.startswith("val_")
         }
         if state.best_val_accuracy is not None:
             final["best_val_accuracy"] = state.best_val_accuracy

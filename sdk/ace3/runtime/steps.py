@@ -112,6 +112,8 @@ class StepRunner:
         while True:
             parts.precision.zero_grad(parts.optimizer)
             strategy.before_step(parts)
+            if parts.distiller is not None:
+                parts.distiller.begin_step()
             try:
                 step_loss, samples = strategy.forward_backward(self._micro_batches(batches), parts)
                 break
@@ -135,6 +137,9 @@ class StepRunner:
         self.last_step_skipped = bool(parts.scaler.last_step_skipped)
         parts.scaler.update()
         precision.weights_from_optimizer()
+        if parts.distiller is not None:  # the projections learn with the student
+            lr = parts.optimizer.param_groups[0]["lr"]
+            parts.distiller.finish_step(scale, self.last_step_skipped, float(lr))
         if self.last_step_skipped and self.ctx.is_main:  # the same decision on every rank
             print(
                 f"step {step + 1}: inf/nan gradients at loss scale {scale:g}: step skipped, "

@@ -54,8 +54,9 @@ def _prepend_sys_path(directory: Path) -> None:
         sys.path.insert(0, entry)
 
 
-def import_model_module(spec: ModelSpec) -> ModuleType:
-    """Import the module named by the spec (see the module docstring)."""
+def import_model_module(spec: ModelSpec, module_name: str = USER_MODULE_NAME) -> ModuleType:
+    """Import the module named by the spec (see the module docstring); a ``.py`` file becomes
+    ``module_name`` (a distillation teacher's file gets a name of its own)."""
     path = Path(spec.path).resolve()
     if spec.kind == "archive":
         if not path.is_dir():
@@ -68,15 +69,15 @@ def import_model_module(spec: ModelSpec) -> ModuleType:
     if path.suffix != ".py":
         raise ValueError(f"model file {path} must be a Python source file (.py)")
     _prepend_sys_path(path.parent)
-    module_spec = importlib.util.spec_from_file_location(USER_MODULE_NAME, path)
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
     if module_spec is None or module_spec.loader is None:
         raise ImportError(f"cannot import model file {path}")
     module = importlib.util.module_from_spec(module_spec)
-    sys.modules[USER_MODULE_NAME] = module
+    sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
     except BaseException:
-        sys.modules.pop(USER_MODULE_NAME, None)
+        sys.modules.pop(module_name, None)
         raise
     return module
 
@@ -107,9 +108,9 @@ def _optional_callable(module: ModuleType, name: str) -> Any:
     return value
 
 
-def load_user_code(spec: ModelSpec) -> UserCode:
+def load_user_code(spec: ModelSpec, module_name: str = USER_MODULE_NAME) -> UserCode:
     """Import the module and resolve its factory and optional hooks."""
-    module = import_model_module(spec)
+    module = import_model_module(spec, module_name)
     factory = _resolve_attr(module, spec.factory)
     if not callable(factory):
         raise TypeError(f"model factory {spec.factory!r} is not callable: {type(factory).__name__}")

@@ -9,7 +9,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ace3.client.types import Dataset, Model
-from ace3.config import TrainingConfig, unsupported_settings
+from ace3.config import ConfigProblem, TrainingConfig, unsupported_settings
 from ace3.errors import UnsupportedFeatureError
 
 if TYPE_CHECKING:
@@ -88,6 +88,20 @@ def refuse_unsupported(config: TrainingConfig, *, what: str = "this config") -> 
         raise UnsupportedFeatureError(
             f"{what} asks for settings the training engine does not implement yet:\n"
             + "\n".join(f"  - {problem.reason}" for problem in problems),
+            problems,
+        )
+
+
+def refuse_local_only(config: TrainingConfig) -> None:
+    """Raise :class:`~ace3.errors.UnsupportedFeatureError` when ``config`` holds what only an
+    in-process run can use (a live teacher module, a local teacher weights file): a remote job
+    receives ids, so these would be lost on the way."""
+    reasons = config.distillation.local_only_parts() if config.distillation is not None else []
+    if reasons:
+        problems = [ConfigProblem(field="distillation", reason=reason) for reason in reasons]
+        raise UnsupportedFeatureError(
+            "a remote job cannot use these distillation settings:\n"
+            + "\n".join(f"  - {reason}" for reason in reasons),
             problems,
         )
 

@@ -36,6 +36,7 @@ from ace3.hp import (
     HPConfig,
 )
 from ace3.trainers._submit import (
+    refuse_local_only,
     resolve_inputs,
     without_rendezvous,
 )
@@ -97,6 +98,7 @@ def hyperparameter_search(
     if dataset is None:
         raise ValueError("dataset is required: pass client.load_dataset(...) or a path")
 
+    refuse_local_only(base_config)  # before any upload
     client, ids = resolve_inputs(client, model, dataset, validation_dataset)
     if config.base_config.init_from is not None:
         base_config = upload_local_weights(config.base_config, client)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ace3.config import ConfigProblem, TrainingConfig
 from ace3.errors import UnsupportedFeatureError
 from ace3.follow.job_handle import MetricsView, best_validation
+from ace3.trainers.teacher_weights import teacher_weights_for_local_run
 from ace3.trainers.weights import weights_for_local_run
 
 if TYPE_CHECKING:
@@ -131,7 +132,10 @@ def run_locally(
         logger.start(info)
     status = "failed"
     try:
-        with weights_for_local_run(config, trainer.client) as init_from:
+        with (
+            weights_for_local_run(config, trainer.client) as init_from,
+            teacher_weights_for_local_run(config, trainer.client) as config,
+        ):
             run = train_in_process(
                 config, model, dataset, validation_dataset,
                 hooks=hooks, checkpoint_dir=checkpoint_dir,

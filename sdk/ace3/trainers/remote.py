@@ -23,7 +23,8 @@ from ace3.config.specs import ARTIFACT_SCHEME
 from ace3.errors import JobCancelledError, UnsupportedFeatureError
 from ace3.files import sha256_file
 from ace3.follow.job_handle import JobHandle
-from ace3.trainers._submit import resolve_client, resolve_inputs
+from ace3.trainers._submit import refuse_local_only, resolve_client, resolve_inputs
+from ace3.trainers.teacher_weights import upload_teacher_weights
 from ace3.trainers.weights import upload_local_weights
 
 if TYPE_CHECKING:
@@ -229,12 +230,13 @@ def run_remotely(
     resume: bool,
 ) -> Any:
     plan = RemotePlan(trainer, config)
+    refuse_local_only(plan.config)  # before any upload
     client = resolve_client(trainer.client, model, dataset, validation_dataset)
     resume_id = _resume_checkpoint(trainer, client, resume)  # before any upload
     _, ids = resolve_inputs(client, model, dataset, validation_dataset)
     job = client.jobs.create(
         **ids,
-        config=upload_local_weights(plan.config, client),
+        config=upload_teacher_weights(upload_local_weights(plan.config, client), client),
         model_kwargs=model_kwargs,
         name=name,
         idempotency_key=idempotency_key,

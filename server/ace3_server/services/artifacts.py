@@ -262,6 +262,9 @@ async def delete_artifact(session: AsyncSession, store: LocalArtifactStore, row:
     conditions = [column == row.id]
     if isinstance(row, StoredDataset):
         conditions = [(Job.dataset_id == row.id) | (Job.validation_dataset_id == row.id)]
+    else:  # the model a job trains, or the teacher it distils from
+        teacher = Job.config[("distillation", "teacher_model_id")].as_string()
+        conditions = [(Job.model_id == row.id) | (teacher == row.id)]
     live_states = [JobState.QUEUED, *ACTIVE_STATES]
     in_use = await session.scalar(
         select(Job.id).where(*conditions, Job.state.in_(live_states)).limit(1)

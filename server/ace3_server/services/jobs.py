@@ -115,7 +115,48 @@ async def reference_problems(
     loc: list[str | int] = ["body", "config"]
     if training is not body.config:
         loc.append("base_config")
-    return problems + await weights_problems(session, owner_id, training, loc)
+    return (
+        problems
+        + await weights_problems(session, owner_id, training, loc)
+        + await teacher_problems(session, owner_id, training, loc)
+    )
+
+
+async def teacher_problems(
+    session: AsyncSession, owner_id: str, config: Any, loc: list[str | int]
+) -> list[dict[str, Any]]:
+    """A distillation teacher (``config.distillation.teacher_model_id``) must be one of the
+    caller's models, and its weights (``teacher_checkpoint_id``) a checkpoint of one of the
+    caller's jobs or weights the caller uploaded (as ``init_from_checkpoint_id``)."""
+    settings = getattr(config, "distillation", None)
+    if settings is None:
+        return []
+    problems = []
+    model_id = settings.teacher_model_id
+    if model_id is not None and await get_owned(session, StoredModel, owner_id, model_id) is None:
+        problems.append(
+            {
+                "loc": [*loc, "distillation", "teacher_model_id"],
+                "msg": f"no model with id {model_id!r}: the teacher must be one of your stored "
+                "models (client.load_model('teacher.py'))",
+                "type": "not_found",
+            }
+        )
+    checkpoint_id = settings.teacher_checkpoint_id
+    if (
+        checkpoint_id is not None
+        and await find_owned_weights(session, owner_id, checkpoint_id) is None
+    ):
+        problems.append(
+            {
+                "loc": [*loc, "distillation", "teacher_checkpoint_id"],
+                "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
+                "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints) or of weights you uploaded "
+                "(POST /v1/checkpoints)",
+                "type": "not_found",
+            }
+        )
+    return problems
 
 
 async def resume_checkpoint_problems(

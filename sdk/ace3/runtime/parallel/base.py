@@ -136,12 +136,13 @@ class Strategy(ABC):
         step_loss: torch.Tensor | None = None
         samples = 0
         assert self.forward is not None
+        compute = forward_loss if parts.distiller is None else parts.distiller.forward_loss
         for i, (raw, weight) in enumerate(chunks):
             batch = move_to_device(raw, self.ctx.device)
             samples += batch_size_of(batch)
             with self.sync_context(final=i == len(chunks) - 1):
                 with parts.precision.autocast():
-                    loss = forward_loss(self.forward, batch, parts.user.compute_loss).loss
+                    loss = compute(self.forward, batch, parts.user.compute_loss).loss
                 # (a weight of 1, one micro-batch a step, costs no extra operation)
                 parts.scaler.scale(loss * weight if weight != 1.0 else loss).backward()
             part = loss.detach().float()

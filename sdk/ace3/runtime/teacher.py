@@ -1,0 +1,121 @@
+"""The distillation teacher: built from its model file (a job) or taken from the caller (an
+in-process run, copied so the caller's module is never changed), loaded with its weights,
+placed on the rank's device in the job's precision, in eval mode, without gradients.
+
+Weights files are read without executing pickled code: an ACE3 checkpoint (its ``model``
+entry), a plain state dict (``.pt``/``.pth``/``.bin``, ``torch.load(weights_only=True)``), a
+``.safetensors`` file, or a sharded ``.dcp.tar`` training checkpoint (consolidated).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ace3.config import TrainingConfig
+from ace3.files import sha256_file
+from ace3.runtime.checkpoint.archive import is_sharded_archive
+from ace3.runtime.job_spec import TeacherSpec
+from ace3.runtime.precision import Precision
+from ace3.runtime.user_code import build_model, load_user_code
+
+TEACHER_MODULE_NAME = "ace3_teacher_model"
+
+
+def read_teacher_weights(path: Path, expected_sha256: str | None = None) -> dict[str, Any]:
+    """The teacher's state dict from a weights file (see the module docstring)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"teacher checkpoint not found: {path}")
+    if expected_sha256 is not None and sha256_file(path).lower() != expected_sha256.lower():
+        raise ValueError(f"teacher checkpoint {path} does not match its sha256 {expected_sha256}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return dict(load_file(str(path), device="cpu"))
+    if is_sharded_archive(path):
+        from ace3.runtime.checkpoint.sharded import consolidate
+
+        state: Any = consolidate(path)
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ValueError(
+                f"teacher checkpoint {path} cannot be read as weights only (tensors and plain "
+                f"containers; pickled code is never run): {exc}"
+            ) from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # an ACE3 (or ace3.save_checkpoint) training checkpoint
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise ValueError(
+            f"teacher checkpoint {path} holds no state dict: expected an ACE3 checkpoint (a "
+            "'model' entry) or a flat dict of parameter name -> tensor"
+        )
+    return state
+
+
+def load_teacher_weights(teacher: nn.Module, state: dict[str, Any], origin: str) -> None:
+    """``teacher.load_state_dict(state)``, strict, with an error that names what differs."""
+    missing, unexpected = [], []
+    own = teacher.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise ValueError(
+            f"teacher checkpoint {origin} does not fit the teacher model: missing "
+            f"{missing[:8]}, unexpected {unexpected[:8]} (is it the teacher's checkpoint?)"
+        )
+    teacher.load_state_dict(state)
+    teacher.ace3_weights_origin = origin  # type: ignore[assignment]  # said in the log
+
+
+def build_job_teacher(spec: TeacherSpec) -> nn.Module:
+    """A job's teacher: its model file's factory, then its weights file if any."""
+    user = load_user_code(spec.model, TEACHER_MODULE_NAME)
+    teacher = build_model(user, spec.model.kwargs)
+    if spec.checkpoint is not None:
+        path = Path(spec.checkpoint)
+        state = read_teacher_weights(path, spec.checkpoint_sha256)
+        load_teacher_weights(teacher, state, path.name)
+    return teacher
+
+
+def local_teacher(config: TrainingConfig) -> nn.Module:
+    """An in-process run's teacher: a copy of the caller's module, with the local weights
+    file loaded when one is given."""
+    settings = config.distillation
+    assert settings is not None
+    if settings.teacher_module is None:
+        raise ValueError(
+            f"distillation: teacher_model_id={settings.teacher_model_id!r} names a model "
+            "stored on the service; an in-process run needs the teacher as a live "
+            "torch.nn.Module (teacher=<module>)"
+        )
+    if settings.teacher_checkpoint_id is not None:
+        raise ValueError(
+            f"distillation: teacher_checkpoint_id={settings.teacher_checkpoint_id!r} names a "
+            "checkpoint stored on the service; an in-process run takes a local weights file "
+            "(teacher_checkpoint='teacher.pt')"
+        )
+    teacher = copy.deepcopy(settings.teacher_module)
+    if settings.teacher_checkpoint_path is not None:
+        path = Path(settings.teacher_checkpoint_path).expanduser()
+        load_teacher_weights(teacher, read_teacher_weights(path), path.name)
+    return teacher
+
+
+def prepare_teacher(teacher: nn.Module, precision: Precision, device: torch.device) -> nn.Module:
+    """On ``device``, in the job's weight dtype (O2/O3 store 16-bit weights), eval mode, no
+    gradients; never wrapped by DDP."""
+    teacher.to(device)
+    if precision.casts_model:
+        teacher.to(precision.model_dtype)
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher
