@@ -363,8 +363,9 @@ def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
     Never the newest one (``keep`` is at least 1), and never one that a job starts from
     (``resume_from_checkpoint``): those stay, and the foreign key refuses the delete when such a
     job was created meanwhile (then nothing is pruned this time). Nor one whose weights a job
-    that has not finished starts from (``config.init_from_checkpoint_id``; no foreign key: a
-    job created in between fails with the reason).
+    that has not finished starts from (``config.init_from_checkpoint_id``) or distils from
+    (``config.distillation.teacher_checkpoint_id``); no foreign key there: a job created in
+    between fails with the reason.
     """
     rows = session.scalars(
         select(JobCheckpoint)
@@ -382,14 +383,12 @@ def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
             )
         )
     )
-    init_from = Job.config["init_from_checkpoint_id"].as_string()
-    pinned.update(
-        session.scalars(
-            select(init_from).where(
-                init_from.in_(stale_ids), Job.state.in_([JobState.QUEUED, *ACTIVE_STATES])
-            )
-        )
-    )
+    unfinished = Job.state.in_([JobState.QUEUED, *ACTIVE_STATES])
+    for weights in (
+        Job.config["init_from_checkpoint_id"].as_string(),
+        Job.config["distillation"]["teacher_checkpoint_id"].as_string(),
+    ):
+        pinned.update(session.scalars(select(weights).where(weights.in_(stale_ids), unfinished)))
     stale = [row for row in stale if row.id not in pinned]
     if not stale:
         return []

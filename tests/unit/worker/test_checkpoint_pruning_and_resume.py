@@ -177,7 +177,7 @@ def test_a_checkpoint_another_job_starts_from_is_never_pruned(
         assert supervisor.store.exists(origin.storage_key)
 
 
-def test_a_checkpoint_a_queued_job_takes_its_weights_from_is_kept_until_it_finishes(
+def test_a_checkpoint_an_unfinished_job_takes_weights_from_is_kept_until_it_finishes(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:
     with supervisor.sessions() as session:
@@ -196,10 +196,21 @@ def test_a_checkpoint_a_queued_job_takes_its_weights_from_is_kept_until_it_finis
                output_dir=tmp_path)  # fmt: skip
         assert _steps(session, job.id) == [10, 20], "kept while the fine-tuning job waits"
         fine_tuning.state = "succeeded"
+        student = Job(
+            owner_id=job.owner_id, model_id=job.model_id, dataset_id=job.dataset_id,
+            config={"distillation": {"teacher_checkpoint_id": origin.id}}, model_kwargs={},
+            num_processes=1, request_hash="h4", state="running",
+        )  # fmt: skip
+        session.add(student)
         session.commit()
         _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 30), keep=1,
                output_dir=tmp_path)  # fmt: skip
-        assert _steps(session, job.id) == [30]
+        assert _steps(session, job.id) == [10, 30], "kept while a student distils from it"
+        student.state = "failed"
+        session.commit()
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 40), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        assert _steps(session, job.id) == [40]
         assert not supervisor.store.exists(origin.storage_key)
 
 
