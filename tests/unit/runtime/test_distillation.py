@@ -289,3 +289,31 @@ def test_two_fsdp_ranks_distil_what_one_process_does(tmp_path: Path) -> None:
 
 if __name__ == "__main__":  # a rank of the test above
     _two_rank_distillation(sys.argv[1])
+
+
+def test_the_third_seeds_pipeline_distil_prune_quantize_is_one_run(
+    teacher: nn.Module, tmp_path: Path
+) -> None:
+    """Distillation, pruning and int8 quantization together (the third seed's "begin with
+    knowledge distillation, apply pruning during training, finish with quantization")."""
+    pytest.importorskip("torchao")
+    student = _student_net(0)
+    config = ace3.TrainingConfig(
+        batch_size=32, epochs=2, learning_rate=0.01, validation_split=0.25, seed=0,
+        distillation=ace3.DistillationConfig(teacher=teacher, temperature=2.0, alpha=0.7),
+        pruning=ace3.PruningConfig(target_sparsity=0.5, schedule="cubic", begin_step=4,
+                                   end_step=16, frequency=4),
+        quantization=ace3.QuantizationConfig(precision="int8", method="dynamic"),
+    )  # fmt: skip
+    save_dir = tmp_path / "run" / "checkpoints"
+    result = ace3.Trainer(
+        config, checkpoint_config=ace3.CheckpointConfig(save_dir=str(save_dir))
+    ).train(student, TensorDataset(X[:400], NOISY[:400]))
+    final = result.final_metrics
+    assert final["sparsity"] == pytest.approx(0.5, abs=0.01)
+    assert "kd_loss" in final and "pruning_accuracy_drop" in final
+    assert final["quantized_size_bytes"] < final["float_size_bytes"]
+    assert "quantized_val_accuracy" in final
+    weights = [m.weight for m in student if isinstance(m, nn.Linear)]
+    zeros = sum(int((w == 0).sum()) for w in weights) / sum(w.numel() for w in weights)
+    assert zeros == pytest.approx(0.5, abs=0.01)  # the student itself holds the pruned weights
