@@ -228,6 +228,18 @@ def grid_values(dimension: Dimension) -> list[Scalar]:
 Algorithm = Literal["bayesian", "tpe", "random", "grid"]
 Pruner = Literal["none", "median", "successive_halving", "hyperband"]
 _TRAINING_FIELDS = frozenset(TrainingConfig.model_fields)
+# Fields a trial cannot take from the search space: what they name is checked (ownership,
+# uploads) once, for base_config, when the search is created; the settings objects are not
+# scalars a dimension can hold.
+_STORED = "it names stored weights, which are checked when the search is created"
+NOT_SEARCHABLE = {
+    "init_from": "a local file is uploaded once, when the search is created",
+    "init_from_checkpoint_id": _STORED,
+    "distillation": "a teacher and its settings are not one value",
+    "lora": "LoRA's settings are not one value",
+    "pruning": "pruning's settings are not one value",
+    "quantization": "quantization's settings are not one value",
+}
 
 
 class HPConfig(BaseModel):
@@ -292,6 +304,10 @@ class HPConfig(BaseModel):
                 raise ValueError(
                     f"{key!r} is not a TrainingConfig field; prefix keyword arguments of the model "
                     f"factory with 'model.' (e.g. 'model.{key}')"
+                )
+            elif key in NOT_SEARCHABLE:
+                raise ValueError(
+                    f"{key!r} cannot be searched: {NOT_SEARCHABLE[key]}; set it in base_config"
                 )
         return space
 

@@ -179,6 +179,12 @@ def _identity_files(directory: JobDirectory, owner: JobOwner | None) -> None:
     (directory.etc_dir / "hosts").write_text(ISOLATED_HOSTS)
 
 
+def needs_initial_weights(job: Job, resume_from: JobCheckpoint | None) -> bool:
+    """Whether an attempt gets the weights the job starts from: not when it resumes (a resume
+    holds weights of its own), except a LoRA job's, whose checkpoints hold only the adapters."""
+    return resume_from is None or bool((job.config or {}).get("lora"))
+
+
 def prepare_job_directory(
     work_dir: Path,
     store: LocalArtifactStore,
@@ -224,9 +230,7 @@ def prepare_job_directory(
             store, resume_from.storage_key, root / "resume" / resume_from.name, resume_from.sha256
         )
     init_path = None
-    # A resume holds weights of its own; a LoRA job's only its adapters, whose base is
-    # init_from's again.
-    if init_from is not None and (resume_from is None or (job.config or {}).get("lora")):
+    if init_from is not None and needs_initial_weights(job, resume_from):
         init_path = _copy_stored(
             store, init_from.storage_key, root / "init" / init_from.name, init_from.sha256
         )

@@ -52,7 +52,7 @@ def teacher_rows(session: Session, job: Job) -> TeacherRows | None:
         return None
     model_id = settings.get("teacher_model_id")
     model = session.get(StoredModel, model_id) if model_id else None
-    if model is None or model.deleted_at is not None:
+    if model is None or model.deleted_at is not None or model.owner_id != job.owner_id:
         raise FileNotFoundError(f"the teacher's model {model_id} is gone")
     checkpoint_id = settings.get("teacher_checkpoint_id")
     checkpoint = teacher_checkpoint(session, job, str(checkpoint_id)) if checkpoint_id else None

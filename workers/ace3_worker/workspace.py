@@ -25,6 +25,7 @@ from ace3_worker.job_dir import (
     JobOwner,
     attempt_path,
     hand_over,
+    needs_initial_weights,
     prepare_job_directory,
 )
 from ace3_worker.sandbox.identity import JobIdentity, lease_identity
@@ -132,7 +133,11 @@ class Workspace:
                 node_rank,
                 visible_root=self.plan.visible_root,
                 owner=job_owner(identity),
-                init_from=initial_weights(session, job),
+                init_from=(
+                    initial_weights(session, job)
+                    if needs_initial_weights(job, resume_from)
+                    else None  # (pruned meanwhile or not: this attempt has no use for it)
+                ),
                 teacher=teacher_rows(session, job),
             )
             if resume_from is not None:

@@ -76,14 +76,22 @@ _FILENAME = re.compile(r'filename="?([^";]+)"?')
 
 
 def with_uploaded_weights(config: TrainingConfig, http: Any) -> TrainingConfig:
-    """``config`` with a local ``init_from`` file uploaded (a ``.safetensors`` file) and sent as
-    ``init_from_checkpoint_id``: the service never sees a local path."""
-    if config.init_from is None:
-        return config
+    """``config`` with its local weights files (``init_from``, a distillation teacher's
+    ``teacher_checkpoint``: ``.safetensors`` files) uploaded and sent by id: the service never
+    sees a local path. (``ace3.Trainer`` also converts ``.pt`` files.)"""
     from ace3.client.resources import Checkpoints
 
-    uploaded = Checkpoints(http).upload(Path(config.init_from).expanduser())
-    return config.model_copy(update={"init_from": None, "init_from_checkpoint_id": uploaded.id})
+    if config.init_from is not None:
+        uploaded = Checkpoints(http).upload(Path(config.init_from).expanduser())
+        config = config.model_copy(
+            update={"init_from": None, "init_from_checkpoint_id": uploaded.id}
+        )
+    teacher = config.distillation
+    if teacher is not None and teacher.teacher_checkpoint_path is not None:
+        uploaded = Checkpoints(http).upload(Path(teacher.teacher_checkpoint_path).expanduser())
+        weights = {"teacher_checkpoint_path": None, "teacher_checkpoint_id": uploaded.id}
+        config = config.model_copy(update={"distillation": teacher.model_copy(update=weights)})
+    return config
 
 
 class Jobs(_Runs[Job]):

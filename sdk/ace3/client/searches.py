@@ -191,10 +191,10 @@ class Searches(_Runs[Search]):
         repeat returns the search created the first time."""
         if not isinstance(config, HPConfig):
             config = HPConfig.model_validate(dict(config))
-        if config.base_config.init_from is not None:
-            from ace3.client.jobs import with_uploaded_weights
+        from ace3.client.jobs import with_uploaded_weights
 
-            base = with_uploaded_weights(config.base_config, self._http)
+        base = with_uploaded_weights(config.base_config, self._http)
+        if base is not config.base_config:
             config = config.model_copy(update={"base_config": base})
         return self._create(
             model_id=model_id,

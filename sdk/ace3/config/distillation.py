@@ -14,7 +14,6 @@ duck typing.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -53,7 +52,9 @@ def _stored_id(value: Any) -> str | None:
 
 
 def _looks_like_file(value: str) -> bool:
-    return os.sep in value or value.endswith(WEIGHT_SUFFIXES) or Path(value).is_file()
+    """A path rather than a stored id (decided from the text alone: the API validates this
+    model too, and must not look at its own filesystem)."""
+    return os.sep in value or "/" in value or value.endswith(WEIGHT_SUFFIXES)
 
 
 class DistillationConfig(BaseModel):
@@ -161,10 +162,6 @@ class DistillationConfig(BaseModel):
                 "teacher_model_kwargs build a teacher from its model file; a live teacher "
                 "module is already built: remove them"
             )
-        if self.teacher_checkpoint_path is not None:
-            path = Path(self.teacher_checkpoint_path).expanduser()
-            if not path.is_file():
-                raise ValueError(f"teacher_checkpoint: no such file {str(path)!r}")
         if self.feature_loss_weight is not None and not self.feature_layers:
             raise ValueError(
                 "feature_loss_weight needs feature_layers (student module -> teacher module, "

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
@@ -77,10 +76,8 @@ class FineTuningFields(BaseModel):
                     f"init_from must be a stored checkpoint (a Checkpoint or its id) or the path "
                     f"of a local checkpoint file, not {type(source).__name__}"
                 )
-        elif (
-            isinstance(source, str) and CHECKPOINT_ID_RE.match(source) and not Path(source).exists()
-        ):
-            checkpoint_id = source
+        elif isinstance(source, str) and CHECKPOINT_ID_RE.match(source):
+            checkpoint_id = source  # (a local file of that name: pass a Path)
         if checkpoint_id is None:
             data["init_from"] = os.fspath(source)
             return data

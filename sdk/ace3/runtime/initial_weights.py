@@ -3,9 +3,13 @@
 Not a resume: only the model's weights are taken; the optimizer, the schedule and the step
 start fresh. Applied on every rank to the model the user code built, before freezing, adapters
 and the parallelism strategy, so every strategy starts from the same weights. Read without
-running pickled code: an ACE3 checkpoint (``.pt``, its ``model`` entry; or a sharded
-``.dcp.tar``, consolidated), a plain state dict saved with ``torch.save``, or a
-``.safetensors`` file. The names and shapes must match the model exactly.
+running pickled code: an ACE3 checkpoint (``.pt``, its ``model`` entry), a plain state dict
+saved with ``torch.save``, or a ``.safetensors`` file. The names and shapes must match the
+model exactly.
+
+A sharded ``.dcp.tar`` (a ZeRO job's checkpoint) is read only inside a job's sandbox
+(``allow_sharded``): torch's DCP metadata inside it is a pickle, which the sandbox may unpickle
+but the SDK's machine or an in-process run must not.
 """
 
 from __future__ import annotations
@@ -18,18 +22,33 @@ from torch import nn
 from ace3.files import sha256_file
 from ace3.runtime.checkpoint.archive import is_sharded_archive
 
+SHARDED_SUFFIX = ".dcp.tar"
 
-def read_weights(path: Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
-    """The model state dict held by the file at ``path`` (see the module docstring)."""
+
+def read_weights(
+    path: Path,
+    expected_sha256: str | None = None,
+    *,
+    what: str = "init_from",
+    allow_sharded: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The model state dict held by the file at ``path`` (see the module docstring); errors
+    start with ``what`` (the setting that named the file)."""
     if not path.is_file():
-        raise FileNotFoundError(f"init_from: no checkpoint file at {path}")
+        raise FileNotFoundError(f"{what}: no checkpoint file at {path}")
     if expected_sha256 is not None and sha256_file(path).lower() != expected_sha256.lower():
-        raise ValueError(f"init_from: {path} is not the expected file (sha256 differs)")
+        raise ValueError(f"{what}: {path} is not the expected file (sha256 differs)")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         return dict(load_file(str(path), device="cpu"))
-    if is_sharded_archive(path):
+    if path.name.endswith(SHARDED_SUFFIX) or is_sharded_archive(path):
+        if not (allow_sharded and path.name.endswith(SHARDED_SUFFIX)):
+            raise ValueError(
+                f"{what}: {path.name} is a sharded (ZeRO) checkpoint, whose DCP metadata is a "
+                "pickle this process does not unpickle: start a job from its stored id (the "
+                "job reads it in its sandbox), or use a .pt or .safetensors file"
+            )
         from ace3.runtime.checkpoint.sharded import consolidate
 
         state: object = consolidate(path)
@@ -38,18 +57,18 @@ def read_weights(path: Path, expected_sha256: str | None = None) -> dict[str, to
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise ValueError(
-                f"init_from: {path.name} is not a checkpoint that loads without running code "
+                f"{what}: {path.name} is not a checkpoint that loads without running code "
                 f"(torch.load(weights_only=True) refused it: {exc})"
             ) from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # an ACE3 training checkpoint
     if not isinstance(state, dict) or not state:
-        raise ValueError(f"init_from: {path.name} holds no state dict of tensors")
+        raise ValueError(f"{what}: {path.name} holds no state dict of tensors")
     weights = {}
     for name, value in state.items():
         if not isinstance(name, str) or not isinstance(value, torch.Tensor):
             raise ValueError(
-                f"init_from: {path.name} is not a state dict (entry {name!r} is "
+                f"{what}: {path.name} is not a state dict (entry {name!r} is "
                 f"{type(value).__name__}, not a tensor)"
             )
         weights[name] = value

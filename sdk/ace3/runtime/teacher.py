@@ -2,9 +2,9 @@
 in-process run, copied so the caller's module is never changed), loaded with its weights,
 placed on the rank's device in the job's precision, in eval mode, without gradients.
 
-Weights files are read without executing pickled code: an ACE3 checkpoint (its ``model``
-entry), a plain state dict (``.pt``/``.pth``/``.bin``, ``torch.load(weights_only=True)``), a
-``.safetensors`` file, or a sharded ``.dcp.tar`` training checkpoint (consolidated).
+Weights files are read without executing pickled code, as ``init_from``'s are
+(:func:`ace3.runtime.initial_weights.read_weights`): an ACE3 checkpoint (its ``model`` entry), a
+plain state dict, a ``.safetensors`` file, or (in a job's sandbox only) a sharded ``.dcp.tar``.
 """
 
 from __future__ import annotations
@@ -17,47 +17,12 @@ import torch
 from torch import nn
 
 from ace3.config import TrainingConfig
-from ace3.files import sha256_file
-from ace3.runtime.checkpoint.archive import is_sharded_archive
+from ace3.runtime.initial_weights import read_weights
 from ace3.runtime.job_spec import TeacherSpec
 from ace3.runtime.precision import Precision
 from ace3.runtime.user_code import build_model, load_user_code
 
 TEACHER_MODULE_NAME = "ace3_teacher_model"
-
-
-def read_teacher_weights(path: Path, expected_sha256: str | None = None) -> dict[str, Any]:
-    """The teacher's state dict from a weights file (see the module docstring)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"teacher checkpoint not found: {path}")
-    if expected_sha256 is not None and sha256_file(path).lower() != expected_sha256.lower():
-        raise ValueError(f"teacher checkpoint {path} does not match its sha256 {expected_sha256}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return dict(load_file(str(path), device="cpu"))
-    if is_sharded_archive(path):
-        from ace3.runtime.checkpoint.sharded import consolidate
-
-        state: Any = consolidate(path)
-    else:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ValueError(
-                f"teacher checkpoint {path} cannot be read as weights only (tensors and plain "
-                f"containers; pickled code is never run): {exc}"
-            ) from None
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]  # an ACE3 (or ace3.save_checkpoint) training checkpoint
-    if not isinstance(state, dict) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
-    ):
-        raise ValueError(
-            f"teacher checkpoint {path} holds no state dict: expected an ACE3 checkpoint (a "
-            "'model' entry) or a flat dict of parameter name -> tensor"
-        )
-    return state
 
 
 def load_teacher_weights(teacher: nn.Module, state: dict[str, Any], origin: str) -> None:
@@ -81,7 +46,9 @@ def build_job_teacher(spec: TeacherSpec) -> nn.Module:
     teacher = build_model(user, spec.model.kwargs)
     if spec.checkpoint is not None:
         path = Path(spec.checkpoint)
-        state = read_teacher_weights(path, spec.checkpoint_sha256)
+        state = read_weights(  # in the job's sandbox: a sharded checkpoint is allowed
+            path, spec.checkpoint_sha256, what="teacher_checkpoint", allow_sharded=True
+        )
         load_teacher_weights(teacher, state, path.name)
     return teacher
 
@@ -106,7 +73,8 @@ def local_teacher(config: TrainingConfig) -> nn.Module:
     teacher = copy.deepcopy(settings.teacher_module)
     if settings.teacher_checkpoint_path is not None:
         path = Path(settings.teacher_checkpoint_path).expanduser()
-        load_teacher_weights(teacher, read_teacher_weights(path), path.name)
+        weights = read_weights(path, what="teacher_checkpoint")
+        load_teacher_weights(teacher, weights, path.name)
     return teacher
 
 

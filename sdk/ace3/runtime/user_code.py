@@ -48,10 +48,26 @@ class UserCode:
     compute_metrics: MetricsFn | None
 
 
-def _prepend_sys_path(directory: Path) -> None:
+def _add_sys_path(directory: Path, first: bool) -> None:
     entry = str(directory)
     if entry not in sys.path:
-        sys.path.insert(0, entry)
+        if first:
+            sys.path.insert(0, entry)
+        else:  # a teacher's code never shadows the student's own modules
+            sys.path.append(entry)
+
+
+def _refuse_shadowed_package(path: Path, entry_module: str) -> None:
+    """A second model package (a distillation teacher's) whose top-level module is already
+    imported from elsewhere would silently get that other module: refused instead."""
+    top = entry_module.split(".")[0]
+    loaded = sys.modules.get(top)
+    origin = getattr(loaded, "__file__", None) if loaded is not None else None
+    if loaded is not None and (origin is None or not Path(origin).resolve().is_relative_to(path)):
+        raise ValueError(
+            f"the teacher's package imports as {top!r}, a name the student's code already "
+            "uses: give one of the two packages another top-level name"
+        )
 
 
 def import_model_module(spec: ModelSpec, module_name: str = USER_MODULE_NAME) -> ModuleType:
@@ -61,14 +77,16 @@ def import_model_module(spec: ModelSpec, module_name: str = USER_MODULE_NAME) ->
     if spec.kind == "archive":
         if not path.is_dir():
             raise FileNotFoundError(f"model archive directory not found: {path}")
-        _prepend_sys_path(path)
         assert spec.entry_module is not None  # checked by ModelSpec
+        if module_name != USER_MODULE_NAME:
+            _refuse_shadowed_package(path, spec.entry_module)
+        _add_sys_path(path, first=module_name == USER_MODULE_NAME)
         return importlib.import_module(spec.entry_module)
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
     if path.suffix != ".py":
         raise ValueError(f"model file {path} must be a Python source file (.py)")
-    _prepend_sys_path(path.parent)
+    _add_sys_path(path.parent, first=module_name == USER_MODULE_NAME)
     module_spec = importlib.util.spec_from_file_location(module_name, path)
     if module_spec is None or module_spec.loader is None:
         raise ImportError(f"cannot import model file {path}")

@@ -40,6 +40,7 @@ from ace3.trainers._submit import (
     resolve_inputs,
     without_rendezvous,
 )
+from ace3.trainers.teacher_weights import upload_teacher_weights
 from ace3.trainers.weights import upload_local_weights
 
 if TYPE_CHECKING:
@@ -100,9 +101,9 @@ def hyperparameter_search(
 
     refuse_local_only(base_config)  # before any upload
     client, ids = resolve_inputs(client, model, dataset, validation_dataset)
-    if config.base_config.init_from is not None:
-        base_config = upload_local_weights(config.base_config, client)
-        config = config.model_copy(update={"base_config": base_config})
+    uploaded = upload_teacher_weights(upload_local_weights(config.base_config, client), client)
+    if uploaded is not config.base_config:
+        config = config.model_copy(update={"base_config": uploaded})
     search = client.searches.create(
         **ids,
         config=config,

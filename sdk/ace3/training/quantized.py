@@ -66,6 +66,21 @@ def quantized_weights(model: nn.Module) -> dict[str, Any]:
     }
 
 
+def _weight_key(module_name: str) -> str:
+    """The state-dict key of a module's weight (the model itself may be the Linear layer)."""
+    return f"{module_name}.weight" if module_name else "weight"
+
+
+# The weight dtypes an int8 file may name (read from its header: never an arbitrary attribute).
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _dtype(name: object) -> torch.dtype:
+    if not isinstance(name, str) or name not in _DTYPES:
+        raise ValueError(f"an int8 model file names the unknown weight dtype {name!r}")
+    return _DTYPES[name]
+
+
 def save_quantized_model(model: nn.Module, path: Path, method: str) -> WrittenFile:
     """Write ``model`` (its Linear weights quantized with torchao) atomically as the format of
     the module docstring."""
@@ -77,7 +92,7 @@ def save_quantized_model(model: nn.Module, path: Path, method: str) -> WrittenFi
     for name, weight in weights.items():
         present = [field for field in _TENSORS if getattr(weight, field, None) is not None]
         for field in present:
-            tensors[f"{name}.weight.{field}"] = getattr(weight, field).detach().cpu().clone()
+            tensors[f"{_weight_key(name)}.{field}"] = getattr(weight, field).detach().cpu().clone()
         kwargs = weight.act_quant_kwargs
         layers[name] = {
             "tensors": present,
@@ -90,7 +105,7 @@ def save_quantized_model(model: nn.Module, path: Path, method: str) -> WrittenFi
                 "reduce_range": bool(kwargs.reduce_range),
             },
         }  # fmt: skip
-    skip = {f"{name}.weight" if name else "weight" for name in weights}
+    skip = {_weight_key(name) for name in weights}
     for key, value in model.state_dict().items():
         if key not in skip:
             tensors[key] = value.detach().cpu().clone()
@@ -117,7 +132,7 @@ def _int8_weight(entry: dict[str, Any], data: dict[str, torch.Tensor]) -> Any:
             reduce_range=bool(act["reduce_range"]),
         )
     return quantization.Int8Tensor(
-        data["qdata"], data["scale"], list(entry["block_size"]), getattr(torch, entry["dtype"]),
+        data["qdata"], data["scale"], list(entry["block_size"]), _dtype(entry["dtype"]),
         zero_point=data.get("zero_point"), act_quant_scale=data.get("act_quant_scale"),
         act_quant_zero_point=data.get("act_quant_zero_point"),
         act_pre_scale=data.get("act_pre_scale"), act_quant_kwargs=kwargs,
@@ -145,7 +160,17 @@ def load_quantized_model(model: nn.Module, path: str | os.PathLike[str]) -> nn.M
         module = modules.get(name)
         if not isinstance(module, nn.Linear):
             raise ValueError(f"{os.fspath(path)}: the model has no Linear layer {name!r}")
-        data = {field: tensors.pop(f"{name}.weight.{field}") for field in entry["tensors"]}
+        fields = entry["tensors"]
+        if (
+            not isinstance(fields, list)
+            or not set(fields) <= set(_TENSORS)
+            or "qdata" not in fields
+        ):
+            raise ValueError(f"{os.fspath(path)}: layer {name!r} lists unknown tensors {fields!r}")
+        missing = [f for f in fields if f"{_weight_key(name)}.{f}" not in tensors]
+        if missing:
+            raise ValueError(f"{os.fspath(path)}: layer {name!r} lacks its tensors {missing}")
+        data = {field: tensors.pop(f"{_weight_key(name)}.{field}") for field in fields}
         if tuple(data["qdata"].shape) != tuple(module.weight.shape):
             raise ValueError(
                 f"{os.fspath(path)}: layer {name!r} is {tuple(data['qdata'].shape)} in the file "
@@ -154,7 +179,7 @@ def load_quantized_model(model: nn.Module, path: str | os.PathLike[str]) -> nn.M
             )
         module.weight = nn.Parameter(_int8_weight(entry, data), requires_grad=False)
     report = model.load_state_dict(tensors, strict=False)
-    expected = {f"{name}.weight" for name in json.loads(header["layers"])}
+    expected = {_weight_key(name) for name in json.loads(header["layers"])}
     wrong = [k for k in report.missing_keys if k not in expected] + list(report.unexpected_keys)
     if wrong:
         raise ValueError(

@@ -132,6 +132,14 @@ async def teacher_problems(
     if settings is None:
         return []
     problems = []
+    if settings.teacher_checkpoint_path is not None:
+        problems.append(
+            {"loc": [*loc, "distillation", "teacher_checkpoint"],
+             "msg": "a local teacher_checkpoint is a file of the SDK, never sent: upload the "
+             "weights (POST /v1/checkpoints, a .safetensors file) and send "
+             "config.distillation.teacher_checkpoint_id",
+             "type": "value_error"}
+        )  # fmt: skip
     model_id = settings.teacher_model_id
     if model_id is not None and await get_owned(session, StoredModel, owner_id, model_id) is None:
         problems.append(

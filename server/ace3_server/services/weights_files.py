@@ -14,8 +14,10 @@ from ace3_server.errors import field_error
 from ace3_server.services.artifacts import PreparedArtifact, safe_display_name
 from ace3_server.services.uploads import StagedUpload
 
-MAX_HEADER_BYTES = 64 * 1024 * 1024
-MAX_TENSORS = 1_000_000
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+MAX_TENSORS = 200_000
+MAX_DIMENSIONS = 64
+MAX_DIMENSION = 2**63 - 1
 MAX_NAME_LENGTH = 1000
 # safetensors dtypes and their size in bits
 DTYPE_BITS = {
@@ -29,28 +31,37 @@ class NotWeightsFileError(ValueError):
     """The file is not a well-formed safetensors file."""
 
 
-def _check_entry(name: str, entry: object) -> tuple[int, int]:
+def _check_entry(name: str, entry: object, data_bytes: int) -> tuple[int, int]:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise NotWeightsFileError(f"tensor {name!r}: expected dtype, shape and data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if dtype not in DTYPE_BITS:
         raise NotWeightsFileError(f"tensor {name!r}: unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_DIMENSIONS
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIMENSION
+            for d in shape
+        )
     ):
-        raise NotWeightsFileError(f"tensor {name!r}: shape must be a list of sizes >= 0")
+        raise NotWeightsFileError(
+            f"tensor {name!r}: shape must be a list of at most {MAX_DIMENSIONS} sizes >= 0"
+        )
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1]
+        or not 0 <= offsets[0] <= offsets[1] <= data_bytes
     ):
-        raise NotWeightsFileError(f"tensor {name!r}: data_offsets must be [begin, end]")
-    expected = math.prod(shape) * DTYPE_BITS[dtype] // 8
+        raise NotWeightsFileError(
+            f"tensor {name!r}: data_offsets must be [begin, end] within the data"
+        )
+    expected = math.prod(shape) * DTYPE_BITS[dtype] // 8  # at most 64 sizes: cheap
     if offsets[1] - offsets[0] != expected:
         raise NotWeightsFileError(
-            f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} "
-            f"(expected {expected})"
+            f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for its shape of {dtype} "
+            f"(expected {expected if expected <= data_bytes else 'more than the file holds'})"
         )
     return offsets[0], offsets[1]
 
@@ -67,9 +78,12 @@ def check_safetensors(path: Path) -> int:
         if header_bytes > min(MAX_HEADER_BYTES, size - 8):
             raise NotWeightsFileError("not a safetensors file (bad header length)")
         raw = handle.read(header_bytes)
+    if raw.count(b"{") > 2 * MAX_TENSORS + 2:  # before parsing: bounded memory
+        raise NotWeightsFileError(f"more than {MAX_TENSORS} tensors")
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError, MemoryError):  # (JSONDecodeError, UnicodeDecodeError,
+        # and integers past Python's digit limit are ValueErrors)
         raise NotWeightsFileError("not a safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise NotWeightsFileError("not a safetensors file (its header is not an object)")
@@ -82,19 +96,20 @@ def check_safetensors(path: Path) -> int:
         raise NotWeightsFileError("the file holds no tensor")
     if len(header) > MAX_TENSORS:
         raise NotWeightsFileError(f"more than {MAX_TENSORS} tensors")
+    data_bytes = size - 8 - header_bytes
     ranges = []
     for name, entry in header.items():
         if not name or len(name) > MAX_NAME_LENGTH:
             raise NotWeightsFileError("tensor names must be 1 to 1000 characters")
-        ranges.append(_check_entry(name, entry))
+        ranges.append(_check_entry(name[:200], entry, data_bytes))
     position = 0
     for begin, end in sorted(ranges):
         if begin != position:
             raise NotWeightsFileError("the tensors' byte ranges overlap or leave gaps")
         position = end
-    if position != size - 8 - header_bytes:
+    if position != data_bytes:
         raise NotWeightsFileError(
-            f"the tensors take {position} bytes but the file holds {size - 8 - header_bytes}"
+            f"the tensors take {position} bytes but the file holds {data_bytes}"
         )
     return len(header)
 

@@ -211,6 +211,11 @@ def _safetensors(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
     return len(raw).to_bytes(8, "little") + raw + b"".join(d for _, _, d in tensors.values())
 
 
+def _header_only(header: str, data: bytes = bytes(4)) -> bytes:
+    raw = header.encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
 def test_uploaded_weights_are_checked_stored_once_and_private(
     owner: tuple[httpx.Client, str], stranger: httpx.Client
 ) -> None:
@@ -230,13 +235,28 @@ def test_uploaded_weights_are_checked_stored_once_and_private(
 
     bad_files = {
         "w.pt": (good, "as a .safetensors file"),
-        "short.safetensors": (good[:-4], "the tensors take 24 bytes but the file holds 20"),
+        "short.safetensors": (good[:-4], "data_offsets must be [begin, end] within the data"),
+        "long.safetensors": (good + bytes(4), "the tensors take 24 bytes but the file holds 28"),
         "size.safetensors": (
             _safetensors({"x": ("F32", [1], bytes(8))}),
-            "8 bytes for shape [1] of F32",
+            "8 bytes for its shape of F32 (expected 4)",
         ),
         "json.safetensors": (b"\x05\x00\x00\x00\x00\x00\x00\x00[1,2]", "header is not an object"),
         "dtype.safetensors": (_safetensors({"x": ("OBJ", [1], bytes(4))}), "unknown dtype"),
+        "dims.safetensors": (
+            _safetensors({"x": ("F32", [1] * 65, bytes(4))}),
+            "at most 64 sizes",
+        ),
+        "digits.safetensors": (
+            _header_only(
+                '{"x": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 4]}}'
+            ),
+            "its header is not JSON",
+        ),
+        "offsets.safetensors": (
+            _header_only('{"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 99999]}}'),
+            "within the data",
+        ),
         "deep.safetensors": (
             (200_000).to_bytes(8, "little") + b"[" * 100_000 + b"]" * 100_000,
             "its header is not JSON",
@@ -284,6 +304,25 @@ def test_init_from_checkpoint_id_must_be_the_callers(
     (problem,) = local.json()["detail"]
     assert problem["loc"] == ["body", "config", "init_from"]
     assert "POST /v1/checkpoints" in problem["msg"]
+
+    for path in ("/etc/hostname", "/etc/no-such-file"):  # the same answer: no file probes
+        teacher = {"teacher_model_id": ids["model_id"], "teacher_checkpoint": path}
+        local_teacher = client.post("/v1/jobs", json={**ids, "config": {"distillation": teacher}})
+        assert local_teacher.status_code == 422, local_teacher.text
+        (problem,) = local_teacher.json()["detail"]
+        assert problem["loc"] == ["body", "config", "distillation", "teacher_checkpoint"]
+        assert "POST /v1/checkpoints" in problem["msg"]
+
+    searched = client.post(
+        "/v1/searches",
+        json={
+            **ids,
+            "config": {"search_space": {"init_from_checkpoint_id": {"type": "choice",
+                                                                  "options": ["c" * 32]}}},
+        },
+    )  # fmt: skip
+    assert searched.status_code == 422, searched.text
+    assert "cannot be searched" in searched.text
 
     search = client.post(
         "/v1/searches",

@@ -23,6 +23,7 @@ from torch.utils.data import TensorDataset
 import ace3
 from ace3.config import unsupported_settings
 from ace3.errors import UnsupportedFeatureError
+from ace3.runtime.teacher import local_teacher
 from ace3.trainers._submit import refuse_local_only
 
 
@@ -218,8 +219,9 @@ def test_what_cannot_work_is_refused_with_the_reason(teacher: nn.Module) -> None
         ace3.DistillationConfig(teacher=teacher, feature_loss_weight=0.5)
     with pytest.raises(pydantic.ValidationError, match="exactly one teacher"):
         ace3.DistillationConfig(temperature=2.0)
-    with pytest.raises(pydantic.ValidationError, match="no such file"):
-        ace3.DistillationConfig(teacher=teacher, teacher_checkpoint="/nowhere/teacher.pt")
+    missing = ace3.DistillationConfig(teacher=teacher, teacher_checkpoint="/nowhere/teacher.pt")
+    with pytest.raises(FileNotFoundError, match="teacher_checkpoint: no checkpoint file"):
+        local_teacher(ace3.TrainingConfig(distillation=missing))  # checked where it is read
     # A live module never goes on the wire: a remote job with one is refused before uploading.
     config = ace3.TrainingConfig(distillation=ace3.DistillationConfig(teacher=teacher))
     assert "teacher_module" not in config.model_dump(mode="json")["distillation"]

@@ -124,3 +124,19 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         ace3.Trainer(ace3.TrainingConfig(quantization=quantization)).train(
             mlp(), (torch.zeros(8, 64), torch.zeros(8, dtype=torch.long))
         )
+
+
+def test_a_model_that_is_one_linear_layer_round_trips(tmp_path: Path) -> None:
+    """The root module's weight is ``weight``, not ``.weight``."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    inputs = torch.randn(5, 8)
+    quantize_(model, Int8WeightOnlyConfig(version=2))
+    expected = model(inputs)
+    path = tmp_path / "linear-int8.safetensors"
+    save_quantized_model(model, path, "dynamic")
+    loaded = ace3.load_quantized_model(nn.Linear(8, 4), path)
+    assert torch.equal(loaded(inputs), expected)

@@ -119,3 +119,26 @@ def test_user_errors_propagate(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="model file not found"):
         load_user_code(ModelSpec(path=str(tmp_path / "nope.py")))
+
+
+def test_a_teacher_package_named_like_the_students_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two packages with the same top-level module would give the teacher the student's code."""
+    from ace3.runtime.teacher import TEACHER_MODULE_NAME
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for role, width in (("student", 2), ("teacher", 64)):
+        package = tmp_path / role / "shared_model_pkg"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(
+            f"import torch\n\ndef build_model():\n    return torch.nn.Linear(4, {width})\n"
+        )
+    spec = {"kind": "archive", "entry_module": "shared_model_pkg"}
+    student = load_user_code(ModelSpec(path=str(tmp_path / "student"), **spec))
+    try:
+        assert student.factory().out_features == 2
+        with pytest.raises(ValueError, match="another top-level name"):
+            load_user_code(ModelSpec(path=str(tmp_path / "teacher"), **spec), TEACHER_MODULE_NAME)
+    finally:
+        sys.modules.pop("shared_model_pkg", None)
