@@ -74,8 +74,13 @@ def test_a_remote_job_distils_a_stored_teacher_into_a_student(
     ), lines[:20]
 
     # Another owner's (or no) teacher: refused by the API with the field, before any job runs.
+    no_file = {"teacher_checkpoint_path": None}  # (client.jobs.create uploads .safetensors only)
     body = config.model_copy(
-        update={"distillation": settings.model_copy(update={"teacher_model_id": "no-such-model"})}
+        update={
+            "distillation": settings.model_copy(
+                update={"teacher_model_id": "no-such-model", **no_file}
+            )
+        }
     )
     with pytest.raises(ValidationError, match="teacher_model_id"):
         client.jobs.create(model_id=teacher.id, dataset_id=train.id, config=body)
@@ -87,7 +92,9 @@ def test_a_remote_job_distils_a_stored_teacher_into_a_student(
     body = config.model_copy(
         update={
             "epochs": 200,
-            "distillation": settings.model_copy(update={"teacher_model_id": busy_teacher.id}),
+            "distillation": settings.model_copy(
+                update={"teacher_model_id": busy_teacher.id, **no_file}
+            ),
         }
     )
     job = client.jobs.create(model_id=teacher.id, dataset_id=train.id, config=body)
