@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from ace3_control.models import Job, JobCheckpoint, UploadedCheckpoint
 from ace3_control.stored_weights import find_owned_weights
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
+from ace3_server.api.downloads import stored_file_response
 from ace3_server.api.params import StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.errors import not_found
@@ -99,12 +100,6 @@ async def download_checkpoint(
     weights = await find_owned_weights(session, owner_id, checkpoint_id)
     if weights is None or not store.exists(weights.storage_key):
         raise not_found("checkpoint")
-    return StreamingResponse(
-        store.iter_bytes(weights.storage_key),
-        media_type="application/octet-stream",
-        headers={
-            "content-length": str(weights.size_bytes),
-            "content-disposition": f'attachment; filename="{weights.name}"',
-            "x-checksum-sha256": weights.sha256,
-        },
+    return stored_file_response(
+        store, weights.storage_key, weights.size_bytes, weights.name, weights.sha256
     )

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, JobState
 from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
+from ace3_server.api.downloads import stored_file_response
 from ace3_server.api.params import Int32, Int64, PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.errors import field_error, not_found
@@ -182,14 +183,8 @@ async def download_checkpoint(
         or not store.exists(checkpoint.storage_key)
     ):
         raise not_found("checkpoint")
-    return StreamingResponse(
-        store.iter_bytes(checkpoint.storage_key),
-        media_type="application/octet-stream",
-        headers={
-            "content-length": str(checkpoint.size_bytes),
-            "content-disposition": f'attachment; filename="{checkpoint.name}"',
-            "x-checksum-sha256": checkpoint.sha256,
-        },
+    return stored_file_response(
+        store, checkpoint.storage_key, checkpoint.size_bytes, checkpoint.name, checkpoint.sha256
     )
 
 
