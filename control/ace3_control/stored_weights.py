@@ -64,3 +64,17 @@ def owned_weights(session: Session, owner_id: str, checkpoint_id: str) -> Stored
         if row is not None:
             return _of(row)
     return None
+
+
+def required_weights(
+    session: Session, owner_id: str, checkpoint_id: str, role: str
+) -> StoredWeights:
+    """:func:`owned_weights`, for the worker preparing a job: FileNotFoundError saying what is
+    gone when the weights no longer exist (``role``: what they are to the job)."""
+    weights = owned_weights(session, owner_id, checkpoint_id)
+    if weights is None:
+        raise FileNotFoundError(
+            f"checkpoint {checkpoint_id}, {role}, is gone (pruned, or its job deleted): upload "
+            "the weights again and submit a new job"
+        )
+    return weights

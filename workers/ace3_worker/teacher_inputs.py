@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from ace3_control.models import Job, StoredModel
-from ace3_control.stored_weights import StoredWeights, owned_weights
+from ace3_control.stored_weights import StoredWeights, required_weights
 
 # Copies a stored file into the job directory: (storage key, target, sha256) -> the copy.
 CopyStored = Callable[[str, Path, str], Path]
@@ -36,13 +36,7 @@ class TeacherRows:
 
 def teacher_checkpoint(session: Session, job: Job, checkpoint_id: str) -> StoredWeights:
     """The owner's stored weights ``teacher_checkpoint_id`` names (refused when gone)."""
-    weights = owned_weights(session, job.owner_id, checkpoint_id)
-    if weights is None:
-        raise FileNotFoundError(
-            f"checkpoint {checkpoint_id}, the teacher's weights, is gone (pruned, or its job "
-            "deleted): upload the weights again and submit a new job"
-        )
-    return weights
+    return required_weights(session, job.owner_id, checkpoint_id, "the teacher's weights")
 
 
 def teacher_rows(session: Session, job: Job) -> TeacherRows | None:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
-from ace3_control.stored_weights import StoredWeights, owned_weights
+from ace3_control.stored_weights import StoredWeights, required_weights
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.job_dir import (
@@ -58,13 +58,9 @@ def initial_weights(session: Session, job: Job) -> StoredWeights | None:
     checkpoint_id = (job.config or {}).get("init_from_checkpoint_id")
     if not checkpoint_id:
         return None
-    weights = owned_weights(session, job.owner_id, str(checkpoint_id))
-    if weights is None:
-        raise FileNotFoundError(
-            f"checkpoint {checkpoint_id}, whose weights this job starts from, is gone (pruned, "
-            "or its job deleted): upload the weights again and submit a new job"
-        )
-    return weights
+    return required_weights(
+        session, job.owner_id, str(checkpoint_id), "whose weights this job starts from"
+    )
 
 
 def job_owner(identity: JobIdentity | None) -> JobOwner | None:

@@ -57,10 +57,32 @@ def _problems(body: JobCreate) -> list[dict[str, Any]]:
     return problems
 
 
-LOCAL_FILE_OVER_HTTP = (
-    "a local file of the SDK, never sent: upload the weights (POST /v1/checkpoints, a "
-    ".safetensors file) and send config.init_from_checkpoint_id"
-)
+def local_file_problem(loc: list[str | int], what: str, id_field: str) -> dict[str, Any]:
+    """A local file path in a request: it means nothing to the service."""
+    return {
+        "loc": loc,
+        "msg": f"{what} a local file of the SDK, never sent: upload the weights (POST "
+        f"/v1/checkpoints, a .safetensors file) and send {id_field}",
+        "type": "value_error",
+    }
+
+
+async def unowned_weights_problems(
+    session: AsyncSession, owner_id: str, checkpoint_id: str | None, loc: list[str | int]
+) -> list[dict[str, Any]]:
+    """A weights id must name a checkpoint of one of the caller's jobs or weights the caller
+    uploaded (``ace3_control.stored_weights``)."""
+    if checkpoint_id is None or await find_owned_weights(session, owner_id, checkpoint_id):
+        return []
+    return [
+        {
+            "loc": loc,
+            "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
+            "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints) or of weights you uploaded "
+            "(POST /v1/checkpoints)",
+            "type": "not_found",
+        }
+    ]
 
 
 async def weights_problems(
@@ -71,24 +93,13 @@ async def weights_problems(
     problems: list[dict[str, Any]] = []
     if config.init_from is not None:
         problems.append(
-            {"loc": [*loc, "init_from"], "msg": f"init_from is {LOCAL_FILE_OVER_HTTP}",
-             "type": "value_error"}
-        )  # fmt: skip
-    checkpoint_id = config.init_from_checkpoint_id
-    if (
-        checkpoint_id is not None
-        and await find_owned_weights(session, owner_id, checkpoint_id) is None
-    ):
-        problems.append(
-            {
-                "loc": [*loc, "init_from_checkpoint_id"],
-                "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
-                "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints) or of weights you uploaded "
-                "(POST /v1/checkpoints)",
-                "type": "not_found",
-            }
+            local_file_problem(
+                [*loc, "init_from"], "init_from is", "config.init_from_checkpoint_id"
+            )
         )
-    return problems
+    return problems + await unowned_weights_problems(
+        session, owner_id, config.init_from_checkpoint_id, [*loc, "init_from_checkpoint_id"]
+    )
 
 
 async def reference_problems(
@@ -134,12 +145,12 @@ async def teacher_problems(
     problems = []
     if settings.teacher_checkpoint_path is not None:
         problems.append(
-            {"loc": [*loc, "distillation", "teacher_checkpoint"],
-             "msg": "a local teacher_checkpoint is a file of the SDK, never sent: upload the "
-             "weights (POST /v1/checkpoints, a .safetensors file) and send "
-             "config.distillation.teacher_checkpoint_id",
-             "type": "value_error"}
-        )  # fmt: skip
+            local_file_problem(
+                [*loc, "distillation", "teacher_checkpoint"],
+                "a local teacher_checkpoint is",
+                "config.distillation.teacher_checkpoint_id",
+            )
+        )
     model_id = settings.teacher_model_id
     if model_id is not None and await get_owned(session, StoredModel, owner_id, model_id) is None:
         problems.append(
@@ -150,21 +161,12 @@ async def teacher_problems(
                 "type": "not_found",
             }
         )
-    checkpoint_id = settings.teacher_checkpoint_id
-    if (
-        checkpoint_id is not None
-        and await find_owned_weights(session, owner_id, checkpoint_id) is None
-    ):
-        problems.append(
-            {
-                "loc": [*loc, "distillation", "teacher_checkpoint_id"],
-                "msg": f"no checkpoint with id {checkpoint_id!r}: use the id of one of your "
-                "jobs' checkpoints (GET /v1/jobs/{id}/checkpoints) or of weights you uploaded "
-                "(POST /v1/checkpoints)",
-                "type": "not_found",
-            }
-        )
-    return problems
+    return problems + await unowned_weights_problems(
+        session,
+        owner_id,
+        settings.teacher_checkpoint_id,
+        [*loc, "distillation", "teacher_checkpoint_id"],
+    )
 
 
 async def resume_checkpoint_problems(
