@@ -179,13 +179,41 @@ def test_out_of_memory_shrinks_and_the_path_stays_below_the_failed_size(
     assert result.final_metrics["micro_batch_split"] == 2
 
 
-def test_instability_shrinks_and_restarts_the_count() -> None:
-    messages: list[str] = []
-    loop = SimpleNamespace(
-        state=TrainState(step=7), log=messages.append, config=SimpleNamespace(max_steps=None),
-        steps=SimpleNamespace(split=1, last_step_skipped=False, lr_factor=1.0),
+def stand_in_loop(messages: list[str], state: TrainState, split: int = 1) -> Any:
+    """What the controller uses of a TrainingLoop."""
+    return SimpleNamespace(
+        state=state, log=messages.append, config=SimpleNamespace(max_steps=None),
+        steps=SimpleNamespace(split=split, last_step_skipped=False, lr_factor=1.0),
         batches_per_epoch=100, report_metrics=lambda values: None,
     )  # fmt: skip
+
+
+def test_the_attempt_after_an_out_of_memory_exit_starts_shrunk() -> None:
+    """Several processes: the worker reruns the job from its newest checkpoint with
+    micro_batch_split doubled per out-of-memory exit; the controller shrinks once per doubling
+    since the checkpoint was written and stays below the checkpoint's size."""
+    settings = growth(target_batch_size=64)
+    config = ace3.TrainingConfig(dynamic_batch_size=settings)
+    saved = TrainState(step=4, carry={"batch_growth": [64.0, 0.0, 64.0, 1.0]})
+    messages: list[str] = []
+    controller = BatchGrowth(settings, config)
+    controller.start(stand_in_loop(messages, saved, split=2))
+    assert (controller.position.size, controller.position.ceiling) == (32, 63)
+    assert messages[0] == ("batch size 64 -> 32: an earlier attempt ran out of memory "
+                           "(micro-batch split 2); it grows no further than 56")  # fmt: skip
+    with controller.saving():
+        assert saved.carry["batch_growth"] == [32.0, 0.0, 63.0, 2.0]
+    again = BatchGrowth(settings, config)  # the checkpoint of that attempt, then split 4
+    again.start(stand_in_loop([], saved, split=4))
+    assert (again.position.size, again.position.ceiling) == (16, 31)
+    fresh = BatchGrowth(settings, config)  # no checkpoint before the first exit
+    fresh.start(stand_in_loop([], TrainState(), split=2))
+    assert fresh.position.size == 8 and fresh.position.ceiling == 8
+
+
+def test_instability_shrinks_and_restarts_the_count() -> None:
+    messages: list[str] = []
+    loop = stand_in_loop(messages, TrainState(step=7))
     controller = BatchGrowth(growth(initial_batch_size=32, scale_learning_rate="sqrt"),
                              ace3.TrainingConfig(dynamic_batch_size=growth()))  # fmt: skip
     controller.start(loop)  # type: ignore[arg-type]
