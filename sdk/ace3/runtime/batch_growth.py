@@ -273,7 +273,7 @@ class BatchGrowth(LoopExtension):
         return contextlib.nullcontext()
 
     def finish(self, loop: TrainingLoop) -> dict[str, Any]:
-        return {"batch_size": self.position.size}
+        return {"batch_size": self.step_size}  # what the last step ran
 
     # -- changes ------------------------------------------------------------------------------
     def _cap(self) -> int:
