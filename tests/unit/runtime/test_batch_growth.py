@@ -236,7 +236,9 @@ def test_a_resume_mid_path_follows_the_same_path(data: TensorDataset, tmp_path: 
     checkpoints = ace3.CheckpointConfig(save_dir=str(tmp_path / "whole"), save_interval=3)
     whole = train(whole_model, data, {"checkpoint_config": checkpoints}, **fields)
     interrupted = tmp_path / "whole" / "step-00000003.pt"  # at 16, one stable step of two
-    assert interrupted.is_file()
+    saved = TrainState.from_checkpoint(torch.load(interrupted, weights_only=True))
+    assert saved.carry["batch_growth"] == [16.0, 1.0, 32.0, 1.0]
+    assert grown_path_steps(growth(), 25, 2, None, saved) == whole.final_metrics["steps"] == 16
     resumed_model = Net()
     with torch.no_grad():
         for p in resumed_model.parameters():
