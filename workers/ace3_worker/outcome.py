@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3.config import TrainingConfig, parallel_degrees, runs_pipeline
+from ace3.config.batch_growth import batch_growth
 from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
 from ace3_control import job_nodes, job_transitions
 from ace3_control.models import Job, JobState
@@ -46,10 +47,13 @@ def max_micro_batch_halvings(config: dict[str, Any], num_processes: int) -> int:
     if not settings.dynamic_batch_size or runs_pipeline(settings):
         return 0
     # The global batch splits evenly over the data-parallel replicas (all the processes, unless
-    # tensor parallelism groups them).
+    # tensor parallelism groups them). With batch-size growth a step's micro-batch is as large
+    # as the path's largest size (ace3.runtime.batch_growth).
+    growth = batch_growth(settings)
+    batch = max(settings.batch_size, growth.target_batch_size if growth else 0)
     processes = max(1, num_processes)
     stages, ways = parallel_degrees(settings, processes)
-    per_rank = max(1, settings.batch_size // max(1, processes // (stages * ways)))
+    per_rank = max(1, batch // max(1, processes // (stages * ways)))
     return max(0, per_rank.bit_length() - 1)
 
 

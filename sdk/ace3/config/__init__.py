@@ -6,6 +6,7 @@ and the engine reads back (:mod:`.training`, :mod:`.sections`), what a job canno
 Nothing in this package imports torch or the engine (import-linter checks it).
 """
 
+from ace3.config.batch_growth import DynamicBatchSizeConfig
 from ace3.config.compression import PruningConfig, QuantizationConfig
 from ace3.config.distillation import DistillationConfig
 from ace3.config.layout import (
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigProblem",
     "DistillationConfig",
     "DistributedConfig",
+    "DynamicBatchSizeConfig",
     "LoRAConfig",
     "PruningConfig",
     "QuantizationConfig",

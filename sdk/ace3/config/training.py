@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from ace3.config.batch_growth import DynamicBatchSizeConfig, batch_size_from_growth
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
 from ace3.config.fine_tuning import FineTuningFields
@@ -222,10 +223,12 @@ class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, Distillati
         description="Offload the sharded parameters (and gradients) to CPU memory (the same as "
         "cpu_offload).",
     )
-    dynamic_batch_size: bool = Field(
+    dynamic_batch_size: bool | DynamicBatchSizeConfig = Field(
         True,
-        description="On out-of-memory, halve the micro-batch and double the accumulation (the "
-        "effective batch is unchanged) and retry the step.",
+        description="True: on out-of-memory, halve the micro-batch and double the accumulation "
+        "(the effective batch is unchanged) and retry the step. A DynamicBatchSizeConfig also "
+        "grows the effective batch from initial_batch_size to target_batch_size while training "
+        "is stable and shrinks it on out-of-memory or instability. False: neither.",
     )
     find_unused_parameters: bool | None = Field(
         None,
@@ -322,6 +325,13 @@ class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, Distillati
         if all(isinstance(value, int) for value in (stages, ways, replicas)):
             return {**data, "num_gpus": stages * ways * replicas}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_size_defaults_to_growth_minimum(cls, data: Any) -> Any:
+        """With batch-size growth and no ``batch_size``, the loader's batch is the growth's
+        ``min_batch_size`` (:mod:`ace3.config.batch_growth`)."""
+        return batch_size_from_growth(data)
 
     # Field validators (not a model validator) so that a refused assignment keeps the old value
     # and the error names the field; each sees the other fields already set.

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig, unsupported_settings
+from ace3.runtime.batch_growth import batch_plan_for
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.datasets import load_datasets
@@ -217,6 +218,9 @@ def assemble(
         distiller=distiller,
         extensions=extensions,
     )
+    parts.batch_plan = batch_plan_for(config)
+    if parts.batch_plan is not None:
+        parts.extensions.append(parts.batch_plan)
     if adapters is not None:  # an in-process run's module gets the merged weights instead
         parts.extensions.append(LoRAExtension(adapters, precision, write_merged=not live_module))
     if ckpt is not None:

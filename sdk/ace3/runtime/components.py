@@ -18,6 +18,7 @@ from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
+    from ace3.runtime.batch_growth import BatchGrowth
     from ace3.runtime.distillation import Distiller
 
 
@@ -45,6 +46,9 @@ class Components:
     micro_batch_split: int = 1
     # Parts of the engine the loop calls at fixed points (pruning, quantization, ...).
     extensions: list[LoopExtension] = field(default_factory=list)
+    # How many loader batches a step takes: batch-size growth (ace3.runtime.batch_growth, also
+    # one of the extensions); None: gradient_accumulation_steps.
+    batch_plan: BatchGrowth | None = None
     # Knowledge distillation (config.distillation): the training loss, the projections' step
     # and the loss-part metrics (ace3.runtime.distillation); None otherwise.
     distiller: Distiller | None = None

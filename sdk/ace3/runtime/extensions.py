@@ -8,6 +8,8 @@ the same points, so an extension may run collectives (validation, broadcasts)::
     after_step(loop)   after each optimizer step (loop.state.step counts it already)
     saving()           a context around every checkpoint the loop writes
     finish(loop)       after the final checkpoint; returns entries for the summary
+    on_instability(loop, reason)   the instability guard saw a loss or gradient spike (every
+                       rank at the same step; batch-size growth shrinks the batch)
 
 :func:`compression_extensions` builds the ones a config asks for: pruning
 (:mod:`ace3.runtime.pruning`) then post-training quantization
@@ -40,6 +42,9 @@ class LoopExtension:
 
     def saving(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
+
+    def on_instability(self, loop: TrainingLoop, reason: str) -> None:
+        return None
 
     def finish(self, loop: TrainingLoop) -> dict[str, Any]:
         return {}

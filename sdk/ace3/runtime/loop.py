@@ -13,9 +13,9 @@ save, never a host read per step); then rank 0 writes a ``nonfinite_loss`` recor
 rank raises :class:`ace3.errors.NonFiniteLossError` at the same point.
 Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
 any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
-Extensions (pruning, quantization: :mod:`ace3.runtime.extensions`) act on the model at fixed
-points: the start, after each optimizer step, around each save, and after the final save (their
-entries join the summary).
+Extensions (pruning, quantization, batch-size growth: :mod:`ace3.runtime.extensions`) act at
+fixed points: the start, after each step, around each save, after the final save (their entries
+join the summary). The batch plan (:mod:`ace3.runtime.batch_growth`) sizes each step.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ace3.errors import NonFiniteLossError
+from ace3.runtime.batch_growth import AccumulationPlan
 from ace3.runtime.checkpoint.files import prune_checkpoint_files
 from ace3.runtime.checkpoint.writer import save_job_checkpoint
 from ace3.runtime.components import Components
@@ -83,6 +84,7 @@ class TrainingLoop:
         data_rank, data_world = self.strategy.dims.replica
         self.counts_samples = self.strategy.dims.counts_samples
         self.steps = StepRunner(parts, ctx, parts.config)
+        self.plan = parts.batch_plan or AccumulationPlan(self.config.gradient_accumulation_steps)
         self.sampler = train_sampler(parts.train_set, data_rank, data_world, self.config.seed)
         self.batches_per_epoch = batches_per_epoch(self.sampler, parts.per_rank_batch)
         self.val_loader = None
@@ -139,6 +141,7 @@ class TrainingLoop:
             "train_loss": train_loss,
             "learning_rate": lr,
             "epoch": float(self.state.display_epoch()),
+            **self.plan.report(),  # batch-size growth: the batch_size of the last step
         }
         if samples_per_sec is not None:
             values["samples_per_sec"] = samples_per_sec
@@ -239,15 +242,14 @@ class TrainingLoop:
             config.num_workers, rank_seed(config.seed + state.epoch, self.ctx.rank),
             pin_memory=self.ctx.device.type == "cuda", collate_fn=parts.collate_fn,
         )  # fmt: skip
-        batches = iter(loader)
-        k = config.gradient_accumulation_steps
-        hooks = self.hooks
+        batches, hooks, plan = iter(loader), self.hooks, self.plan
         while state.batch_in_epoch < self.batches_per_epoch and not self._done():
-            group = min(k, self.batches_per_epoch - state.batch_in_epoch)
-            batch_index = state.batch_in_epoch // k
+            group = min(plan.batches_per_step(), self.batches_per_epoch - state.batch_in_epoch)
+            batch_index = plan.batch_index(state.batch_in_epoch)
             hooks.on_batch_begin(batch_index)
-            self.step_lr = current_learning_rate(parts.optimizer)  # the rate this step uses
-            step_loss, samples = self.steps.run([next(batches) for _ in range(group)], state.step)
+            self.step_lr = current_learning_rate(parts.optimizer) * plan.lr_factor  # this step's
+            taken = plan.combine([next(batches) for _ in range(group)])
+            step_loss, samples = self.steps.run(taken, state.step)
             state.step += 1
             state.batch_in_epoch += group
             if parts.scheduler is not None:

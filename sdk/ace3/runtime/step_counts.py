@@ -53,7 +53,8 @@ def planned_total_steps(
     below the step resumed from). Nothing else adds steps: out-of-memory recovery cuts the same
     loader batches into more micro-batches inside the same optimizer step, and a pipeline step
     takes the same group of batches; a callback's stop or ``max_steps`` only end the run
-    sooner.
+    sooner. With batch-size growth (accumulation 1, loader batches of ``min_batch_size``) this
+    is the bound of a run that never grows: a step takes one loader batch or more.
     """
     remaining = 0
     if state.epoch < epochs:
@@ -71,8 +72,15 @@ def total_optimizer_steps(
     config: TrainingConfig, train_set: Dataset[Any], data_world: int, replica_batch: int
 ) -> int:
     """Optimizer steps of a whole fresh run (what schedules without a horizon use): the plan of
-    :func:`planned_total_steps` from step 0."""
+    :func:`planned_total_steps` from step 0; with batch-size growth, the steps of its path
+    (:func:`ace3.runtime.batch_growth.grown_path_steps`)."""
+    from ace3.config.batch_growth import batch_growth
+    from ace3.runtime.batch_growth import grown_path_steps  # (it imports this module)
+
     batches = replica_batches_per_epoch(train_set, 0, data_world, config.seed, replica_batch)
+    growth = batch_growth(config)
+    if growth is not None:
+        return grown_path_steps(growth, batches, config.epochs, config.max_steps, TrainState())
     return planned_total_steps(
         batches, config.gradient_accumulation_steps, config.epochs, config.max_steps, TrainState()
     )

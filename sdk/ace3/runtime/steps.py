@@ -22,12 +22,14 @@ as the unsplit one.
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from ace3.config.batch_growth import recovers_from_oom
 from ace3.errors import StepOutOfMemoryError
+from ace3.runtime.batch_growth import scaled_learning_rate
 from ace3.runtime.components import Components
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.losses import batch_size_of
@@ -84,10 +86,12 @@ class StepRunner:
         # Each loader batch runs as this many micro-batches: 1, or what an earlier attempt that
         # ran out of memory left (job.json's micro_batch_split).
         self.split = max(1, int(getattr(parts, "micro_batch_split", 1) or 1))
-        self.recovers_from_oom = bool(config.dynamic_batch_size) and (
-            self.strategy.splits_micro_batches
-        )
+        self.recovers_from_oom = recovers_from_oom(config) and self.strategy.splits_micro_batches
         self.last_step_skipped = False  # the loss scaler skipped the last step (overflow)
+        # Batch-size growth (ace3.runtime.batch_growth): the learning rate of the next steps is
+        # the schedule's times this, and it hears of an out-of-memory step retried in place.
+        self.lr_factor = 1.0
+        self.on_out_of_memory: Callable[[], None] | None = None
 
     # -- the step -----------------------------------------------------------------------------
     def _micro_batches(self, batches: list[Any]) -> list[tuple[Any, float]]:
@@ -133,12 +137,13 @@ class StepRunner:
             parts.scaler.unscale_(parts.optimizer)
             strategy.clip_gradients(parts, config.max_grad_norm)
         scale = parts.scaler.get_scale()
-        parts.scaler.step(parts.optimizer)
+        with scaled_learning_rate(parts.optimizer, self.lr_factor):
+            parts.scaler.step(parts.optimizer)
         self.last_step_skipped = bool(parts.scaler.last_step_skipped)
         parts.scaler.update()
         precision.weights_from_optimizer()
         if parts.distiller is not None:  # the projections learn with the student
-            lr = parts.optimizer.param_groups[0]["lr"]
+            lr = parts.optimizer.param_groups[0]["lr"] * self.lr_factor
             parts.distiller.finish_step(scale, self.last_step_skipped, float(lr))
         if self.last_step_skipped and self.ctx.is_main:  # the same decision on every rank
             print(
@@ -169,3 +174,5 @@ class StepRunner:
             "accumulation micro-steps per optimizer step (effective batch unchanged)",
             flush=True,
         )
+        if self.on_out_of_memory is not None:
+            self.on_out_of_memory()
