@@ -2,7 +2,8 @@
 
 Staging copies every tensor of the checkpoint to CPU memory (:func:`stage_to_cpu`): after it
 the training may change its weights and optimizer state, the staged copy stays as it was at the
-save's step. A background thread then writes the staged state (the plain and gathered formats:
+save's step. The staging memory (one CPU copy of the checkpoint's tensors, pinned for GPU
+tensors) is kept and reused by the next save: it costs that much host memory for the run. A background thread then writes the staged state (the plain and gathered formats:
 :func:`ace3.runtime.checkpoint.files.save_atomic`; the sharded format: the thread waits for
 ``torch.distributed.checkpoint.async_save``'s future, then rank 0 packs the shards, see
 :mod:`ace3.runtime.checkpoint.sharded`).
@@ -33,36 +34,44 @@ class BackgroundSaveError(RuntimeError):
     """A checkpoint written in the background failed: the run stops with it."""
 
 
-def stage_to_cpu(value: Any) -> Any:
+def stage_to_cpu(value: Any, buffers: dict[str, torch.Tensor] | None = None) -> Any:
     """A copy of ``value`` whose tensors are CPU tensors that share nothing with the training
     state (containers are rebuilt; other values are kept as they are: they are immutable or
-    already copies). A tensor seen twice is staged once (tied weights stay tied)."""
+    already copies). A tensor seen twice is staged once (tied weights stay tied).
+
+    ``buffers`` (kept by the caller between saves, keyed by each tensor's place in ``value``):
+    a buffer of the same shape and dtype is copied into instead of allocating a new one
+    (allocating and first touching hundreds of MB costs more than the copy). The caller must
+    not stage again while a write of the previous staged copy is in flight."""
     memo: dict[int, torch.Tensor] = {}
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+    cache = buffers if buffers is not None else {}
 
-    def copy(item: Any) -> Any:
+    def copy(item: Any, where: str) -> Any:
         if isinstance(item, torch.Tensor):
             found = memo.get(id(item))
             if found is None:
                 source = item.detach()
-                if source.device.type == "cpu":
-                    found = source.clone()
-                else:  # pinned host memory: the device copies run asynchronously, synced below
-                    found = torch.empty_like(source, device="cpu", pin_memory=True)
-                    copies.append((found, source))
+                found = cache.get(where)
+                if found is None or found.shape != source.shape or found.dtype != source.dtype:
+                    # pinned host memory for device tensors: the copies run asynchronously
+                    pin = source.device.type == "cuda"
+                    found = torch.empty_like(source, device="cpu", pin_memory=pin)
+                    if buffers is not None:
+                        buffers[where] = found
+                copies.append((found, source))
                 memo[id(item)] = found
             return found
         if isinstance(item, dict):
-            return type(item)((key, copy(entry)) for key, entry in item.items())
-        if isinstance(item, list):
-            return [copy(entry) for entry in item]
-        if isinstance(item, tuple):
-            return tuple(copy(entry) for entry in item)
+            return type(item)((key, copy(entry, f"{where}/{key}")) for key, entry in item.items())
+        if isinstance(item, list | tuple):
+            items = [copy(entry, f"{where}/{i}") for i, entry in enumerate(item)]
+            return items if isinstance(item, list) else tuple(items)
         return item
 
-    staged = copy(value)
+    staged = copy(value, "")
     for target, source in copies:
-        target.copy_(source, non_blocking=True)
+        target.copy_(source, non_blocking=source.device.type == "cuda")
     if copies and torch.cuda.is_available():
         torch.cuda.synchronize()
     return staged
@@ -83,6 +92,7 @@ class BackgroundWriter:
     def __init__(self) -> None:
         self._current: _InFlight | None = None
         self._process_group: Any = None
+        self._buffers: dict[str, torch.Tensor] = {}  # staging memory, reused save after save
 
     @property
     def busy(self) -> bool:
@@ -112,7 +122,9 @@ class BackgroundWriter:
     def submit_state(self, state: dict[str, Any], path: Path) -> None:
         """Stage ``state`` now (a copy in CPU memory), write it atomically at ``path`` in the
         background."""
-        staged = stage_to_cpu(state)
+        if self._current is not None:
+            raise RuntimeError("a checkpoint is still being written: wait() for it first")
+        staged = stage_to_cpu(state, self._buffers)
         self.submit(path.name, lambda: save_atomic(staged, path))
 
     def wait(self) -> SavedCheckpoint | None:
