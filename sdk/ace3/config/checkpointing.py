@@ -1,19 +1,17 @@
 """Checkpoint-keeping settings of :class:`~ace3.config.training.TrainingConfig`: the best
 checkpoint by a monitored metric (kept beside the newest ``max_checkpoints``, never pruned) and
 asynchronous saving. Kept apart so that the training schema stays readable; ``TrainingConfig``
-inherits :class:`CheckpointFields`. What the engine does with them:
+inherits :class:`CheckpointFields`. A ``val_*`` monitor in a job without a validation set
+(``validation_split=0`` and no validation dataset: only the job's data tell) is refused by the
+engine before the first step. What the engine does with them:
 :mod:`ace3.runtime.checkpoint.saver`, :mod:`ace3.runtime.checkpoint.best`,
 :mod:`ace3.runtime.checkpoint.background`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-
-if TYPE_CHECKING:
-    from ace3.config.training import TrainingConfig
-    from ace3.config.unsupported import ConfigProblem
 
 # The training metric a checkpoint can be judged by besides the validation metrics (val_*).
 TRAINING_MONITORS = ("train_loss",)
@@ -53,24 +51,3 @@ class CheckpointFields(BaseModel):
         "background while training continues (one save in flight at most; the checkpoint is "
         "recorded once its file is complete).",
     )
-
-
-def checkpoint_problems(config: TrainingConfig) -> list[ConfigProblem]:
-    """What ``keep_best_checkpoint`` / ``async_save`` cannot run with, each with its reason
-    (for :func:`ace3.config.unsupported.unsupported_settings`)."""
-    from ace3.config.unsupported import ConfigProblem  # (it imports this module's users)
-
-    problems: list[ConfigProblem] = []
-    monitor = config.checkpoint_monitor
-    if config.keep_best_checkpoint and monitor.startswith("val_") and config.validation_split == 0:
-        problems.append(
-            ConfigProblem(
-                field="checkpoint_monitor",
-                reason=(
-                    f"checkpoint_monitor={monitor!r} with validation_split=0: the job has no "
-                    "validation set to measure it; monitor 'train_loss' or keep a validation "
-                    "split"
-                ),
-            )
-        )
-    return problems

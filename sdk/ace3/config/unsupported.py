@@ -7,7 +7,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ace3.config.checkpointing import checkpoint_problems
 from ace3.config.distillation_checks import distillation_problems
 from ace3.config.layout import (
     parallel_degrees,
@@ -47,7 +46,6 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + _model_parallel_problems(config)
         + _compression_problems(config)
         + lora_problems(config)
-        + checkpoint_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in distillation_problems(config)

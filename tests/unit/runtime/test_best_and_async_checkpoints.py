@@ -84,7 +84,9 @@ def test_the_best_checkpoint_survives_pruning(digits: TensorDataset, tmp_path: P
 
 
 def test_a_monitor_the_job_cannot_measure_is_refused(digits: TensorDataset, tmp_path: Path) -> None:
-    with pytest.raises(ace3.errors.UnsupportedFeatureError, match="validation_split=0"):
+    with pytest.raises(
+        ace3.errors.UnsupportedFeatureError, match="no validation set to measure it"
+    ):
         train(mlp(), digits, tmp_path, keep_best=True, validation_split=0.0)
     with pytest.raises(ace3.errors.UnsupportedFeatureError, match="does not produce it"):
         train(mlp(), digits, tmp_path, keep_best=True, monitor="val_f1", max_steps=2)

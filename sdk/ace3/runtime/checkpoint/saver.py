@@ -106,6 +106,8 @@ class CheckpointSaver:
         if self.background is None:
             self._record(saved)
             barrier(loop.ctx)
+        elif not self.background.busy:  # this rank had nothing to write (DDP: not rank 0)
+            self._record(None)
 
     def poll(self) -> None:
         """After a step: record a background save that has finished (no collective)."""
