@@ -239,11 +239,9 @@ def save_sharded_checkpoint(
     The shards are staged in ``staging_root`` (default: next to ``path``; pass another
     directory when ``path``'s is watched, like the artifacts directory the worker uploads).
 
-    With ``background`` (``async_save``): ``dcp.async_save`` copies this rank's shards to CPU
-    memory and writes them from a thread, over a gloo group of its own; the train state is
-    staged now; rank 0's background task waits for the DCP write (which ends with a collective
-    over every rank's results, so every rank's shards are on disk), then adds the train state
-    and packs the tar. Returns None; ``background.wait()`` gives the file on rank 0."""
+    With ``background`` (``async_save``; returns None, ``background.wait()`` gives the file):
+    ``dcp.async_save`` stages the shards in CPU memory and writes them from a thread over a gloo
+    group of its own; rank 0's thread then (every rank's shards written) packs the tar."""
     import torch.distributed.checkpoint as dcp
 
     staging = (staging_root or path.parent) / f".{path.name}.parts"
@@ -261,7 +259,7 @@ def save_sharded_checkpoint(
         )
     if not ctx.is_main:
         if background is not None:
-            background.submit(path.name, lambda: _await(written))
+            background.submit(path.name, lambda: (written.result(), None)[1])
         return None
     assert rng_per_rank is not None
     sampler = train_sampler(parts.train_set, *parts.strategy.dims.replica, config.seed)
@@ -283,10 +281,6 @@ def save_sharded_checkpoint(
     staged = stage_to_cpu(payload)
     background.submit(path.name, lambda: finish(staged))
     return None
-
-
-def _await(written: Any) -> None:
-    written.result()
 
 
 # -- load ---------------------------------------------------------------------------------------
