@@ -71,16 +71,15 @@ def test_the_best_checkpoint_survives_pruning(digits: TensorDataset, tmp_path: P
     # mode="max" on val_loss: the first (untrained) checkpoint is the best, so the newer ones
     # are pruned around it. Checkpoints between epochs are validated for it.
     result = train(
-        mlp(), digits, tmp_path, learning_rate=0.05, save_interval=4, max_checkpoints=2,
-        keep_best=True, monitor="val_loss", mode="max",
+        mlp(), digits, tmp_path, epochs=1, learning_rate=0.05, save_interval=3,
+        max_checkpoints=1, keep_best=True, monitor="val_loss", mode="max",
     )  # fmt: skip
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["step-00000004.pt", "step-00000016.pt", "step-00000018.pt"]
-    assert result.best_checkpoint == tmp_path / "step-00000004.pt"
-    val_steps = [step for step, _ in result.history["val_loss"]]
-    assert val_steps == [4, 8, 9, 12, 16, 18]  # 9, 18: the epochs' ends
+    assert names == ["step-00000003.pt", "step-00000009.pt"]  # best + newest
+    assert result.best_checkpoint == tmp_path / "step-00000003.pt"
+    assert [step for step, _ in result.history["val_loss"]] == [3, 6, 9]  # 9: the epoch's end
     # The best travels with the train state: a resumed run keeps comparing against it.
-    assert load_checkpoint(tmp_path / "step-00000018.pt")["carry"]["best_checkpoint"][0] == 4
+    assert load_checkpoint(tmp_path / "step-00000009.pt")["carry"]["best_checkpoint"][0] == 3
 
 
 def test_a_monitor_the_job_cannot_measure_is_refused(digits: TensorDataset, tmp_path: Path) -> None:
