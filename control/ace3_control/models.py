@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -324,6 +325,10 @@ class JobCheckpoint(Base):
     storage_key: Mapped[str] = mapped_column(String(500))
     metrics: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # keep_best_checkpoint: the monitored metric's value at this step, and whether this is the
+    # job's best checkpoint by it (at most one per job; never pruned).
+    monitor_value: Mapped[float | None] = mapped_column(Float)
+    best: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class JobArtifact(Base):

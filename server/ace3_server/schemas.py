@@ -126,6 +126,16 @@ class CheckpointOut(_Out):
     size_bytes: int
     metrics: dict[str, Any]
     created_at: datetime
+    monitor_value: float | None = Field(
+        None,
+        description="keep_best_checkpoint: the checkpoint_monitor metric's value at this step "
+        "(null: not measured).",
+    )
+    best: bool = Field(
+        False,
+        description="keep_best_checkpoint: the job's best checkpoint by checkpoint_monitor (at "
+        "most one; never pruned).",
+    )
 
 
 class UploadedCheckpointOut(_Out):

@@ -126,6 +126,7 @@ class Ingest:
                         watch.attempt,
                         item.checkpoint,
                         job.config.get("max_checkpoints"),
+                        reports.best_by(job.config),
                     )
             session.commit()
         watch.pending_lines = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -326,9 +326,18 @@ def record_checkpoint(
     attempt: int,
     staged: StagedCheckpoint,
     max_checkpoints: int | None,
+    best_by: tuple[str, str] | None = None,
 ) -> list[str]:
-    """Record a staged checkpoint; return storage keys to delete once committed."""
+    """Record a staged checkpoint; return storage keys to delete once committed.
+
+    ``best_by`` (``keep_best_checkpoint``: the job's ``checkpoint_monitor`` and
+    ``checkpoint_mode``): the record's ``monitor_value`` (the job's own figure for this step)
+    is compared with the job's best checkpoint here, whatever the record says; a better one
+    takes the ``best`` flag. The best one is never pruned."""
     record = staged.record
+    value = record.monitor_value
+    if best_by is None or record.monitor != best_by[0]:
+        value = None  # not asked for, or another metric than the job's monitor
     row = {
         "id": new_id(),
         "job_id": job_id,
@@ -341,6 +350,8 @@ def record_checkpoint(
         "storage_key": staged.storage_key,
         "metrics": {k: v for k, v in record.metrics.items() if v is not None},
         "created_at": utcnow(),
+        "monitor_value": value,
+        "best": False,
     }
     inserted = session.execute(
         insert_ignoring_duplicates(session.get_bind().dialect.name, JobCheckpoint.__table__, [row])
@@ -354,13 +365,43 @@ def record_checkpoint(
             )
         )
         return [staged.storage_key] if recorded != staged.storage_key and staged.fresh else []
+    if value is not None and best_by is not None:
+        _take_best(session, job_id, row["id"], value, best_by[1])
     return _prune_checkpoints(session, job_id, max_checkpoints) if max_checkpoints else []
+
+
+def best_by(config: dict[str, Any]) -> tuple[str, str] | None:
+    """The job's (monitor, mode) when it keeps its best checkpoint (from its stored config)."""
+    if not config.get("keep_best_checkpoint"):
+        return None
+    return str(config.get("checkpoint_monitor") or "val_loss"), str(
+        config.get("checkpoint_mode") or "min"
+    )
+
+
+def _take_best(session: Session, job_id: str, row_id: str, value: float, mode: str) -> None:
+    """Give the new checkpoint ``row_id`` the job's ``best`` flag if its value beats the best
+    one's (ties keep the older)."""
+    current = session.scalars(
+        select(JobCheckpoint).where(JobCheckpoint.job_id == job_id, JobCheckpoint.best)
+    ).first()
+    if current is not None and current.monitor_value is not None:
+        better = value < current.monitor_value if mode == "min" else value > current.monitor_value
+        if not better:
+            return
+    session.execute(
+        update(JobCheckpoint)
+        .where(JobCheckpoint.job_id == job_id, JobCheckpoint.best)
+        .values(best=False)
+    )
+    session.execute(update(JobCheckpoint).where(JobCheckpoint.id == row_id).values(best=True))
 
 
 def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
     """Forget all but the newest ``keep`` verified checkpoints; return their storage keys.
 
-    Never the newest one (``keep`` is at least 1), and never one that a job starts from
+    Never the newest one (``keep`` is at least 1), never the best one (``best``: kept beside
+    the newest ``keep``), and never one that a job starts from
     (``resume_from_checkpoint``): those stay, and the foreign key refuses the delete when such a
     job was created meanwhile (then nothing is pruned this time). Nor one whose weights a job
     that has not finished starts from (``config.init_from_checkpoint_id``) or distils from
@@ -372,7 +413,7 @@ def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
         .where(JobCheckpoint.job_id == job_id)
         .order_by(JobCheckpoint.step.desc(), JobCheckpoint.created_at.desc())
     ).all()
-    stale = rows[max(keep, 1) :]
+    stale = [row for row in rows[max(keep, 1) :] if not row.best]  # the best one stays
     if not stale:
         return []
     stale_ids = [row.id for row in stale]

@@ -136,6 +136,8 @@ class Checkpoint(_APIObject):
     size_bytes: int | None = None
     metrics: dict[str, Any] | None = None
     created_at: datetime | None = None
+    monitor_value: float | None = None  # keep_best_checkpoint: checkpoint_monitor at this step
+    best: bool = False  # keep_best_checkpoint: the job's best checkpoint (never pruned)
 
 
 class Artifact(_APIObject):

@@ -123,6 +123,11 @@ class CheckpointRecord(_Record):
     metrics: dict[MetricName, float | None] = Field(
         default_factory=dict, max_length=MAX_METRICS_PER_RECORD
     )
+    # keep_best_checkpoint: the monitored metric, its value at this step (None: not measured)
+    # and whether this checkpoint is the best so far (the worker judges again from the values).
+    monitor: MetricName | None = None
+    monitor_value: float | None = Field(None, allow_inf_nan=False)
+    best: bool = False
 
     @field_validator("metrics")
     @classmethod

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ace3.config.checkpointing import MonitorName
 from ace3.config.training import (
     AmpDtype,
     AmpLevel,
@@ -65,12 +66,25 @@ class AMPConfig(_Schema):
         return fields
 
 
+# CheckpointConfig's names for TrainingConfig fields (the others keep their names).
+_CHECKPOINT_RENAMED = {
+    "keep_best": "keep_best_checkpoint",
+    "monitor": "checkpoint_monitor",
+    "mode": "checkpoint_mode",
+}
+
+
 class CheckpointConfig(_Schema):
     """Where and how often checkpoints are written; ``ace3.Trainer(checkpoint_config=...)``.
 
     ``save_dir`` is a local directory: local runs write there; for remote jobs the SDK copies
     each checkpoint there as soon as the service has stored it. ``max_checkpoints`` keeps the
     newest N (never deleting the only verified one).
+
+    ``keep_best=True`` also keeps the best checkpoint by ``monitor`` (``"val_loss"``,
+    ``"val_accuracy"``, any ``val_<name>`` or ``"train_loss"``; ``mode`` ``"min"`` or ``"max"``:
+    the names of :class:`~ace3.training.callbacks.ModelCheckpoint`), never pruned.
+    ``async_save=True`` writes each checkpoint in the background while training continues.
     """
 
     save_dir: str | None = None
@@ -78,8 +92,19 @@ class CheckpointConfig(_Schema):
     max_checkpoints: int | None = Field(None, ge=1)
     save_optimizer: bool = True
     save_scheduler: bool = True
+    keep_best: bool = False
+    monitor: MonitorName = "val_loss"
+    mode: Literal["min", "max"] = "min"
+    async_save: bool = False
 
     def training_fields(self) -> dict[str, Any]:
         """The fields given here (one left out keeps the training config's value)."""
-        fields = ("save_interval", "max_checkpoints", "save_optimizer", "save_scheduler")
-        return {name: getattr(self, name) for name in fields if name in self.model_fields_set}
+        fields = (
+            "save_interval", "max_checkpoints", "save_optimizer", "save_scheduler",
+            "keep_best", "monitor", "mode", "async_save",
+        )  # fmt: skip
+        return {
+            _CHECKPOINT_RENAMED.get(name, name): getattr(self, name)
+            for name in fields
+            if name in self.model_fields_set
+        }

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from ace3.config.batch_growth import DynamicBatchSizeConfig, batch_size_from_growth
+from ace3.config.checkpointing import CheckpointFields
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
 from ace3.config.fine_tuning import FineTuningFields
@@ -40,7 +41,14 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, DistillationFields, _Schema):
+class TrainingConfig(
+    LoRAFields,
+    FineTuningFields,
+    CompressionFields,
+    DistillationFields,
+    CheckpointFields,
+    _Schema,
+):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed

@@ -153,6 +153,11 @@ class JobHandle(FollowedHandle[Job, JobEvent]):
     def checkpoints(self) -> list[Checkpoint]:
         return self._client.jobs.checkpoints(self.id)
 
+    def best_checkpoint(self) -> Checkpoint | None:
+        """The job's best checkpoint by its ``checkpoint_monitor`` (``keep_best_checkpoint``);
+        None while none has been measured (or without ``keep_best_checkpoint``)."""
+        return next((item for item in self.checkpoints() if item.best), None)
+
     def download_checkpoint(
         self,
         checkpoint: str | Checkpoint | None = None,
@@ -160,7 +165,16 @@ class JobHandle(FollowedHandle[Job, JobEvent]):
         *,
         verify: bool = True,
     ) -> Path:
-        """Download a checkpoint (the latest one when ``checkpoint`` is None) to ``to``."""
+        """Download a checkpoint (the latest one when ``checkpoint`` is None; the best one by
+        ``checkpoint_monitor`` when it is ``"best"``) to ``to``."""
+        if checkpoint == "best":
+            best = self.best_checkpoint()
+            if best is None:
+                raise ValueError(
+                    f"job {self.id} has no best checkpoint (yet): it needs "
+                    "keep_best_checkpoint=True and a checkpoint with its monitored metric"
+                )
+            checkpoint = best
         if checkpoint is None:
             checkpoints = self.checkpoints()
             if not checkpoints:

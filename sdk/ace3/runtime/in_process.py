@@ -48,6 +48,7 @@ class InProcessRun:
     history: dict[str, list[tuple[int, float]]]
     final_metrics: dict[str, Any]
     checkpoints: list[Path]
+    best_checkpoint: Path | None = None  # keep_best_checkpoint: the best by its monitor
 
 
 class _Collector:
@@ -57,6 +58,7 @@ class _Collector:
         self.history: dict[str, list[tuple[int, float]]] = {}
         self.final: dict[str, Any] = {}
         self.checkpoints: list[Path] = []
+        self.best: Path | None = None
 
     def __call__(self, record: EventRecord) -> None:
         if isinstance(record, MetricsRecord):
@@ -65,6 +67,8 @@ class _Collector:
                     self.history.setdefault(name, []).append((record.step, float(value)))
         elif isinstance(record, CheckpointRecord):
             self.checkpoints.append(Path(record.path))
+            if record.best:
+                self.best = Path(record.path)
         elif isinstance(record, SummaryRecord):
             self.final = dict(record.final_metrics)
 
@@ -73,6 +77,7 @@ class _Collector:
             history=self.history,
             final_metrics=self.final,
             checkpoints=[p for p in self.checkpoints if p.exists()],
+            best_checkpoint=self.best if self.best is not None and self.best.exists() else None,
         )
 
 

@@ -30,8 +30,7 @@ import torch.distributed as dist
 
 from ace3.errors import NonFiniteLossError
 from ace3.runtime.batch_growth import AccumulationPlan
-from ace3.runtime.checkpoint.files import prune_checkpoint_files
-from ace3.runtime.checkpoint.writer import save_job_checkpoint
+from ace3.runtime.checkpoint.saver import CheckpointSaver
 from ace3.runtime.components import Components
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.hooks import HookList, RunContext
@@ -102,6 +101,8 @@ class TrainingLoop:
         # A resumed run never rewrites the checkpoint it started from.
         self.last_saved_step: int | None = self.state.step if place.resumed else None
         self.save_after_validation = False
+        self.validated_step: int | None = None  # the step of the last validation
+        self.saver = CheckpointSaver(self, place.checkpoint_dir, place.keep_checkpoints)
         self.stop_requested = False
         self.step_lr: float | None = None  # the learning rate of the last optimizer step
         parts.model.stop_training = False  # type: ignore[assignment]
@@ -178,6 +179,7 @@ class TrainingLoop:
             values["epoch_train_loss"] = self.epoch_window.reduce(self.ctx.world_size).loss
         if self.val_loader is not None:
             values.update(self.strategy.evaluate(self.parts, self.val_loader))
+            self.validated_step = self.state.step
         if values:
             self._metrics(values)
             self._log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()))
@@ -195,18 +197,8 @@ class TrainingLoop:
             "interval": [interval.loss_sum, interval.steps],
             "epoch": [epoch.loss_sum, epoch.steps],
         }
-        if self.place.checkpoint_dir is None:
-            return
-        with contextlib.ExitStack() as stack:
-            for extension in self.extensions:
-                stack.enter_context(extension.saving())
-            saved = save_job_checkpoint(
-                self.parts, self.ctx, self.place.checkpoint_dir, self.events
-            )
+        self.saver.save()  # records it, prunes, calls on_checkpoint (async: once written)
         self.last_saved_step = self.state.step
-        if self.ctx.is_main and saved is not None and self.place.keep_checkpoints:
-            prune_checkpoint_files(self.place.checkpoint_dir, self.place.keep_checkpoints)
-        self.hooks.on_checkpoint(self.state.step, saved.path if saved is not None else None)
 
     def save_model(self, path: Path, weights_only: bool) -> None:
         """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
@@ -256,6 +248,7 @@ class TrainingLoop:
                 parts.scheduler.after_optimizer_step()
             for extension in self.extensions:
                 extension.after_step(self)
+            self.saver.poll()  # a background save that has finished is recorded
             if not self.counts_samples:
                 samples = 0  # every rank of the replica ran the same samples: count them once
             self.window.add(step_loss, samples, state.step)
@@ -347,6 +340,7 @@ class TrainingLoop:
                 self._validate(f"validation at step {state.step}", with_epoch_loss=False)
             if self.last_saved_step != state.step:
                 self._save()
+            self.saver.close()  # the last checkpoint is written and recorded before the end
             extras: dict[str, Any] = {}
             for extension in self.extensions:
                 extras.update(extension.finish(self))
@@ -355,6 +349,7 @@ class TrainingLoop:
             self.strategy.finish(parts)
             return summary
         finally:
+            self.saver.close(failed=True)  # (a no-op after a clean end)
             self.hooks.close()
             self.events.close()
             if parts.distiller is not None:

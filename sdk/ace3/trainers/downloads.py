@@ -221,6 +221,7 @@ class CheckpointSync(_Throttled):
         self.job_id = job_id
         self.local_dir = Path(local_dir)
         self.max_checkpoints = max_checkpoints
+        self._best_ids: set[str] = set()
         self.min_interval_seconds = min_interval_seconds
         self._last_sync: float | None = None
         self._local: dict[str, tuple[tuple[int, str], Path]] = {}  # id -> (order key, path)
@@ -245,6 +246,9 @@ class CheckpointSync(_Throttled):
             return []
         ordered = sorted(checkpoints, key=_order)
         wanted = ordered[-self.max_checkpoints :] if self.max_checkpoints else ordered
+        best = [item for item in ordered if item.best]  # kept beside the newest N
+        self._best_ids = {item.id for item in best}
+        wanted = [item for item in ordered if item in best or item in wanted]
         written: list[Path] = []
         for checkpoint in wanted:
             if checkpoint.id in self._local or checkpoint.id in self._pruned:
@@ -265,12 +269,17 @@ class CheckpointSync(_Throttled):
         return written
 
     def _prune(self) -> None:
-        """Keep the newest ``max_checkpoints`` local copies (always the newest one)."""
+        """Keep the newest ``max_checkpoints`` local copies (always the newest one) and the
+        best one (``keep_best_checkpoint``)."""
         if not self.max_checkpoints or len(self._local) <= self.max_checkpoints:
             return
         by_age = sorted(self._local.items(), key=lambda item: item[1][0])
-        keep_paths = {path for _, (_, path) in by_age[-self.max_checkpoints :]}
+        kept = by_age[-self.max_checkpoints :]
+        kept += [item for item in by_age if item[0] in self._best_ids]
+        keep_paths = {path for _, (_, path) in kept}
         for checkpoint_id, (_, path) in by_age[: -self.max_checkpoints]:
+            if checkpoint_id in self._best_ids:
+                continue
             if path not in keep_paths:  # a newer checkpoint may reuse the name
                 try:
                     path.unlink(missing_ok=True)

@@ -27,7 +27,8 @@ class LocalTrainingResult(MetricsView):
 
     ``history``: metric name -> ``[(step, value), ...]``; ``final_metrics`` (also attributes:
     ``result.val_loss``); ``best_val_accuracy`` / ``best_val_loss``; ``checkpoints``: the files
-    written (with a ``save_dir``); ``model``: the trained module (the one you passed).
+    written (with a ``save_dir``); ``best_checkpoint``: the best one by ``checkpoint_monitor``
+    (with ``keep_best_checkpoint``); ``model``: the trained module (the one you passed).
     """
 
     model: Any
@@ -36,6 +37,7 @@ class LocalTrainingResult(MetricsView):
     best_val_accuracy: float | None = None
     best_val_loss: float | None = None
     checkpoints: list[Path] = field(default_factory=list)
+    best_checkpoint: Path | None = None
     job_id: None = None
 
     @classmethod
@@ -48,6 +50,7 @@ class LocalTrainingResult(MetricsView):
             best_val_accuracy=best_accuracy,
             best_val_loss=best_loss,
             checkpoints=run.checkpoints,
+            best_checkpoint=run.best_checkpoint,
         )
 
 
@@ -113,6 +116,13 @@ def run_locally(
         )
 
     checkpoint_dir = checkpoint_dir_of(trainer)
+    wants_files = [n for n in ("keep_best_checkpoint", "async_save") if getattr(config, n)]
+    if checkpoint_dir is None and wants_files:
+        raise UnsupportedFeatureError(
+            f"{wants_files[0]}: this in-process run writes no checkpoint files; give "
+            "checkpoint_config=ace3.CheckpointConfig(save_dir=...)",
+            [ConfigProblem(field=name, reason="no save_dir") for name in wants_files],
+        )
     resume_from = _resume_path(trainer, resume, checkpoint_dir)
     hooks: list[Any] = []
     if trainer.callbacks:

@@ -254,3 +254,51 @@ def test_an_attempt_resumes_from_its_own_newest_checkpoint_else_from_its_origin(
         own = resume_checkpoint(session, job, 2)
         assert own is not None and own.job_id == job.id and own.step == 60
         assert resume_checkpoint(session, source, 1) is None
+
+
+def test_the_best_checkpoint_is_kept_beside_the_newest_and_moves_when_beaten(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """keep_best_checkpoint: the worker judges each record's monitored value itself; the best
+    one is never pruned, and loses its flag (then goes like any other) once beaten."""
+    values = {10: 3.0, 20: 1.0, 30: 2.0, 40: 4.0, 50: 5.0, 60: 0.5, 70: 9.0}
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running")
+        for step, value in values.items():
+            event = _checkpoint_event(tmp_path, step)
+            # the job claims "best" for every one: the worker decides from the values
+            event.update(monitor="val_loss", monitor_value=value, best=True)
+            staged = reports.stage_checkpoint(
+                supervisor.store, job.id, CheckpointRecord.model_validate(event), tmp_path, 1 << 30
+            )
+            assert not isinstance(staged, str)
+            stale = reports.record_checkpoint(
+                session, supervisor.store, job.id, 1, staged, 2, ("val_loss", "min")
+            )
+            session.commit()
+            for key in stale:
+                supervisor.store.delete(key)
+            if step == 50:
+                assert _steps(session, job.id) == [20, 40, 50]  # best (1.0) + newest 2
+        assert _steps(session, job.id) == [60, 70]  # 60 (0.5) beat 20, which went
+        rows = session.scalars(select(JobCheckpoint).where(JobCheckpoint.job_id == job.id)).all()
+        assert [(row.step, row.best, row.monitor_value) for row in rows] == [
+            (60, True, 0.5),
+            (70, False, 9.0),
+        ]
+        assert all(supervisor.store.exists(row.storage_key) for row in rows)
+        # another metric than the job's monitor is not judged
+        event = _checkpoint_event(tmp_path, 80)
+        event.update(monitor="train_loss", monitor_value=0.0)
+        staged = reports.stage_checkpoint(
+            supervisor.store, job.id, CheckpointRecord.model_validate(event), tmp_path, 1 << 30
+        )
+        assert not isinstance(staged, str)
+        reports.record_checkpoint(
+            session, supervisor.store, job.id, 1, staged, 2, ("val_loss", "min")
+        )
+        session.commit()
+        best = session.scalars(
+            select(JobCheckpoint.step).where(JobCheckpoint.job_id == job.id, JobCheckpoint.best)
+        ).all()
+        assert best == [60]

@@ -57,15 +57,19 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
     return state
 
 
-def prune_checkpoint_files(directory: Path, keep: int) -> list[Path]:
+def prune_checkpoint_files(
+    directory: Path, keep: int, protect: frozenset[str] = frozenset()
+) -> list[Path]:
     """Delete all but the newest ``keep`` ``step-*.pt`` / ``step-*.dcp.tar`` files (never the
-    newest one)."""
+    newest one), and never those named in ``protect`` (the best checkpoint: kept beside the
+    newest ``keep``)."""
     found = sorted(
         (int(match.group(1)), path)
         for path in directory.iterdir()
         if (match := CHECKPOINT_NAME_RE.match(path.name))
     )
-    doomed = [path for _, path in found[: max(0, len(found) - max(keep, 1))]]
+    older = found[: max(0, len(found) - max(keep, 1))]
+    doomed = [path for _, path in older if path.name not in protect]
     for path in doomed:
         path.unlink(missing_ok=True)
     return doomed

@@ -50,6 +50,7 @@ from ace3.runtime.checkpoint.archive import (
     pack,
     read_train_state,
 )
+from ace3.runtime.checkpoint.background import stage_to_cpu
 from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.loaders import batches_per_epoch, train_sampler
@@ -57,6 +58,7 @@ from ace3.runtime.rng import rank_seed, restore_rng, seed_all
 from ace3.runtime.train_state import TrainState
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 
@@ -228,13 +230,18 @@ def save_sharded_checkpoint(
     config: TrainingConfig,
     rng_per_rank: list[Any] | None,
     staging_root: Path | None = None,
+    background: BackgroundWriter | None = None,
 ) -> SavedCheckpoint | None:
     """Write the sharded checkpoint ``path`` (a ``.dcp.tar``); every rank must call this at
     the same point. Returns the saved file on rank 0 (None elsewhere); the caller ends with a
     barrier before anyone reads it.
 
     The shards are staged in ``staging_root`` (default: next to ``path``; pass another
-    directory when ``path``'s is watched, like the artifacts directory the worker uploads)."""
+    directory when ``path``'s is watched, like the artifacts directory the worker uploads).
+
+    With ``background`` (``async_save``; returns None, ``background.wait()`` gives the file):
+    ``dcp.async_save`` stages the shards in CPU memory and writes them from a thread over a gloo
+    group of its own; rank 0's thread then (every rank's shards written) packs the tar."""
     import torch.distributed.checkpoint as dcp
 
     staging = (staging_root or path.parent) / f".{path.name}.parts"
@@ -242,19 +249,38 @@ def save_sharded_checkpoint(
         shutil.rmtree(staging)
     barrier(ctx)
     state = _state_to_save(parts, config.save_optimizer)
-    dcp.save(state, checkpoint_id=str(staging))
+    written: Any = None
+    if background is None:
+        dcp.save(state, checkpoint_id=str(staging))
+    else:
+        group = background.process_group() if ctx.world_size > 1 else None
+        written = dcp.async_save(
+            state, checkpoint_id=str(staging), process_group=group, no_dist=ctx.world_size == 1
+        )
     if not ctx.is_main:
+        if background is not None:
+            background.submit(path.name, lambda: (written.result(), None)[1])
         return None
     assert rng_per_rank is not None
     sampler = train_sampler(parts.train_set, *parts.strategy.dims.replica, config.seed)
     payload = train_state_payload(
         parts, ctx, config, rng_per_rank, batches_per_epoch(sampler, parts.per_rank_batch)
     )
-    torch.save(payload, staging / TRAIN_STATE)
-    try:
-        return pack(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    def finish(payload: dict[str, Any]) -> SavedCheckpoint:
+        if written is not None:
+            written.result()
+        torch.save(payload, staging / TRAIN_STATE)
+        try:
+            return pack(staging, path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    if background is None:
+        return finish(payload)
+    staged = stage_to_cpu(payload)
+    background.submit(path.name, lambda: finish(staged))
+    return None
 
 
 # -- load ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ A strategy is made for one job attempt (:func:`ace3.runtime.parallel.strategy_fo
    :meth:`forward_backward` (micro-batches, each under :meth:`sync_context`),
    :meth:`after_backward`, :meth:`clip_gradients`;
 3. **validation**: :meth:`evaluate`;
-4. **checkpoints** (:mod:`ace3.runtime.checkpoint.writer`): :meth:`save_checkpoint`,
+4. **checkpoints** (:mod:`ace3.runtime.checkpoint.saver`): :meth:`save_checkpoint`,
    :meth:`save_model_file`;
 5. **end**: :meth:`state_bytes` (memory report), :meth:`finish`.
 
@@ -43,6 +43,7 @@ from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 MicroBatches = list[tuple[Any, float]]  # (micro-batch, its loss weight); weights sum to 1
@@ -171,10 +172,16 @@ class Strategy(ABC):
 
     @abstractmethod
     def save_checkpoint(
-        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+        self,
+        parts: Components,
+        path: Path,
+        rng_per_rank: list[Any] | None,
+        background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
         """Write the training checkpoint at ``path`` (every rank calls it at the same point);
-        return the file on rank 0, None elsewhere."""
+        return the file on rank 0, None elsewhere. With ``background`` (``async_save``): stage
+        the state in CPU memory, hand the write to it and return None (its ``wait()`` gives
+        the file)."""
 
     @abstractmethod
     def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:

@@ -48,6 +48,7 @@ from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 
@@ -197,12 +198,20 @@ class DataParallel(Strategy):
         return checkpoint_name(step)
 
     def save_checkpoint(
-        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+        self,
+        parts: Components,
+        path: Path,
+        rng_per_rank: list[Any] | None,
+        background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
         if not self.ctx.is_main:
             return None
         assert rng_per_rank is not None
-        return save_atomic(plain_payload(parts, rng_per_rank, self.dims.dp), path)
+        payload = plain_payload(parts, rng_per_rank, self.dims.dp)
+        if background is not None:
+            background.submit_state(payload, path)
+            return None
+        return save_atomic(payload, path)
 
     def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
         ctx = self.ctx

@@ -40,6 +40,7 @@ from ace3.runtime.precision import Precision
 from ace3.runtime.train_state import TrainState
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 
@@ -193,11 +194,20 @@ class SplitModel(Strategy):
         return checkpoint_name(step)
 
     def save_checkpoint(
-        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+        self,
+        parts: Components,
+        path: Path,
+        rng_per_rank: list[Any] | None,
+        background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
         assert self.gathered is not None
         payload = self.gathered.payload(parts, rng_per_rank)
-        return save_atomic(payload, path) if payload is not None else None
+        if payload is None:
+            return None
+        if background is not None:
+            background.submit_state(payload, path)
+            return None
+        return save_atomic(payload, path)
 
     def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
         assert self.gathered is not None

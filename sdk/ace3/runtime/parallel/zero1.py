@@ -32,6 +32,7 @@ from ace3.runtime.parallel.sharding import (
 from ace3.runtime.precision import Precision
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 
@@ -58,9 +59,15 @@ class ZeroRedundancy(DataParallel):
         return sharded_checkpoint_name(step)
 
     def save_checkpoint(
-        self, parts: Components, path: Path, rng_per_rank: list[Any] | None
+        self,
+        parts: Components,
+        path: Path,
+        rng_per_rank: list[Any] | None,
+        background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
-        return save_sharded_checkpoint(parts, self.ctx, path, self.config, rng_per_rank)
+        return save_sharded_checkpoint(
+            parts, self.ctx, path, self.config, rng_per_rank, background=background
+        )
 
     def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
         """A full checkpoint is written sharded (a ``.dcp.tar`` archive, whatever ``path`` is
