@@ -8,6 +8,7 @@ Nothing in this package imports torch or the engine (import-linter checks it).
 
 from ace3.config.compression import PruningConfig, QuantizationConfig
 from ace3.config.distillation import DistillationConfig
+from ace3.config.instability import InstabilityConfig
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigProblem",
     "DistillationConfig",
     "DistributedConfig",
+    "InstabilityConfig",
     "LoRAConfig",
     "PruningConfig",
     "QuantizationConfig",

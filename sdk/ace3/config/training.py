@@ -21,6 +21,7 @@ from pydantic import (
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
 from ace3.config.fine_tuning import FineTuningFields
+from ace3.config.instability import InstabilityFields
 from ace3.config.lora import LoRAFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 
@@ -39,7 +40,9 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, DistillationFields, _Schema):
+class TrainingConfig(
+    InstabilityFields, LoRAFields, FineTuningFields, CompressionFields, DistillationFields, _Schema
+):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ace3.config.distillation_checks import distillation_problems
+from ace3.config.instability import instability_problems
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -46,6 +47,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + _model_parallel_problems(config)
         + _compression_problems(config)
         + lora_problems(config)
+        + instability_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in distillation_problems(config)

@@ -8,6 +8,9 @@ the same points, so an extension may run collectives (validation, broadcasts)::
     after_step(loop)   after each optimizer step (loop.state.step counts it already)
     saving()           a context around every checkpoint the loop writes
     finish(loop)       after the final checkpoint; returns entries for the summary
+    on_instability(loop, reason)
+                       the instability guard found a step unstable and warned, skipped it or
+                       rolled the run back (after the rollback); not when it stops the run
 
 :func:`compression_extensions` builds the ones a config asks for: pruning
 (:mod:`ace3.runtime.pruning`) then post-training quantization
@@ -43,6 +46,9 @@ class LoopExtension:
 
     def finish(self, loop: TrainingLoop) -> dict[str, Any]:
         return {}
+
+    def on_instability(self, loop: TrainingLoop, reason: str) -> None:
+        return None
 
 
 def matching_modules(

@@ -27,7 +27,9 @@ class LocalTrainingResult(MetricsView):
 
     ``history``: metric name -> ``[(step, value), ...]``; ``final_metrics`` (also attributes:
     ``result.val_loss``); ``best_val_accuracy`` / ``best_val_loss``; ``checkpoints``: the files
-    written (with a ``save_dir``); ``model``: the trained module (the one you passed).
+    written (with a ``save_dir``); ``model``: the trained module (the one you passed);
+    ``instabilities``: the instability guard's records (``ace3.config.events.InstabilityRecord``:
+    step, action, reason, ...), in order.
     """
 
     model: Any
@@ -37,6 +39,7 @@ class LocalTrainingResult(MetricsView):
     best_val_loss: float | None = None
     checkpoints: list[Path] = field(default_factory=list)
     job_id: None = None
+    instabilities: list[Any] = field(default_factory=list)
 
     @classmethod
     def of(cls, model: Any, run: InProcessRun) -> LocalTrainingResult:
@@ -48,6 +51,7 @@ class LocalTrainingResult(MetricsView):
             best_val_accuracy=best_accuracy,
             best_val_loss=best_loss,
             checkpoints=run.checkpoints,
+            instabilities=list(run.instabilities),
         )
 
 
