@@ -45,9 +45,9 @@ from torch import nn
 
 
 class Unstable(nn.Module):
-    def __init__(self, nan_at, spike_at, rank):
+    def __init__(self, nan_at, spike_at, rank, inputs, classes):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.net = nn.Sequential(nn.Linear(inputs, 16), nn.ReLU(), nn.Linear(16, classes))
         self.nan_at, self.spike_at, self.rank, self.forwards = nan_at, spike_at, rank, 0
 
     def forward(self, x):
@@ -61,7 +61,7 @@ class Unstable(nn.Module):
         return out
 
 
-def build_model(nan_at=0, spike_at=0, rank=1):
+def build_model(nan_at=0, spike_at=0, rank=1, inputs=8, classes=3):
     torch.manual_seed(0)
-    return Unstable(nan_at, spike_at, rank)
+    return Unstable(nan_at, spike_at, rank, inputs, classes)
 """

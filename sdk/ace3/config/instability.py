@@ -88,6 +88,12 @@ def instability_problems(config: TrainingConfig) -> list[ConfigProblem]:
             "sharded or split checkpoint in the middle of a run is not; use action='skip' or "
             "'stop' with this layout"
         )))  # fmt: skip
+    if config.num_nodes > 1:
+        problems.append(ConfigProblem(field="instability", reason=(
+            "instability.action='rollback' on more than one node is not implemented: every "
+            "rank reloads the checkpoint file rank 0 wrote, which only its own node holds; use "
+            "action='skip' or 'stop'"
+        )))  # fmt: skip
     if config.save_interval is None:
         problems.append(ConfigProblem(field="instability", reason=(
             "instability.action='rollback' needs checkpoints to roll back to: set "

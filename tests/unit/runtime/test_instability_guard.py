@@ -82,6 +82,7 @@ def test_settings_are_checked_and_travel_as_json() -> None:
         ({}, True),  # nothing to roll back to
         ({"save_interval": 5, "num_gpus": 2, "zero_stage": 1}, True),
         ({"save_interval": 5, "num_gpus": 2, "tensor_parallel_size": 2}, True),
+        ({"save_interval": 5, "num_nodes": 2}, True),
     ],
 )
 def test_rollback_is_refused_where_it_cannot_apply(fields: dict[str, Any], refused: bool) -> None:
