@@ -7,6 +7,9 @@ and AdamW, on 2 gloo processes under ``torchrun``:
 - **engine**: ``torchrun -m ace3.runtime --job job.json``, the entry point a worker launches, with
   the engine's defaults (``dynamic_batch_size`` on, a metrics report every 10 steps, a final
   checkpoint);
+- **guard**: the same engine job with the instability guard on
+  (``instability={"action": "skip"}``): its per-step all-reduce of the loss and gradient norm,
+  the gradient norm itself and one host read per step (the row "instability guard on");
 - **plain**: ``benchmarks/plain_ddp.py``, the loop a user would write (DDP, ``zero_grad``,
   forward, backward, ``step``; nothing else).
 
@@ -120,9 +123,9 @@ def _torchrun(target: list[str], marks: tuple[int, ...], timeout: float) -> Timi
 
 
 def run_engine(root: Path, model: Path, data: Path, steps: int, args: argparse.Namespace,
-               tag: str) -> tuple[Timing, float]:  # fmt: skip
-    """(timing, final train_loss) of one engine job."""
-    job_dir = root / f"engine-{tag}"
+               tag: str, guard: bool = False) -> tuple[Timing, float]:  # fmt: skip
+    """(timing, final train_loss) of one engine job (``guard``: with the instability guard)."""
+    job_dir = root / f"engine-{tag}{'-guard' if guard else ''}"
     job_dir.mkdir()
     job = {
         "job_id": f"overhead-{tag}",
@@ -135,6 +138,7 @@ def run_engine(root: Path, model: Path, data: Path, steps: int, args: argparse.N
             "learning_rate": args.lr,
             "seed": args.seed,
             "log_interval": WINDOW,
+            **({"instability": {"action": "skip"}} if guard else {}),
         },
         "model": {
             "path": str(model),
@@ -203,20 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{os.cpu_count()} CPU(s), torch {torch.__version__}, Python {platform.python_version()}")
     # Two estimates per run pair: within the long run, from the line of step --short to the line
     # of step --long (start-up is outside it); and across the two runs' wall times.
-    within: dict[str, list[float]] = {"engine": [], "plain": []}
-    across: dict[str, list[float]] = {"engine": [], "plain": []}
+    names = ("engine", "guard", "plain")
+    within: dict[str, list[float]] = {name: [] for name in names}
+    across: dict[str, list[float]] = {name: [] for name in names}
     final: dict[str, float] = {}
     span = args.long - args.short
     with tempfile.TemporaryDirectory(prefix="ace3-overhead-") as scratch:
         root = Path(scratch)
         model, data = write_inputs(root, args.batch_size * (args.long + 1), args.inputs, MODEL_FILE)
         for repeat in range(args.repeats):
-            for name in ("engine", "plain"):
+            for name in names:
                 timings: dict[int, Timing] = {}
                 for steps in (args.short, args.long):
                     tag = f"{repeat}-{steps}"
-                    if name == "engine":
-                        timings[steps], loss = run_engine(root, model, data, steps, args, tag)
+                    if name != "plain":
+                        timings[steps], loss = run_engine(
+                            root, model, data, steps, args, tag, guard=name == "guard"
+                        )
                     else:
                         timings[steps], loss = run_plain(root, data, steps, args, tag)
                     if steps == args.long:
@@ -226,25 +233,36 @@ def main(argv: list[str] | None = None) -> int:
                 across[name].append((long_run.wall - timings[args.short].wall) / span)
                 print(f"  repeat {repeat + 1} {name}: {within[name][-1] * 1e3:.2f} ms/step within "
                       f"the run, {across[name][-1] * 1e3:.2f} across the two lengths", flush=True)  # fmt: skip
-    engine, plain = (statistics.median(within[n]) for n in ("engine", "plain"))
-    engine_across, plain_across = (statistics.median(across[n]) for n in ("engine", "plain"))
-    rows: list[tuple[str, Any, Any]] = [
-        ("ms/step (median)", f"{engine * 1e3:.2f}", f"{plain * 1e3:.2f}"),
+    engine, guarded, plain = (statistics.median(within[n]) for n in names)
+    engine_across, guard_across, plain_across = (statistics.median(across[n]) for n in names)
+    rows: list[tuple[str, Any, Any, Any]] = [
+        ("ms/step (median)", f"{engine * 1e3:.2f}", f"{guarded * 1e3:.2f}", f"{plain * 1e3:.2f}"),
         *[
             (
                 f"ms/step ({label})",
-                f"{pick(within['engine']) * 1e3:.2f}",
-                f"{pick(within['plain']) * 1e3:.2f}",
+                *(f"{pick(within[name]) * 1e3:.2f}" for name in names),
             )
             for label, pick in (("fastest", min), ("slowest", max))
         ],
-        ("ms/step, two lengths", f"{engine_across * 1e3:.2f}", f"{plain_across * 1e3:.2f}"),
-        ("final train_loss", f"{final['engine']:.5f}", f"{final['plain']:.5f}"),
+        (
+            "ms/step, two lengths",
+            f"{engine_across * 1e3:.2f}",
+            f"{guard_across * 1e3:.2f}",
+            f"{plain_across * 1e3:.2f}",
+        ),
+        ("final train_loss", *(f"{final[name]:.5f}" for name in names)),
     ]
     print()
-    print(f"{'':24}{'engine':>10}{'plain DDP':>12}")
-    for label, a, b in rows:
-        print(f"{label:24}{a:>10}{b:>12}")
+    print(f"{'':24}{'engine':>10}{'guard on':>10}{'plain DDP':>12}")
+    for label, a, g, b in rows:
+        print(f"{label:24}{a:>10}{g:>10}{b:>12}")
+    guard_paired = statistics.median(
+        g / e for g, e in zip(within["guard"], within["engine"], strict=True)
+    )
+    print(
+        f"instability guard on: {(guarded - engine) * 1e3:+.2f} ms/step over the engine "
+        f"({(guarded / engine - 1) * 100:+.1f}%; median of the paired ratios {guard_paired:.3f})"
+    )
     # Each repeat runs the engine and the plain script one after the other: their ratio sees
     # the same load on the shared machine, which drifts between repeats by more than the
     # difference measured.

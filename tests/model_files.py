@@ -31,3 +31,37 @@ def build_model(limit=1_000_000, after=0):
     torch.manual_seed(0)
     return OomOnRank1(limit, after)
 """
+
+# The instability guard's model: on rank `rank` (the RANK environment variable; 0 for a
+# one-process run) the training output becomes NaN at forward pass `nan_at` and 100 times
+# larger (a loss spike) at forward pass `spike_at` (one forward pass per optimizer step when
+# gradient_accumulation_steps is 1). Forward passes keep counting across a rollback, so the
+# replayed steps are clean.
+UNSTABLE_MODEL_FILE = """
+import os
+
+import torch
+from torch import nn
+
+
+class Unstable(nn.Module):
+    def __init__(self, nan_at, spike_at, rank, inputs, classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(inputs, 16), nn.ReLU(), nn.Linear(16, classes))
+        self.nan_at, self.spike_at, self.rank, self.forwards = nan_at, spike_at, rank, 0
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.training and int(os.environ.get("RANK", "0")) == self.rank:
+            self.forwards += 1
+            if self.forwards == self.nan_at:
+                out = out * float("nan")
+            elif self.forwards == self.spike_at:
+                out = out * 100.0
+        return out
+
+
+def build_model(nan_at=0, spike_at=0, rank=1, inputs=8, classes=3):
+    torch.manual_seed(0)
+    return Unstable(nan_at, spike_at, rank, inputs, classes)
+"""

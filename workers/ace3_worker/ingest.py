@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ace3.config.events import (
     CheckpointRecord,
     EventRecord,
+    InstabilityRecord,
     MetricsRecord,
     NonFiniteLossRecord,
     RefusedRecord,
@@ -54,6 +55,19 @@ def service_line(text: str) -> reports.LogLine:
     return reports.LogLine(
         SERVICE_STREAM, None, reports.storable_text(text[: reports.MAX_LINE_CHARS])
     )
+
+
+def instability_notice(record: InstabilityRecord) -> str:
+    """The job log's line for an instability record (the record is validated: bounded, no
+    control characters)."""
+    done = {
+        "warn": "step applied (warn)",
+        "skip": "step skipped",
+        "rollback": f"rolled back to the checkpoint of step {record.rolled_back_to_step}, "
+        f"learning rate x{record.lr_scale:g}",
+        "stop": "run stopped",
+    }[record.action]
+    return f"ace3: training instability at step {record.step}: {record.reason}; {done}"
 
 
 class Ingest:
@@ -152,6 +166,8 @@ class Ingest:
             item.plan = record.plan()  # (a later, larger plan is not accepted: reports.py)
         elif isinstance(record, NonFiniteLossRecord):
             item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
+        elif isinstance(record, InstabilityRecord):
+            item.notice = instability_notice(record)
         elif isinstance(record, CheckpointRecord):
             outcome = reports.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan

@@ -9,6 +9,7 @@ Nothing in this package imports torch or the engine (import-linter checks it).
 from ace3.config.batch_growth import DynamicBatchSizeConfig
 from ace3.config.compression import PruningConfig, QuantizationConfig
 from ace3.config.distillation import DistillationConfig
+from ace3.config.instability import InstabilityConfig
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -27,6 +28,7 @@ __all__ = [
     "DistillationConfig",
     "DistributedConfig",
     "DynamicBatchSizeConfig",
+    "InstabilityConfig",
     "LoRAConfig",
     "PruningConfig",
     "QuantizationConfig",

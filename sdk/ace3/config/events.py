@@ -7,6 +7,7 @@ One JSON object a line, each one of the records below, told apart by ``type``:
 - ``metrics``: values reported at a step (:class:`MetricsRecord`);
 - ``checkpoint``: a checkpoint file written (:class:`CheckpointRecord`);
 - ``nonfinite_loss``: the training loss became NaN or infinite; the run then stops;
+- ``instability``: the instability guard found an unstable step (:class:`InstabilityRecord`);
 - ``summary``: the final metrics, last (:class:`SummaryRecord`).
 
 The engine builds these models and writes :func:`encode_record`'s line (rank 0 only); an
@@ -159,7 +160,34 @@ class NonFiniteLossRecord(_Record):
     value: Literal["nan", "inf", "-inf"]
 
 
-AnyRecord = StartRecord | MetricsRecord | CheckpointRecord | SummaryRecord | NonFiniteLossRecord
+class InstabilityRecord(_Record):
+    """The instability guard (``TrainingConfig.instability``) found optimizer step ``step``
+    unstable (``reason``: what it found) and did ``action``: ``"warn"`` (applied the step),
+    ``"skip"`` (dropped its update), ``"rollback"`` (dropped it and went back to the checkpoint
+    of ``rolled_back_to_step``, the learning rate now multiplied by ``lr_scale``) or
+    ``"stop"`` (the run then fails)."""
+
+    type: Literal["instability"] = "instability"
+    step: Step
+    epoch: Epoch | None = None
+    action: Literal["warn", "skip", "rollback", "stop"]
+    reason: Annotated[
+        str, StringConstraints(min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]+$")
+    ]
+    loss: float | None = Field(None, allow_inf_nan=False)  # null: not finite
+    grad_norm: float | None = Field(None, allow_inf_nan=False)  # null: not finite or unknown
+    lr_scale: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    rolled_back_to_step: Step | None = None
+
+
+AnyRecord = (
+    StartRecord
+    | MetricsRecord
+    | CheckpointRecord
+    | SummaryRecord
+    | NonFiniteLossRecord
+    | InstabilityRecord
+)
 EventRecord = Annotated[AnyRecord, Field(discriminator="type")]
 _RECORD: TypeAdapter[EventRecord] = TypeAdapter(EventRecord)
 

@@ -23,6 +23,7 @@ from ace3.config.checkpointing import CheckpointFields
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
 from ace3.config.fine_tuning import FineTuningFields
+from ace3.config.instability import InstabilityFields
 from ace3.config.lora import LoRAFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 
@@ -47,6 +48,7 @@ class TrainingConfig(
     CompressionFields,
     DistillationFields,
     CheckpointFields,
+    InstabilityFields,
     _Schema,
 ):
     """Everything a training job needs to know besides its model and data.

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from ace3.config.batch_growth import batch_growth_problems
 from ace3.config.distillation_checks import distillation_problems
+from ace3.config.instability import instability_problems
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -48,6 +49,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + _compression_problems(config)
         + lora_problems(config)
         + batch_growth_problems(config)
+        + instability_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in distillation_problems(config)

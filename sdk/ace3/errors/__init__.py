@@ -27,6 +27,8 @@ one situation::
     ├── JobCancelledError               the training job was cancelled: .job
     ├── NonFiniteLossError              the training loss became NaN or infinite: .step (where
     │                                   it began), .reported_at_step, .value
+    ├── InstabilityError                the instability guard stopped the run: .step, .reason,
+    │                                   .action
     ├── StepOutOfMemoryError            (engine) a rank of a multi-process run ran out of memory
     │                                   in a step: .step, .micro_batch, .split
     ├── SearchFailedError               the hyperparameter search failed: .search, .trials
@@ -59,6 +61,7 @@ from ace3.errors.api import (
 from ace3.errors.base import ACE3Error
 from ace3.errors.job_outcomes import OUT_OF_MEMORY_EXIT_CODE as OUT_OF_MEMORY_EXIT_CODE
 from ace3.errors.job_outcomes import (
+    InstabilityError,
     JobCancelledError,
     JobFailedError,
     NonFiniteLossError,
@@ -77,6 +80,7 @@ __all__ = [
     "BadRequestError",
     "ChecksumMismatchError",
     "ConflictError",
+    "InstabilityError",
     "InternalServerError",
     "JobCancelledError",
     "JobFailedError",

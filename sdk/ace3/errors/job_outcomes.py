@@ -8,6 +8,7 @@ from ace3.errors.base import ACE3Error
 
 __all__ = [
     "OUT_OF_MEMORY_EXIT_CODE",
+    "InstabilityError",
     "JobCancelledError",
     "JobFailedError",
     "NonFiniteLossError",
@@ -68,6 +69,24 @@ class NonFiniteLossError(ACE3Error):
 
     def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
         return (type(self), (self.step, self.reported_at_step, self.value, self.metric))
+
+
+class InstabilityError(ACE3Error):
+    """The instability guard (``TrainingConfig.instability``) stopped the run: ``step`` is the
+    optimizer step found unstable, ``reason`` what was found (``"loss nan"``, ``"loss 9.1 >
+    2 x recent minimum 0.52"``, ``"grad_norm 812 > max_grad_norm_spike 100"``...) and
+    ``action`` what the guard was set to do (``"stop"``, or ``"rollback"`` when it could not
+    roll back). Raised on every rank; a job fails with its message."""
+
+    def __init__(self, step: int, reason: str, action: str = "stop", note: str = "") -> None:
+        self.step, self.reason, self.action, self.note = step, reason, action, note
+        super().__init__(
+            f"training instability at step {step}: {reason} (instability.action={action!r})"
+            + (f": {note}" if note else "")
+        )
+
+    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+        return (type(self), (self.step, self.reason, self.action, self.note))
 
 
 # The exit status of a rank that ran out of memory inside a training step of a job with more

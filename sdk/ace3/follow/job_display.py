@@ -9,11 +9,16 @@ change. ``rich`` is imported only when the live display is used.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, TextIO
 
 from ace3.client.types import Job, JobEvent, LogLine, Metric
 from ace3.config.events import RunPlan, echoes_metrics
 from ace3.follow.display import DisplayMode, FollowDisplay, choose_display, format_value
+
+# The engine's one-series-per-rank figures (memory_mb_rank3, ...): kept in the job's metrics,
+# left out of the plain lines, which show their max / min and the rank of the max.
+PER_RANK_SERIES = re.compile(r"_rank\d+\Z")
 
 # Shown on the bar, in this order, with short labels.
 HEADLINE_METRICS = (
@@ -175,7 +180,8 @@ class PlainDisplay(Display):
         self._pending_step = metric.step
         if metric.epoch is not None:
             self._pending_epoch = metric.epoch
-        self._pending[metric.name] = metric.value
+        if not PER_RANK_SERIES.search(metric.name):  # (their max / min / argmax are shown)
+            self._pending[metric.name] = metric.value
 
     def _on_log(self, line: LogLine) -> None:
         if line.rank in (None, 0) and echoes_metrics(line.line):

@@ -8,8 +8,10 @@ the same points, so an extension may run collectives (validation, broadcasts)::
     after_step(loop)   after each optimizer step (loop.state.step counts it already)
     saving()           a context around every checkpoint the loop writes
     finish(loop)       after the final checkpoint; returns entries for the summary
-    on_instability(loop, reason)   the instability guard saw a loss or gradient spike (every
-                       rank at the same step; batch-size growth shrinks the batch)
+    on_instability(loop, reason)
+                       the instability guard found a step unstable and warned, skipped it or
+                       rolled the run back (after the rollback; every rank at the same step;
+                       batch-size growth shrinks the batch); not when it stops the run
 
 :func:`compression_extensions` builds the ones a config asks for: pruning
 (:mod:`ace3.runtime.pruning`) then post-training quantization

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,7 +24,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from ace3.config import TrainingConfig
 from ace3.config.checkpoint_names import CHECKPOINT_NAME_RE
-from ace3.config.events import CheckpointRecord, EventRecord, MetricsRecord, SummaryRecord
+from ace3.config.events import (
+    CheckpointRecord,
+    EventRecord,
+    InstabilityRecord,
+    MetricsRecord,
+    SummaryRecord,
+)
 from ace3.runtime.build import build_local
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.dataset_files import make_dataset
@@ -43,12 +49,14 @@ from ace3.runtime.user_code import LossFn, MetricsFn, UserCode
 @dataclass
 class InProcessRun:
     """What an in-process run reported (rank 0's events): ``history`` (metric name ->
-    ``[(step, value), ...]``), the final metrics and the checkpoint files still on disk."""
+    ``[(step, value), ...]``), the final metrics, the checkpoint files still on disk and the
+    instability guard's records (``instability``)."""
 
     history: dict[str, list[tuple[int, float]]]
     final_metrics: dict[str, Any]
     checkpoints: list[Path]
     best_checkpoint: Path | None = None  # keep_best_checkpoint: the best by its monitor
+    instabilities: list[InstabilityRecord] = field(default_factory=list)
 
 
 class _Collector:
@@ -59,6 +67,7 @@ class _Collector:
         self.final: dict[str, Any] = {}
         self.checkpoints: list[Path] = []
         self.best: Path | None = None
+        self.instabilities: list[InstabilityRecord] = []
 
     def __call__(self, record: EventRecord) -> None:
         if isinstance(record, MetricsRecord):
@@ -71,6 +80,8 @@ class _Collector:
                 self.best = Path(record.path)
         elif isinstance(record, SummaryRecord):
             self.final = dict(record.final_metrics)
+        elif isinstance(record, InstabilityRecord):
+            self.instabilities.append(record)
 
     def run(self) -> InProcessRun:
         return InProcessRun(
@@ -78,6 +89,7 @@ class _Collector:
             final_metrics=self.final,
             checkpoints=[p for p in self.checkpoints if p.exists()],
             best_checkpoint=self.best if self.best is not None and self.best.exists() else None,
+            instabilities=list(self.instabilities),
         )
 
 

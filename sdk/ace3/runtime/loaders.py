@@ -16,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from ace3.runtime.losses import move_to_device
+
 
 class SkipSampler(Sampler[int]):
     """Yields the indices of ``sampler`` after the first ``skip``."""
@@ -104,3 +106,16 @@ def validation_loader(
         generator=_generator(0),
         collate_fn=collate_fn,
     )
+
+
+def example_batch(parts: Any, sampler: Any, device: torch.device) -> Any:
+    """The first training batch on ``device`` (for hooks' graphs and images); None if
+    unavailable."""
+    try:
+        loader = train_loader(
+            parts.train_set, sampler, parts.per_rank_batch, 0, 0, 0,
+            pin_memory=False, collate_fn=parts.collate_fn,
+        )  # fmt: skip
+        return move_to_device(next(iter(loader)), device)
+    except Exception:
+        return None

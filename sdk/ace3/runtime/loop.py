@@ -11,6 +11,8 @@ A NaN or infinite training loss stops the run: the loss window watches for it on
 and reports it with the sums it already reduces (at every metrics report and before every
 save, never a host read per step); then rank 0 writes a ``nonfinite_loss`` record and every
 rank raises :class:`ace3.errors.NonFiniteLossError` at the same point.
+With ``instability`` set, the guard (:mod:`ace3.runtime.instability`) judges every step before
+its update and may drop it, roll the run back to its newest checkpoint, or stop it.
 Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
 any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
 Extensions (pruning, quantization, batch-size growth: :mod:`ace3.runtime.extensions`) act at
@@ -34,13 +36,20 @@ from ace3.runtime.checkpoint.saver import CheckpointSaver
 from ace3.runtime.components import Components
 from ace3.runtime.distributed import DistContext
 from ace3.runtime.hooks import HookList, RunContext
-from ace3.runtime.loaders import batches_per_epoch, train_loader, train_sampler, validation_loader
-from ace3.runtime.losses import move_to_device
+from ace3.runtime.instability import check_rollback_place, react
+from ace3.runtime.loaders import (
+    batches_per_epoch,
+    example_batch,
+    train_loader,
+    train_sampler,
+    validation_loader,
+)
 from ace3.runtime.memory_meter import PeakMemoryMeter, max_over_ranks, memory_summary
 from ace3.runtime.metric_window import MetricWindow, NonFiniteLoss
 from ace3.runtime.optim import current_learning_rate
 from ace3.runtime.reporting import EventWriter
 from ace3.runtime.rng import rank_seed
+from ace3.runtime.run_metrics import RunMetrics, reports_after
 from ace3.runtime.step_counts import planned_total_steps, steps_per_epoch
 from ace3.runtime.steps import StepRunner
 
@@ -105,6 +114,7 @@ class TrainingLoop:
         self.saver = CheckpointSaver(self, place.checkpoint_dir, place.keep_checkpoints)
         self.stop_requested = False
         self.step_lr: float | None = None  # the learning rate of the last optimizer step
+        self.run_metrics = RunMetrics(ctx, self.strategy.dims.dp)
         parts.model.stop_training = False  # type: ignore[assignment]
 
     # -- reporting --------------------------------------------------------------------------
@@ -144,12 +154,15 @@ class TrainingLoop:
             "epoch": float(self.state.display_epoch()),
             **self.plan.report(),  # batch-size growth: the batch_size of the last step
         }
+        if not report.steps:  # the guard dropped every step of the span: no loss to report
+            del values["train_loss"]
         if samples_per_sec is not None:
             values["samples_per_sec"] = samples_per_sec
         if self.parts.scaler.is_enabled():
             values["loss_scale"] = float(self.parts.scaler.get_scale())
         if self.parts.distiller is not None:  # kd_loss, feature_loss, task_loss (a collective)
             values.update(self.parts.distiller.report())
+        values.update(self.run_metrics.report(self))  # grad_norm, per-rank figures (a collective)
         self._metrics(values)
         speed = f" samples/s={samples_per_sec:.0f}" if samples_per_sec is not None else ""
         self._log(
@@ -226,7 +239,12 @@ class TrainingLoop:
 
     # -- training ---------------------------------------------------------------------------
     def _train_epoch(self) -> None:
-        """Train the rest of the current epoch, or until max_steps or a stop request."""
+        """Train the rest of the current epoch, or until max_steps or a stop request (from
+        the restored position after an instability rollback)."""
+        while self._train_part():
+            pass
+
+    def _train_part(self) -> bool:
         state, parts, config = self.state, self.parts, self.config
         self.sampler.set_epoch(state.epoch)
         loader = train_loader(
@@ -239,9 +257,13 @@ class TrainingLoop:
             group = min(plan.batches_per_step(), self.batches_per_epoch - state.batch_in_epoch)
             batch_index = plan.batch_index(state.batch_in_epoch)
             hooks.on_batch_begin(batch_index)
-            self.step_lr = current_learning_rate(parts.optimizer) * plan.lr_factor  # this step's
+            self.step_lr = (  # the rate this step uses
+                current_learning_rate(parts.optimizer) * plan.lr_factor * state.lr_scale
+            )
             taken = plan.combine([next(batches) for _ in range(group)])
-            step_loss, samples = self.steps.run(taken, state.step)
+            step_loss, samples = self.steps.run(taken, state.step, reports_after(self, group))
+            if react(self):  # the guard found the step unstable and rolled the run back
+                return True
             state.step += 1
             state.batch_in_epoch += group
             if parts.scheduler is not None:
@@ -251,8 +273,9 @@ class TrainingLoop:
             self.saver.poll()  # a background save that has finished is recorded
             if not self.counts_samples:
                 samples = 0  # every rank of the replica ran the same samples: count them once
-            self.window.add(step_loss, samples, state.step)
-            self.epoch_window.add(step_loss, samples, state.step)
+            if not self.steps.dropped:  # (a step the guard skipped adds no loss)
+                self.window.add(step_loss, samples, state.step)
+                self.epoch_window.add(step_loss, samples, state.step)
             if hooks.wants_batch_logs:
                 logs = {
                     "loss": float(step_loss.item()),
@@ -272,6 +295,7 @@ class TrainingLoop:
                     self._save()
             if hooks.checks_stop_every_batch and self._agree_stop():
                 break
+        return False
 
     def run(self) -> dict[str, Any]:
         """Train to the end; write the final checkpoint and the summary; return final metrics."""
@@ -306,12 +330,15 @@ class TrainingLoop:
                 output_dir=self.place.output_dir,
                 scheduler=parts.scheduler.scheduler if parts.scheduler is not None else None,
                 save_model=self.save_model,
-                example_batch=self._example_batch() if self.hooks else None,
+                example_batch=example_batch(parts, self.sampler, self.ctx.device)
+                if self.hooks
+                else None,
             )
         )
         validated_at: int | None = None
         try:
             self.hooks.on_train_begin()
+            check_rollback_place(self)
             for extension in self.extensions:
                 extension.start(self)
             while state.epoch < config.epochs and not self._done():
@@ -354,17 +381,6 @@ class TrainingLoop:
             self.events.close()
             if parts.distiller is not None:
                 parts.distiller.close()
-
-    def _example_batch(self) -> Any:
-        """The first training batch on the device (for graphs and images); None if unavailable."""
-        try:
-            loader = train_loader(
-                self.parts.train_set, self.sampler, self.parts.per_rank_batch, 0, 0, 0,
-                pin_memory=False, collate_fn=self.parts.collate_fn,
-            )  # fmt: skip
-            return move_to_device(next(iter(loader)), self.ctx.device)
-        except Exception:
-            return None
 
     def _summary(self, extras: dict[str, Any] | None = None) -> dict[str, Any]:
         state = self.state

@@ -46,6 +46,7 @@ class SpanMeans:
     loss: float
     samples_per_sec: float | None  # None when no step ran since reset (a carried-over window)
     nonfinite: NonFiniteLoss | None
+    steps: float = 1.0  # steps in the span (0: every one was dropped by the instability guard)
 
 
 def _value_name(loss: float) -> str:
@@ -144,4 +145,5 @@ class MetricWindow:
             loss=sums.loss_sum / max(sums.steps, 1.0),
             samples_per_sec=sums.samples / elapsed if self.steps else None,
             nonfinite=sums.nonfinite,
+            steps=sums.steps,
         )

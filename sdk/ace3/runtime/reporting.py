@@ -1,7 +1,7 @@
 """The rank-0 event log ``output_dir/events.jsonl``: one record a line, appended, flushed.
 
 The records are the typed models of :mod:`ace3.config.events` (``start``, ``metrics``,
-``checkpoint``, ``nonfinite_loss``, ``summary``), built and validated here, so the engine
+``checkpoint``, ``nonfinite_loss``, ``instability``, ``summary``), built and validated here, so the engine
 cannot write a record the worker would refuse. A non-finite float (a diverged loss) is written
 as ``null``. On other ranks the writer is a no-op.
 """
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from ace3.config.events import (
     AnyRecord,
     EventRecord,
+    InstabilityRecord,
     MetricsRecord,
     NonFiniteLossRecord,
     StartRecord,
@@ -112,6 +113,29 @@ class EventWriter:
             epoch=epoch,
             metric=metric,
             value=value,
+        )
+
+    def instability(
+        self,
+        step: int,
+        epoch: float,
+        action: str,
+        reason: str,
+        loss: float | None,
+        grad_norm: float | None,
+        lr_scale: float,
+        rolled_back_to_step: int | None = None,
+    ) -> None:
+        """The instability guard found ``step`` unstable and did ``action``."""
+        self.emit(
+            InstabilityRecord,
+            step=step,
+            epoch=epoch,
+            action=action,
+            reason=reason[:500],
+            **finite_or_none({"loss": loss, "grad_norm": grad_norm}),
+            lr_scale=lr_scale,
+            rolled_back_to_step=rolled_back_to_step,
         )
 
     def summary(

@@ -17,11 +17,19 @@ runs the next attempt from the job's newest checkpoint with ``micro_batch_split`
 job. Each micro-batch's loss is weighted by ``1 / micro-batches of the step``; pieces of a
 split loader batch by their share of its samples, so a split step computes the same mean loss
 as the unsplit one.
+
+The gradient norm (the whole model's, unscaled, before clipping: :meth:`Strategy.grad_norm`)
+is taken only when it costs nothing more (clipping takes it anyway), when the loop will report
+metrics after the step (``measure_norm``), or every step with the instability guard
+(:mod:`ace3.runtime.instability`), which then decides before the optimizer step whether to
+drop the update. The step's learning rate is the schedule's times ``state.lr_scale`` (what the
+guard's rollbacks left; 1.0 otherwise) and batch-size growth's ``lr_factor``.
 """
 
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +40,7 @@ from ace3.errors import StepOutOfMemoryError
 from ace3.runtime.batch_growth import scaled_learning_rate
 from ace3.runtime.components import Components
 from ace3.runtime.distributed import DistContext
+from ace3.runtime.instability import make_guard
 from ace3.runtime.losses import batch_size_of
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -77,6 +86,27 @@ def _slice(batch: Any, start: int, stop: int) -> Any:
     return batch
 
 
+def count_tokens(batch: Any) -> int:
+    """Token ids in a loader batch, for ``tokens_per_sec``: a dict batch's ``attention_mask``
+    sum (non-padding tokens) or else its ``input_ids`` element count; an ``(inputs, ...)``
+    batch's inputs' element count when they are an integer tensor of at least 2 dimensions
+    (batch x sequence); 0 otherwise (features, images). CPU tensors, no device read."""
+    tensor: Any = None
+    if isinstance(batch, Mapping):
+        mask = batch.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.device.type == "cpu":
+            return int(mask.sum())
+        tensor = batch.get("input_ids")
+    elif isinstance(batch, (list, tuple)) and batch:
+        tensor = batch[0]
+        if not (isinstance(tensor, torch.Tensor) and tensor.ndim >= 2):
+            return 0
+    integer = isinstance(tensor, torch.Tensor) and not tensor.is_floating_point()
+    if integer and tensor.dtype != torch.bool and not tensor.is_complex():
+        return int(tensor.numel())
+    return 0
+
+
 class StepRunner:
     """Runs optimizer steps for one rank; remembers how far micro-batches had to be split."""
 
@@ -92,6 +122,12 @@ class StepRunner:
         # the schedule's times this, and it hears of an out-of-memory step retried in place.
         self.lr_factor = 1.0
         self.on_out_of_memory: Callable[[], None] | None = None
+        self.guard = make_guard(config.instability, ctx)
+        self.dropped = False  # the guard dropped the last step's update
+        self.grad_norm: torch.Tensor | None = None  # the global norm of a step's gradients...
+        self.grad_norm_step = 0  # ... of this step (from 1)
+        self.tokens = 0  # token ids this rank ran since the last report (see count_tokens)
+        self.busy_seconds = 0.0  # host time inside run() since the last report
 
     # -- the step -----------------------------------------------------------------------------
     def _micro_batches(self, batches: list[Any]) -> list[tuple[Any, float]]:
@@ -110,9 +146,15 @@ class StepRunner:
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def run(self, batches: list[Any], step: int) -> tuple[torch.Tensor, int]:
-        """Run one optimizer step over ``batches`` (loader batches); return (mean loss, samples)."""
+    def run(
+        self, batches: list[Any], step: int, measure_norm: bool = False
+    ) -> tuple[torch.Tensor, int]:
+        """Run one optimizer step over ``batches`` (loader batches); return (mean loss, samples).
+        ``measure_norm``: keep the gradient norm (:attr:`grad_norm`) for a report."""
         parts, config, strategy = self.parts, self.config, self.strategy
+        started = time.perf_counter()
+        for batch in batches:
+            self.tokens += count_tokens(batch)
         while True:
             parts.precision.zero_grad(parts.optimizer)
             strategy.before_step(parts)
@@ -133,25 +175,53 @@ class StepRunner:
         strategy.after_backward(parts)
         precision = parts.precision
         precision.grads_to_optimizer()
-        if config.max_grad_norm is not None:
+        norm: torch.Tensor | None = None
+        if config.max_grad_norm is not None or measure_norm or self.guard is not None:
             parts.scaler.unscale_(parts.optimizer)
-            strategy.clip_gradients(parts, config.max_grad_norm)
+            if config.max_grad_norm is not None:
+                norm = strategy.clip_gradients(parts, config.max_grad_norm)
+            else:
+                norm = strategy.grad_norm(parts)
+            self.grad_norm, self.grad_norm_step = norm, step + 1
         scale = parts.scaler.get_scale()
-        with scaled_learning_rate(parts.optimizer, self.lr_factor):
-            parts.scaler.step(parts.optimizer)
-        self.last_step_skipped = bool(parts.scaler.last_step_skipped)
-        parts.scaler.update()
+        self.dropped = self.guard is not None and self._guard_drops(step, step_loss, norm)
+        if self.dropped:
+            self.last_step_skipped = False
+        else:
+            self._optimizer_step()
         precision.weights_from_optimizer()
         if parts.distiller is not None:  # the projections learn with the student
-            lr = parts.optimizer.param_groups[0]["lr"] * self.lr_factor
-            parts.distiller.finish_step(scale, self.last_step_skipped, float(lr))
+            lr = parts.optimizer.param_groups[0]["lr"] * self.lr_factor * parts.state.lr_scale
+            skipped = self.last_step_skipped or self.dropped
+            parts.distiller.finish_step(scale, skipped, float(lr))
         if self.last_step_skipped and self.ctx.is_main:  # the same decision on every rank
             print(
                 f"step {step + 1}: inf/nan gradients at loss scale {scale:g}: step skipped, "
                 f"loss scale now {parts.scaler.get_scale():g}",
                 flush=True,
             )
+        self.busy_seconds += time.perf_counter() - started
         return step_loss, samples
+
+    def _guard_drops(self, step: int, loss: torch.Tensor, norm: torch.Tensor | None) -> bool:
+        """The guard's verdict on this step; an unstable step's gradients are dropped (and the
+        loss scaler's unscale forgotten) unless the action is ``warn``."""
+        assert self.guard is not None
+        found = self.guard.check(step + 1, loss, norm, self.parts.scaler.is_enabled())
+        if found is None or not self.guard.drops_update:
+            return False
+        self.parts.precision.zero_grad(self.parts.optimizer)
+        return True
+
+    def _optimizer_step(self) -> None:
+        """The loss scaler's step at the schedule's learning rate times ``state.lr_scale``
+        (the guard's rollbacks) and ``lr_factor`` (batch-size growth); the schedule's own
+        rates are put back exactly afterwards."""
+        parts = self.parts
+        with scaled_learning_rate(parts.optimizer, self.lr_factor * parts.state.lr_scale):
+            parts.scaler.step(parts.optimizer)
+        self.last_step_skipped = bool(parts.scaler.last_step_skipped)
+        parts.scaler.update()
 
     def _after_oom(self, failure: BaseException, batches: list[Any], step: int) -> None:
         """Halve the micro-batch and let the caller run the step again (one process), or end

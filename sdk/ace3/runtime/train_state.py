@@ -22,6 +22,10 @@ class TrainState:
     last_metrics: dict[str, float] = field(default_factory=dict)
     # Global (loss sum, steps) of the unreported log interval and of the current epoch.
     carry: dict[str, list[float]] = field(default_factory=dict)
+    # The instability guard's rollbacks so far and the learning-rate factor they left (every
+    # optimizer step runs at the schedule's rate times ``lr_scale``).
+    lr_scale: float = 1.0
+    rollbacks: int = 0
 
     def display_epoch(self) -> int:
         """The 1-based epoch the last step belongs to (the last finished one at a boundary)."""
@@ -45,6 +49,8 @@ class TrainState:
             "best_val_accuracy": self.best_val_accuracy,
             "last_metrics": dict(self.last_metrics),
             "carry": {key: list(value) for key, value in self.carry.items()},
+            "lr_scale": self.lr_scale,
+            "rollbacks": self.rollbacks,
         }
 
     @classmethod
@@ -56,4 +62,6 @@ class TrainState:
             best_val_accuracy=state.get("best_val_accuracy"),
             last_metrics={str(k): float(v) for k, v in dict(state.get("last_metrics", {})).items()},
             carry={str(k): [float(x) for x in v] for k, v in dict(state.get("carry", {})).items()},
+            lr_scale=float(state.get("lr_scale", 1.0)),
+            rollbacks=int(state.get("rollbacks", 0)),
         )

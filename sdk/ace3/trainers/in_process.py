@@ -28,7 +28,9 @@ class LocalTrainingResult(MetricsView):
     ``history``: metric name -> ``[(step, value), ...]``; ``final_metrics`` (also attributes:
     ``result.val_loss``); ``best_val_accuracy`` / ``best_val_loss``; ``checkpoints``: the files
     written (with a ``save_dir``); ``best_checkpoint``: the best one by ``checkpoint_monitor``
-    (with ``keep_best_checkpoint``); ``model``: the trained module (the one you passed).
+    (with ``keep_best_checkpoint``); ``model``: the trained module (the one you passed);
+    ``instabilities``: the instability guard's records (``ace3.config.events.InstabilityRecord``:
+    step, action, reason, ...), in order.
     """
 
     model: Any
@@ -39,6 +41,7 @@ class LocalTrainingResult(MetricsView):
     checkpoints: list[Path] = field(default_factory=list)
     best_checkpoint: Path | None = None
     job_id: None = None
+    instabilities: list[Any] = field(default_factory=list)
 
     @classmethod
     def of(cls, model: Any, run: InProcessRun) -> LocalTrainingResult:
@@ -51,6 +54,7 @@ class LocalTrainingResult(MetricsView):
             best_val_loss=best_loss,
             checkpoints=run.checkpoints,
             best_checkpoint=run.best_checkpoint,
+            instabilities=list(run.instabilities),
         )
 
 

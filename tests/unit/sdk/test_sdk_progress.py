@@ -31,6 +31,8 @@ def events() -> list[JobEvent]:
         JobEvent(
             "metric", ace3.Metric.model_validate(metric(1, "samples_per_sec", 1234.5, epoch=1))
         ),
+        # (a per-rank series: in the metrics, not in the plain line; its max would be)
+        JobEvent("metric", ace3.Metric.model_validate(metric(1, "memory_mb_rank0", 3.0, epoch=1))),
         JobEvent("log", ace3.LogLine.model_validate(log(1, "loading [data]", rank=1))),
         JobEvent("metric", ace3.Metric.model_validate(metric(10, "val_accuracy", 0.9, epoch=1))),
         JobEvent(

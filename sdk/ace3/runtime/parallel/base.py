@@ -8,7 +8,7 @@ A strategy is made for one job attempt (:func:`ace3.runtime.parallel.strategy_fo
    :meth:`Strategy.restore` loads a checkpoint into all of it;
 2. **step** (:class:`ace3.runtime.steps.StepRunner`): :meth:`before_step`,
    :meth:`forward_backward` (micro-batches, each under :meth:`sync_context`),
-   :meth:`after_backward`, :meth:`clip_gradients`;
+   :meth:`after_backward`, :meth:`clip_gradients` (or :meth:`grad_norm` alone);
 3. **validation**: :meth:`evaluate`;
 4. **checkpoints** (:mod:`ace3.runtime.checkpoint.saver`): :meth:`save_checkpoint`,
    :meth:`save_model_file`;
@@ -62,6 +62,21 @@ def average_over(tensors: list[torch.Tensor], replicas: int, group: Any = None) 
         for tensor, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
             tensor.copy_(synced)
         del flat
+
+
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """A norm as a plain float32 tensor (a DTensor's over its peers: one collective)."""
+    full_tensor = getattr(norm, "full_tensor", None)
+    return (full_tensor() if full_tensor is not None else norm).float()
+
+
+def total_grad_norm(params: Any) -> torch.Tensor:
+    """The 2-norm of every gradient of ``params`` together (torch's own, as clipping takes
+    it; DTensor gradients' over their peers)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    return full_norm(torch.nn.utils.get_total_norm(grads))
 
 
 class Strategy(ABC):
@@ -156,9 +171,16 @@ class Strategy(ABC):
         """After the step's last backward pass, before clipping and the optimizer step."""
         return None
 
-    def clip_gradients(self, parts: Components, max_norm: float) -> None:
-        """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``."""
-        torch.nn.utils.clip_grad_norm_(parts.precision.clip_parameters(parts.model), max_norm)
+    def clip_gradients(self, parts: Components, max_norm: float) -> torch.Tensor:
+        """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``;
+        return that norm before clipping (as :meth:`grad_norm`)."""
+        params = parts.precision.clip_parameters(parts.model)
+        return full_norm(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def grad_norm(self, parts: Components) -> torch.Tensor:
+        """The whole model's gradient norm: a float32 device scalar, the same on every rank, no
+        host read (a collective where gradients are sharded or split over ranks)."""
+        return total_grad_norm(parts.precision.clip_parameters(parts.model))
 
     # -- validation -----------------------------------------------------------------------------
     @abstractmethod

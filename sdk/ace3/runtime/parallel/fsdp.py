@@ -20,6 +20,7 @@ from torch import nn
 
 from ace3.runtime.evaluation import evaluate
 from ace3.runtime.optim import build_optimizer
+from ace3.runtime.parallel.base import full_norm, total_grad_norm
 from ace3.runtime.parallel.ddp import checkpoint_activations, place_on_device
 from ace3.runtime.parallel.sharding import (
     ShardingPlan,
@@ -93,8 +94,11 @@ class FullyShardedDataParallel(ZeroRedundancy):
         set_gradient_sync(self.forward, final)
         return contextlib.nullcontext()
 
-    def clip_gradients(self, parts: Components, max_norm: float) -> None:
-        torch.nn.utils.clip_grad_norm_(trainable(parts.model), max_norm)
+    def clip_gradients(self, parts: Components, max_norm: float) -> torch.Tensor:
+        return full_norm(torch.nn.utils.clip_grad_norm_(trainable(parts.model), max_norm))
+
+    def grad_norm(self, parts: Components) -> torch.Tensor:
+        return total_grad_norm(trainable(parts.model))
 
     # -- validation -----------------------------------------------------------------------------
     def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:

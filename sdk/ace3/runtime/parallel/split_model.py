@@ -50,13 +50,10 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if to_local is not None else tensor
 
 
-def clip_split_grad_norm(
-    params: list[nn.Parameter], max_norm: float, stage_group: Any = None
-) -> torch.Tensor:
-    """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``:
-    sharded (DTensor) gradients' norms over their peers, plain ones as they are, squares
-    summed over the pipeline's stages (``stage_group``; None: no other stage). Returns the
-    norm (a device tensor: no host read)."""
+def split_grad_norm(params: list[nn.Parameter], stage_group: Any = None) -> torch.Tensor:
+    """The whole model's gradient norm: sharded (DTensor) gradients' norms over their peers,
+    plain ones as they are, squares summed over the pipeline's stages (``stage_group``; None:
+    no other stage). A device tensor: no host read."""
     grads = [p.grad for p in params if p.grad is not None]
     device = _local(grads[0]).device if grads else torch.device("cpu")
     squares = torch.zeros((), dtype=torch.float32, device=device)
@@ -67,7 +64,16 @@ def clip_split_grad_norm(
         squares += norm**2
     if stage_group is not None and dist.get_world_size(stage_group) > 1:
         dist.all_reduce(squares, group=stage_group)
-    total = squares.sqrt()
+    return squares.sqrt()
+
+
+def clip_split_grad_norm(
+    params: list[nn.Parameter], max_norm: float, stage_group: Any = None
+) -> torch.Tensor:
+    """Scale the gradients so that the whole model's gradient norm (:func:`split_grad_norm`)
+    is at most ``max_norm``; return the norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = split_grad_norm(params, stage_group)
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for grad in grads:
         _local(grad).mul_(coefficient.to(grad.dtype))
@@ -173,10 +179,13 @@ class SplitModel(Strategy):
             grads.append(_local(param.grad))
         average_over(grads, replicas, self._dp_group())
 
-    def clip_gradients(self, parts: Components, max_norm: float) -> None:
-        clip_split_grad_norm(
+    def clip_gradients(self, parts: Components, max_norm: float) -> torch.Tensor:
+        return clip_split_grad_norm(
             parts.precision.clip_parameters(parts.model), max_norm, self._stage_group()
         )
+
+    def grad_norm(self, parts: Components) -> torch.Tensor:
+        return split_grad_norm(parts.precision.clip_parameters(parts.model), self._stage_group())
 
     def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
         if not precision.optimizer_parameters(model):
