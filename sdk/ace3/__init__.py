@@ -65,6 +65,7 @@ from ace3.errors import (
     SearchCancelledError,
     SearchFailedError,
     StepOutOfMemoryError,
+    TrainingPreemptedError,
     UnsupportedFeatureError,
     ValidationError,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "StepOutOfMemoryError",
     "Trainer",
     "TrainingConfig",
+    "TrainingPreemptedError",
     "TrainingResult",
     "TrialState",
     "UnsupportedFeatureError",

@@ -7,6 +7,7 @@ One JSON object a line, each one of the records below, told apart by ``type``:
 - ``metrics``: values reported at a step (:class:`MetricsRecord`);
 - ``checkpoint``: a checkpoint file written (:class:`CheckpointRecord`);
 - ``nonfinite_loss``: the training loss became NaN or infinite; the run then stops;
+- ``preempted``: SIGTERM stopped the run after a checkpoint (:class:`PreemptedRecord`);
 - ``summary``: the final metrics, last (:class:`SummaryRecord`).
 
 The engine builds these models and writes :func:`encode_record`'s line (rank 0 only); an
@@ -154,7 +155,24 @@ class NonFiniteLossRecord(_Record):
     value: Literal["nan", "inf", "-inf"]
 
 
-AnyRecord = StartRecord | MetricsRecord | CheckpointRecord | SummaryRecord | NonFiniteLossRecord
+class PreemptedRecord(_Record):
+    """The run received SIGTERM and stopped after ``step`` (every rank agreed on it), with the
+    checkpoint ``checkpoint`` (its file name; None without checkpoint files)."""
+
+    type: Literal["preempted"] = "preempted"
+    step: Step
+    epoch: Epoch | None = None
+    checkpoint: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+
+
+AnyRecord = (
+    StartRecord
+    | MetricsRecord
+    | CheckpointRecord
+    | SummaryRecord
+    | NonFiniteLossRecord
+    | PreemptedRecord
+)
 EventRecord = Annotated[AnyRecord, Field(discriminator="type")]
 _RECORD: TypeAdapter[EventRecord] = TypeAdapter(EventRecord)
 

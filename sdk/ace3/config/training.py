@@ -22,6 +22,7 @@ from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.lora import LoRAFields
+from ace3.config.preemption import PreemptionFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
@@ -39,7 +40,14 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, DistillationFields, _Schema):
+class TrainingConfig(
+    LoRAFields,
+    FineTuningFields,
+    CompressionFields,
+    DistillationFields,
+    PreemptionFields,
+    _Schema,
+):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed

@@ -15,6 +15,7 @@ from ace3.config.layout import (
     runs_tensor_parallel,
 )
 from ace3.config.lora import lora_problems
+from ace3.config.preemption import preemption_problems
 from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
 
 
@@ -46,6 +47,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + _model_parallel_problems(config)
         + _compression_problems(config)
         + lora_problems(config)
+        + preemption_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in distillation_problems(config)

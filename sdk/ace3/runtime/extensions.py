@@ -6,8 +6,11 @@ the same points, so an extension may run collectives (validation, broadcasts)::
 
     start(loop)        once, before the first step (after the hooks' on_train_begin)
     after_step(loop)   after each optimizer step (loop.state.step counts it already)
+    step_end(loop)     at the end of each step, after its metrics, its checkpoint and the
+                       stop check (preemption stops here: :mod:`ace3.runtime.preemption`)
     saving()           a context around every checkpoint the loop writes
     finish(loop)       after the final checkpoint; returns entries for the summary
+    close()            always, last, however the run ended (an exception included)
 
 :func:`compression_extensions` builds the ones a config asks for: pruning
 (:mod:`ace3.runtime.pruning`) then post-training quantization
@@ -38,11 +41,17 @@ class LoopExtension:
     def after_step(self, loop: TrainingLoop) -> None:
         return None
 
+    def step_end(self, loop: TrainingLoop) -> None:
+        return None
+
     def saving(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
     def finish(self, loop: TrainingLoop) -> dict[str, Any]:
         return {}
+
+    def close(self) -> None:
+        return None
 
 
 def matching_modules(

@@ -7,15 +7,11 @@ clipping, out-of-memory recovery). Training metrics go out at step 1 and every
 validation metrics; checkpoints every ``save_interval`` steps and at the end; a summary last.
 Before the first step, a ``start`` record gives the plan (:func:`planned_total_steps`).
 
-A NaN or infinite training loss stops the run: the loss window watches for it on the device
-and reports it with the sums it already reduces (at every metrics report and before every
-save, never a host read per step); then rank 0 writes a ``nonfinite_loss`` record and every
-rank raises :class:`ace3.errors.NonFiniteLossError` at the same point.
-Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
-any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
-Extensions (pruning, quantization: :mod:`ace3.runtime.extensions`) act on the model at fixed
-points: the start, after each optimizer step, around each save, and after the final save (their
-entries join the summary).
+A NaN or infinite training loss (watched on the device, read with the sums reduced at each
+report and save) stops every rank at once with :class:`ace3.errors.NonFiniteLossError`.
+Hooks (:mod:`ace3.runtime.hooks`) see every step and epoch; any of them can stop the run.
+Extensions (pruning, quantization, preemption: :mod:`ace3.runtime.extensions`) act at fixed
+points: the start, after each step, its end, around saves, after the final save, and last.
 """
 
 from __future__ import annotations
@@ -277,6 +273,8 @@ class TrainingLoop:
                     self._save()
             if hooks.checks_stop_every_batch and self._agree_stop():
                 break
+            for extension in self.extensions:
+                extension.step_end(self)
 
     def run(self) -> dict[str, Any]:
         """Train to the end; write the final checkpoint and the summary; return final metrics."""
@@ -355,6 +353,8 @@ class TrainingLoop:
         finally:
             self.hooks.close()
             self.events.close()
+            for extension in self.extensions:
+                extension.close()
             if parts.distiller is not None:
                 parts.distiller.close()
 

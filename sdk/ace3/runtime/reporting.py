@@ -19,6 +19,7 @@ from ace3.config.events import (
     EventRecord,
     MetricsRecord,
     NonFiniteLossRecord,
+    PreemptedRecord,
     StartRecord,
     SummaryRecord,
     encode_record,
@@ -113,6 +114,10 @@ class EventWriter:
             metric=metric,
             value=value,
         )
+
+    def preempted(self, step: int, epoch: float, checkpoint: str | None) -> None:
+        """SIGTERM stopped the run after ``step``, with the checkpoint file ``checkpoint``."""
+        self.emit(PreemptedRecord, step=step, epoch=epoch, checkpoint=checkpoint)
 
     def summary(
         self,
