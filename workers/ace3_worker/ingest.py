@@ -22,6 +22,7 @@ from ace3.config.events import (
     EventRecord,
     MetricsRecord,
     NonFiniteLossRecord,
+    PreemptedRecord,
     RefusedRecord,
     StartRecord,
 )
@@ -151,6 +152,9 @@ class Ingest:
             item.plan = record.plan()  # (a later, larger plan is not accepted: reports.py)
         elif isinstance(record, NonFiniteLossRecord):
             item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
+        elif isinstance(record, PreemptedRecord):
+            saved = f"checkpoint {record.checkpoint}" if record.checkpoint else "no checkpoint"
+            item.notice = f"ace3: the run was preempted (SIGTERM) after step {record.step}: {saved}"
         elif isinstance(record, CheckpointRecord):
             outcome = reports.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan

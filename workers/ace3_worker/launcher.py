@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ace3.config.preemption import MAX_PREEMPTION_GRACE_SECONDS
+
 # Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
 # PATH, HOME and TMPDIR are set by the sandbox to what the job sees.
 _PASSED_THROUGH = ("PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "TZ")
@@ -37,6 +39,12 @@ def rank_environment(
     return env
 
 
+# How long torchrun waits for its ranks after it passes them a SIGTERM (cancel, max runtime,
+# preemption) before it kills them itself: the worker's own SIGKILL comes first (after
+# ACE3_CANCEL_GRACE_SECONDS or the preemption grace, at most MAX_PREEMPTION_GRACE_SECONDS).
+SHUTDOWN_TIMEOUT = f"--shutdown-timeout={round(MAX_PREEMPTION_GRACE_SECONDS) + 30}"
+
+
 def _runtime(job_file: str) -> list[str]:
     return ["-m", "ace3.runtime", "--job", job_file]
 
@@ -51,6 +59,7 @@ def torchrun_command(job_file: str, nproc_per_node: int) -> list[str]:
         "--nnodes=1",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
+        SHUTDOWN_TIMEOUT,
         *_runtime(job_file),
     ]
 
@@ -83,5 +92,6 @@ def multinode_torchrun_command(
         f"--rdzv-conf={conf}",
         f"--local-addr={local_addr}",
         "--max-restarts=0",
+        SHUTDOWN_TIMEOUT,
         *_runtime(job_file),
     ]
