@@ -22,6 +22,10 @@ process group, data loading, the final checkpoint) cancels in both:
 - **across the two lengths**: the difference of the two runs' wall times over the difference
   of their steps (noisier, for the reason above).
 
+``--engine-variant KEY=JSON`` (repeatable) also times the engine with that config setting,
+in the same rotation, e.g. ``--engine-variant checkpoint_on_sigterm=false`` for the cost of the
+preemption check (an asynchronous all-reduce of a flag per step, on by default).
+
 Printed: the median (and fastest, slowest) of each, the ratio of the medians and the median of
 each repeat's engine/plain ratio (the two runs of a repeat are adjacent in time, so the ratio
 sees one machine load), and the final loss of each (the mean over the last 10 steps of the
@@ -120,7 +124,7 @@ def _torchrun(target: list[str], marks: tuple[int, ...], timeout: float) -> Timi
 
 
 def run_engine(root: Path, model: Path, data: Path, steps: int, args: argparse.Namespace,
-               tag: str) -> tuple[Timing, float]:  # fmt: skip
+               tag: str, overrides: dict[str, Any] | None = None) -> tuple[Timing, float]:  # fmt: skip
     """(timing, final train_loss) of one engine job."""
     job_dir = root / f"engine-{tag}"
     job_dir.mkdir()
@@ -135,6 +139,7 @@ def run_engine(root: Path, model: Path, data: Path, steps: int, args: argparse.N
             "learning_rate": args.lr,
             "seed": args.seed,
             "log_interval": WINDOW,
+            **(overrides or {}),
         },
         "model": {
             "path": str(model),
@@ -190,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--engine-variant", action="append", default=[], metavar="KEY=JSON",
+                        help="also time the engine with this config setting")  # fmt: skip
     args = parser.parse_args(argv)
+    variants: dict[str, dict[str, Any]] = {}
+    for text in args.engine_variant:
+        key, _, value = text.partition("=")
+        variants[f"engine[{text}]"] = {key: json.loads(value)}
     if args.long <= args.short or args.long % WINDOW or args.short % WINDOW:
         parser.error(f"--short < --long, both multiples of {WINDOW}")
     import torch
@@ -203,22 +214,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{os.cpu_count()} CPU(s), torch {torch.__version__}, Python {platform.python_version()}")
     # Two estimates per run pair: within the long run, from the line of step --short to the line
     # of step --long (start-up is outside it); and across the two runs' wall times.
-    within: dict[str, list[float]] = {"engine": [], "plain": []}
-    across: dict[str, list[float]] = {"engine": [], "plain": []}
+    names = ("engine", "plain", *variants)
+    within: dict[str, list[float]] = {name: [] for name in names}
+    across: dict[str, list[float]] = {name: [] for name in names}
     final: dict[str, float] = {}
     span = args.long - args.short
     with tempfile.TemporaryDirectory(prefix="ace3-overhead-") as scratch:
         root = Path(scratch)
         model, data = write_inputs(root, args.batch_size * (args.long + 1), args.inputs, MODEL_FILE)
         for repeat in range(args.repeats):
-            for name in ("engine", "plain"):
+            for name in names:
                 timings: dict[int, Timing] = {}
                 for steps in (args.short, args.long):
                     tag = f"{repeat}-{steps}"
-                    if name == "engine":
-                        timings[steps], loss = run_engine(root, model, data, steps, args, tag)
-                    else:
+                    if name == "plain":
                         timings[steps], loss = run_plain(root, data, steps, args, tag)
+                    else:
+                        timings[steps], loss = run_engine(
+                            root, model, data, steps, args, f"{names.index(name)}-{tag}",
+                            variants.get(name),
+                        )  # fmt: skip
                     if steps == args.long:
                         final[name] = loss
                 long_run = timings[args.long]
@@ -256,6 +271,16 @@ def main(argv: list[str] | None = None) -> int:
         f"median of the {args.repeats} paired ratios {paired:.3f}; from the two lengths' wall "
         f"times {engine_across / plain_across:.3f}"
     )
+    for name in variants:
+        median = statistics.median(within[name])
+        paired = statistics.median(
+            v / e for v, e in zip(within[name], within["engine"], strict=True)
+        )
+        print(
+            f"{name}: {median * 1e3:.2f} ms/step (median; fastest {min(within[name]) * 1e3:.2f}), "
+            f"final train_loss {final[name]:.5f}; engine / {name}: {engine / median:.3f}, "
+            f"median of the paired ratios {1 / paired:.3f}"
+        )
     return 0
 
 
