@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import time
 from typing import Any
 
@@ -146,6 +147,8 @@ class Outcomes:
                 returncode = cause.exit_code
             elif stopped is None and ran_out_of_memory(watch):
                 returncode = OUT_OF_MEMORY_EXIT_CODE  # (the verdict halves the micro-batch)
+            elif stopped is None and preempted_from_outside(watch):
+                returncode = -int(signal.SIGTERM)  # (the verdict retries it, from the budget)
             elif returncode == 0:
                 returncode = 1  # stopped by the service on its own: a failure of this node
         return NodeExit(returncode, error, stopped)
