@@ -40,6 +40,13 @@ def draining() -> bool:
     return DRAIN.is_set()
 
 
+def shutdown_timeout(settings: Settings) -> float:
+    """torchrun's ``--shutdown-timeout``: longer than any grace this worker gives (so torchrun
+    waits for ranks that checkpoint) and no longer (a rank stuck after torchrun stopped the
+    others on its own, after a rank failed, is killed as soon)."""
+    return max(settings.cancel_grace_seconds, settings.worker_drain_grace_seconds) + 5.0
+
+
 def grace_seconds(config: dict[str, Any], settings: Settings) -> float:
     """How long a preempted attempt's ranks have before SIGKILL: the job's
     ``preemption_grace_seconds`` when it set one, capped by the worker's

@@ -6,10 +6,9 @@ The command is what runs inside the job's sandbox (:mod:`ace3_worker.sandbox`), 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-
-from ace3.config.preemption import MAX_PREEMPTION_GRACE_SECONDS
 
 # Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
 # PATH, HOME and TMPDIR are set by the sandbox to what the job sees.
@@ -39,17 +38,25 @@ def rank_environment(
     return env
 
 
-# How long torchrun waits for its ranks after it passes them a SIGTERM (cancel, max runtime,
-# preemption) before it kills them itself: the worker's own SIGKILL comes first (after
-# ACE3_CANCEL_GRACE_SECONDS or the preemption grace, at most MAX_PREEMPTION_GRACE_SECONDS).
-SHUTDOWN_TIMEOUT = f"--shutdown-timeout={round(MAX_PREEMPTION_GRACE_SECONDS) + 30}"
+# torchrun's own default: how long it waits for its ranks after it passes them a SIGTERM.
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+
+
+def _shutdown(seconds: float) -> str:
+    """How long torchrun waits for its ranks after it passes them a SIGTERM (a cancel, the
+    runtime limit, a preemption; or its own, after a rank failed) before it kills them: the
+    ranks checkpoint on SIGTERM (ace3.runtime.preemption), so the worker gives it its longest
+    grace (ace3_worker.drain.shutdown_timeout); the worker's own SIGKILL comes first."""
+    return f"--shutdown-timeout={math.ceil(seconds)}"
 
 
 def _runtime(job_file: str) -> list[str]:
     return ["-m", "ace3.runtime", "--job", job_file]
 
 
-def torchrun_command(job_file: str, nproc_per_node: int) -> list[str]:
+def torchrun_command(
+    job_file: str, nproc_per_node: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+) -> list[str]:
     """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
     return [
         sys.executable,
@@ -59,7 +66,7 @@ def torchrun_command(job_file: str, nproc_per_node: int) -> list[str]:
         "--nnodes=1",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
-        SHUTDOWN_TIMEOUT,
+        _shutdown(shutdown_timeout),
         *_runtime(job_file),
     ]
 
@@ -74,6 +81,7 @@ def multinode_torchrun_command(
     is_host: bool,
     local_addr: str,
     join_timeout: float,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
 ) -> list[str]:
     """One node of a multi-node launch: the nodes meet through torchrun's c10d rendezvous at
     ``endpoint`` (``host:port``), whose store the leader's torchrun hosts (``is_host``; the
@@ -92,6 +100,6 @@ def multinode_torchrun_command(
         f"--rdzv-conf={conf}",
         f"--local-addr={local_addr}",
         "--max-restarts=0",
-        SHUTDOWN_TIMEOUT,
+        _shutdown(shutdown_timeout),
         *_runtime(job_file),
     ]

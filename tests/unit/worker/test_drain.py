@@ -31,7 +31,10 @@ def test_a_warm_shutdown_sets_the_drain_flag_the_slots_read() -> None:
 
 
 def test_torchrun_waits_for_ranks_that_checkpoint_after_a_sigterm() -> None:
-    assert any(arg.startswith("--shutdown-timeout=") for arg in torchrun_command("/j.json", 2))
+    settings = Settings(worker_drain_grace_seconds=90, cancel_grace_seconds=10)
+    assert drain.shutdown_timeout(settings) == 95
+    command = torchrun_command("/j.json", 2, drain.shutdown_timeout(settings))
+    assert "--shutdown-timeout=95" in command
 
 
 def test_a_preemption_exit_the_worker_did_not_cause_is_a_retry_from_the_budget() -> None:
