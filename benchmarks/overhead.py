@@ -25,6 +25,10 @@ process group, data loading, the final checkpoint) cancels in both:
 - **across the two lengths**: the difference of the two runs' wall times over the difference
   of their steps (noisier, for the reason above).
 
+``--engine-variant KEY=JSON`` (repeatable) also times the engine with that config setting,
+in the same rotation, e.g. ``--engine-variant checkpoint_on_sigterm=false`` for the cost of the
+preemption check (an asynchronous all-reduce of a flag per step, on by default).
+
 Printed: the median (and fastest, slowest) of each, the ratio of the medians and the median of
 each repeat's engine/plain ratio (the two runs of a repeat are adjacent in time, so the ratio
 sees one machine load), and the final loss of each (the mean over the last 10 steps of the
@@ -122,10 +126,14 @@ def _torchrun(target: list[str], marks: tuple[int, ...], timeout: float) -> Timi
     return Timing(wall, seen)
 
 
+# The "guard" column: the instability guard on (its per-step reductions and host read).
+GUARD_SETTINGS: dict[str, Any] = {"instability": {"action": "skip"}}
+
+
 def run_engine(root: Path, model: Path, data: Path, steps: int, args: argparse.Namespace,
-               tag: str, guard: bool = False) -> tuple[Timing, float]:  # fmt: skip
-    """(timing, final train_loss) of one engine job (``guard``: with the instability guard)."""
-    job_dir = root / f"engine-{tag}{'-guard' if guard else ''}"
+               tag: str, overrides: dict[str, Any] | None = None) -> tuple[Timing, float]:  # fmt: skip
+    """(timing, final train_loss) of one engine job (``overrides``: config settings on top)."""
+    job_dir = root / f"engine-{tag}"
     job_dir.mkdir()
     job = {
         "job_id": f"overhead-{tag}",
@@ -138,7 +146,7 @@ def run_engine(root: Path, model: Path, data: Path, steps: int, args: argparse.N
             "learning_rate": args.lr,
             "seed": args.seed,
             "log_interval": WINDOW,
-            **({"instability": {"action": "skip"}} if guard else {}),
+            **(overrides or {}),
         },
         "model": {
             "path": str(model),
@@ -194,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--engine-variant", action="append", default=[], metavar="KEY=JSON",
+                        help="also time the engine with this config setting")  # fmt: skip
     args = parser.parse_args(argv)
+    variants: dict[str, dict[str, Any]] = {}
+    for text in args.engine_variant:
+        key, _, value = text.partition("=")
+        variants[f"engine[{text}]"] = {key: json.loads(value)}
     if args.long <= args.short or args.long % WINDOW or args.short % WINDOW:
         parser.error(f"--short < --long, both multiples of {WINDOW}")
     import torch
@@ -207,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{os.cpu_count()} CPU(s), torch {torch.__version__}, Python {platform.python_version()}")
     # Two estimates per run pair: within the long run, from the line of step --short to the line
     # of step --long (start-up is outside it); and across the two runs' wall times.
-    names = ("engine", "guard", "plain")
+    names = ("engine", "guard", "plain", *variants)
+    overrides = {"guard": GUARD_SETTINGS, **variants}
     within: dict[str, list[float]] = {name: [] for name in names}
     across: dict[str, list[float]] = {name: [] for name in names}
     final: dict[str, float] = {}
@@ -220,12 +235,13 @@ def main(argv: list[str] | None = None) -> int:
                 timings: dict[int, Timing] = {}
                 for steps in (args.short, args.long):
                     tag = f"{repeat}-{steps}"
-                    if name != "plain":
-                        timings[steps], loss = run_engine(
-                            root, model, data, steps, args, tag, guard=name == "guard"
-                        )
-                    else:
+                    if name == "plain":
                         timings[steps], loss = run_plain(root, data, steps, args, tag)
+                    else:
+                        timings[steps], loss = run_engine(
+                            root, model, data, steps, args, f"{names.index(name)}-{tag}",
+                            overrides.get(name),
+                        )  # fmt: skip
                     if steps == args.long:
                         final[name] = loss
                 long_run = timings[args.long]
@@ -233,14 +249,15 @@ def main(argv: list[str] | None = None) -> int:
                 across[name].append((long_run.wall - timings[args.short].wall) / span)
                 print(f"  repeat {repeat + 1} {name}: {within[name][-1] * 1e3:.2f} ms/step within "
                       f"the run, {across[name][-1] * 1e3:.2f} across the two lengths", flush=True)  # fmt: skip
-    engine, guarded, plain = (statistics.median(within[n]) for n in names)
-    engine_across, guard_across, plain_across = (statistics.median(across[n]) for n in names)
+    table = names[:3]  # engine, guard, plain; the --engine-variant ones are printed below
+    engine, guarded, plain = (statistics.median(within[n]) for n in table)
+    engine_across, guard_across, plain_across = (statistics.median(across[n]) for n in table)
     rows: list[tuple[str, Any, Any, Any]] = [
         ("ms/step (median)", f"{engine * 1e3:.2f}", f"{guarded * 1e3:.2f}", f"{plain * 1e3:.2f}"),
         *[
             (
                 f"ms/step ({label})",
-                *(f"{pick(within[name]) * 1e3:.2f}" for name in names),
+                *(f"{pick(within[name]) * 1e3:.2f}" for name in table),
             )
             for label, pick in (("fastest", min), ("slowest", max))
         ],
@@ -250,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{guard_across * 1e3:.2f}",
             f"{plain_across * 1e3:.2f}",
         ),
-        ("final train_loss", *(f"{final[name]:.5f}" for name in names)),
+        ("final train_loss", *(f"{final[name]:.5f}" for name in table)),
     ]
     print()
     print(f"{'':24}{'engine':>10}{'guard on':>10}{'plain DDP':>12}")
@@ -274,6 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         f"median of the {args.repeats} paired ratios {paired:.3f}; from the two lengths' wall "
         f"times {engine_across / plain_across:.3f}"
     )
+    for name in variants:
+        median = statistics.median(within[name])
+        paired = statistics.median(
+            v / e for v, e in zip(within[name], within["engine"], strict=True)
+        )
+        print(
+            f"{name}: {median * 1e3:.2f} ms/step (median; fastest {min(within[name]) * 1e3:.2f}), "
+            f"final train_loss {final[name]:.5f}; engine / {name}: {engine / median:.3f}, "
+            f"median of the paired ratios {1 / paired:.3f}"
+        )
     return 0
 
 

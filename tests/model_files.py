@@ -65,3 +65,29 @@ def build_model(nan_at=0, spike_at=0, rank=1, inputs=8, classes=3):
     torch.manual_seed(0)
     return Unstable(nan_at, spike_at, rank, inputs, classes)
 """
+
+# A small digits classifier (64 inputs, 10 classes) whose training forward passes sleep
+# `delay` seconds each: a run that lasts long enough to be interrupted mid-epoch.
+SLOW_STEP_MODEL_FILE = """
+import time
+
+import torch
+from torch import nn
+
+
+class SlowStep(nn.Module):
+    def __init__(self, delay):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+        self.delay = delay
+
+    def forward(self, x):
+        if self.training:
+            time.sleep(self.delay)
+        return self.net(x)
+
+
+def build_model(delay=0.05):
+    torch.manual_seed(0)
+    return SlowStep(delay)
+"""

@@ -132,12 +132,22 @@ def _requeue(job_id: str, attempt: int, reason: str, *conditions: Any, **values:
     )
 
 
+def within_retry_budget() -> Any:
+    """The job's attempts so far leave room for a retry: out-of-memory halvings and
+    preemptions do not use up ``max_retries``."""
+    return Job.attempt <= Job.max_retries + Job.micro_batch_halvings + Job.preemptions
+
+
 def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
     """An attempt died through no fault of the user's code: queue the next attempt, while the
-    retry budget lasts (out-of-memory halvings do not use it up)."""
-    return _requeue(
-        job_id, attempt, reason, Job.attempt <= Job.max_retries + Job.micro_batch_halvings
-    )
+    retry budget lasts (out-of-memory halvings and preemptions do not use it up)."""
+    return _requeue(job_id, attempt, reason, within_retry_budget())
+
+
+def requeue_after_preemption(job_id: str, attempt: int, reason: str) -> Update:
+    """The attempt was preempted (its worker is draining): queue the next attempt, which
+    resumes from the job's newest checkpoint. It does not use up the retry budget."""
+    return _requeue(job_id, attempt, reason, preemptions=Job.preemptions + 1)
 
 
 def requeue_with_half_the_micro_batch(

@@ -189,6 +189,9 @@ class Job(Base):
     # micro-batch of the next (job.json's micro_batch_split = 2 ** halvings). They do not count
     # against max_retries.
     micro_batch_halvings: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # How many attempts were preempted (their worker was drained: SIGTERM to ``ace3 worker``):
+    # each one checkpointed and the job was re-queued. They do not count against max_retries.
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)

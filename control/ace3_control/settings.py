@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     cancel_grace_seconds: float = Field(
         10.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling."
     )
+    worker_drain_grace_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=600,
+        description="A draining worker (SIGTERM to `ace3 worker`): how long a preempted "
+        "attempt's ranks have to checkpoint before SIGKILL; it caps a job's "
+        "preemption_grace_seconds.",
+    )
     reconcile_interval_seconds: float = Field(
         10.0, gt=0, description="How often the API re-publishes lost messages and expires leases."
     )

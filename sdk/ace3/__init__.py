@@ -68,6 +68,7 @@ from ace3.errors import (
     SearchCancelledError,
     SearchFailedError,
     StepOutOfMemoryError,
+    TrainingPreemptedError,
     UnsupportedFeatureError,
     ValidationError,
 )
@@ -146,6 +147,7 @@ __all__ = [
     "StepOutOfMemoryError",
     "Trainer",
     "TrainingConfig",
+    "TrainingPreemptedError",
     "TrainingResult",
     "TrialState",
     "UnsupportedFeatureError",

@@ -40,7 +40,7 @@ async def reconcile_once(
             reason = f"worker {job.worker_id} stopped heartbeating (lease expired) during attempt {job.attempt}"
             if job.cancel_requested:
                 stmt = job_transitions.finish(job.id, job.attempt, JobState.CANCELLED, error=reason)
-            elif job.attempt <= job.max_retries + job.micro_batch_halvings:
+            elif job.attempt <= job.max_retries + job.micro_batch_halvings + job.preemptions:
                 stmt = job_transitions.requeue_for_retry(job.id, job.attempt, reason)
                 to_publish.append(job.id)
             else:

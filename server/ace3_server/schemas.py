@@ -71,6 +71,9 @@ class JobOut(_Out):
     name: str | None
     state: str
     attempt: int
+    preemptions: int = Field(
+        0, description="Attempts that were preempted (worker drained); not counted as retries."
+    )
     model_id: str
     dataset_id: str
     validation_dataset_id: str | None

@@ -56,6 +56,11 @@ class AttemptWatch:
     peer_trouble: str | None = None
     # Why the service stopped the attempt on its own (max_runtime_seconds).
     stopped_for: str | None = None
+    # Why this worker preempted the attempt (it is draining: ace3_worker.drain), and the grace
+    # its ranks have to checkpoint before SIGKILL. Only single-node attempts are preempted.
+    preemptible: bool = True
+    preempted_for: str | None = None
+    preemption_grace: float | None = None
     # Whether this worker syncs the artifacts: the node that hosts rank 0 (the only one on a
     # single-node job; on a multi-node job, the node whose torchrun prints rank 0's lines).
     syncs_artifacts: bool = True

@@ -13,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ace3_control.queue import make_celery
 from ace3_control.settings import get_settings
 from ace3_worker.device import local_capacity
+from ace3_worker.drain import request_drain
 from ace3_worker.registration import Registration
 from ace3_worker.sandbox.plan import SandboxUnavailableError, sandbox_plan
 
@@ -60,6 +61,13 @@ def _start_heartbeats(**_: Any) -> None:
     if _registration is not None:
         _registration.announce()
         _registration.start_heartbeats()
+
+
+@signals.worker_shutting_down.connect
+def _drain(sig: Any = None, how: Any = None, **_: Any) -> None:
+    """SIGTERM (or SIGINT) to the worker: a warm shutdown, which no longer claims jobs;
+    preempt the running attempts instead of waiting for them (:mod:`ace3_worker.drain`)."""
+    request_drain(f"{sig or 'shutdown'}, {how or 'warm'} shutdown")
 
 
 @signals.worker_shutdown.connect

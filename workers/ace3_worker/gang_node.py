@@ -24,6 +24,7 @@ from ace3_control import job_nodes, job_transitions
 from ace3_control.models import ACTIVE_STATES, Job, JobState, NodeState, utcnow
 from ace3_worker import reports
 from ace3_worker.attempt import AttemptWatch, Beat
+from ace3_worker.drain import shutdown_timeout
 from ace3_worker.gang import POLL_SECONDS, GangMember, NodeSeat, node_reports
 from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import multinode_torchrun_command
@@ -72,6 +73,7 @@ class GangNode:
             is_host=seat.is_leader,
             local_addr=self.member.host,
             join_timeout=self.settings.gang_wait_seconds,
+            shutdown_timeout=shutdown_timeout(self.settings),
         )
         # ACE3_NODE_ID: unique among this machine's running nodes (see ace3.runtime.torchrun).
         return LaunchSpec(command, share_network=True, env={"ACE3_NODE_ID": str(os.getpid())})

@@ -23,6 +23,7 @@ from ace3.config.events import (
     InstabilityRecord,
     MetricsRecord,
     NonFiniteLossRecord,
+    PreemptedRecord,
     RefusedRecord,
     StartRecord,
 )
@@ -168,6 +169,9 @@ class Ingest:
             item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
         elif isinstance(record, InstabilityRecord):
             item.notice = instability_notice(record)
+        elif isinstance(record, PreemptedRecord):
+            saved = f"checkpoint {record.checkpoint}" if record.checkpoint else "no checkpoint"
+            item.notice = f"ace3: the run was preempted (SIGTERM) after step {record.step}: {saved}"
         elif isinstance(record, CheckpointRecord):
             outcome = reports.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan

@@ -6,6 +6,7 @@ The command is what runs inside the job's sandbox (:mod:`ace3_worker.sandbox`), 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -37,11 +38,25 @@ def rank_environment(
     return env
 
 
+# torchrun's own default: how long it waits for its ranks after it passes them a SIGTERM.
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+
+
+def _shutdown(seconds: float) -> str:
+    """How long torchrun waits for its ranks after it passes them a SIGTERM (a cancel, the
+    runtime limit, a preemption; or its own, after a rank failed) before it kills them: the
+    ranks checkpoint on SIGTERM (ace3.runtime.preemption), so the worker gives it its longest
+    grace (ace3_worker.drain.shutdown_timeout); the worker's own SIGKILL comes first."""
+    return f"--shutdown-timeout={math.ceil(seconds)}"
+
+
 def _runtime(job_file: str) -> list[str]:
     return ["-m", "ace3.runtime", "--job", job_file]
 
 
-def torchrun_command(job_file: str, nproc_per_node: int) -> list[str]:
+def torchrun_command(
+    job_file: str, nproc_per_node: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+) -> list[str]:
     """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
     return [
         sys.executable,
@@ -51,6 +66,7 @@ def torchrun_command(job_file: str, nproc_per_node: int) -> list[str]:
         "--nnodes=1",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
+        _shutdown(shutdown_timeout),
         *_runtime(job_file),
     ]
 
@@ -65,6 +81,7 @@ def multinode_torchrun_command(
     is_host: bool,
     local_addr: str,
     join_timeout: float,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
 ) -> list[str]:
     """One node of a multi-node launch: the nodes meet through torchrun's c10d rendezvous at
     ``endpoint`` (``host:port``), whose store the leader's torchrun hosts (``is_host``; the
@@ -83,5 +100,6 @@ def multinode_torchrun_command(
         f"--rdzv-conf={conf}",
         f"--local-addr={local_addr}",
         "--max-restarts=0",
+        _shutdown(shutdown_timeout),
         *_runtime(job_file),
     ]

@@ -23,6 +23,7 @@ from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.attempt import AttemptWatch, Beat
+from ace3_worker.drain import shutdown_timeout
 from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import torchrun_command
 from ace3_worker.outcome import Outcomes
@@ -104,7 +105,7 @@ class SingleNode:
         return contextlib.nullcontext()  # (no node row; the loop renews the lease)
 
     def launch_spec(self, job_file: str, nproc: int) -> LaunchSpec:
-        return LaunchSpec(torchrun_command(job_file, nproc))
+        return LaunchSpec(torchrun_command(job_file, nproc, shutdown_timeout(self.settings)))
 
     def started(self) -> None:
         with self.sessions() as session:

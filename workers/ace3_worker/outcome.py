@@ -1,6 +1,6 @@
 """How an attempt ended, written to the job's row: succeeded, cancelled, failed (with the
-failing rank's error), re-queued for a retry, or re-queued with half the micro-batch after
-running out of memory.
+failing rank's error), re-queued for a retry, re-queued with half the micro-batch after
+running out of memory, or re-queued after a preemption (the worker was drained; not a retry).
 
 Every write is a conditional update fenced by the attempt number
 (``ace3_control.job_transitions``), so a worker that lost its lease changes nothing. A
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ace3.config import TrainingConfig, parallel_degrees, runs_pipeline
 from ace3.config.batch_growth import batch_growth
-from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
+from ace3.errors import OUT_OF_MEMORY_EXIT_CODE, PREEMPTED_EXIT_CODE
 from ace3_control import job_nodes, job_transitions
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
@@ -75,6 +76,19 @@ def ran_out_of_memory(watch: AttemptWatch) -> bool:
     )
 
 
+def preempted_from_outside(watch: AttemptWatch) -> bool:
+    """A rank left with PREEMPTED_EXIT_CODE while this worker did not preempt it: a SIGTERM
+    from outside the worker reached the ranks (a spot notice to the machine), and they
+    checkpointed. Another attempt may help, but the exit status is the job's own claim: it
+    counts against the retry budget (only the worker's own drain does not)."""
+    if watch.stopped_for is not None or watch.preempted_for is not None:
+        return False
+    return any(
+        failure.exit_code == PREEMPTED_EXIT_CODE
+        for failure in failed_ranks(watch.launcher_stderr_tail)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeExit:
     """What a node of a multi-node attempt reports about its torchrun."""
@@ -100,6 +114,12 @@ class Outcomes:
         cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
         if watch.stopped_for is not None:
             return f"training stopped: {watch.stopped_for}", False
+        if preempted_from_outside(watch):
+            return (
+                f"the ranks were preempted by a SIGTERM from outside the worker (exit code "
+                f"{PREEMPTED_EXIT_CODE}) and wrote a checkpoint",
+                True,
+            )
         if cause is not None and cause.signal is not None:
             return self._message(returncode, watch, cause), cause.retryable
         if returncode < 0:
@@ -131,6 +151,8 @@ class Outcomes:
                 returncode = cause.exit_code
             elif stopped is None and ran_out_of_memory(watch):
                 returncode = OUT_OF_MEMORY_EXIT_CODE  # (the verdict halves the micro-batch)
+            elif stopped is None and preempted_from_outside(watch):
+                returncode = -int(signal.SIGTERM)  # (the verdict retries it, from the budget)
             elif returncode == 0:
                 returncode = 1  # stopped by the service on its own: a failure of this node
         return NodeExit(returncode, error, stopped)
@@ -157,10 +179,14 @@ class Outcomes:
                 final_metrics=metrics,
             )
             return
-        if returncode == 0 and watch.stopped_for is None:
+        done = returncode == 0 or (watch.preempted_for is not None and metrics is not None)
+        if done and watch.stopped_for is None:  # (preempted after its summary: it finished)
             self.record(
                 job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=metrics
             )
+            return
+        if watch.preempted_for is not None:
+            self.requeue_preempted(job, watch.attempt, watch.preempted_for, returncode)
             return
         if ran_out_of_memory(watch) and self.halve_micro_batch(job, watch.attempt):
             return
@@ -228,6 +254,32 @@ class Outcomes:
             return False
         self._publish(job_id)
         return True
+
+    def requeue_preempted(self, job: Job, attempt: int, why: str, returncode: int) -> None:
+        """The attempt was preempted: queue the next one (it resumes from the newest verified
+        checkpoint, which the drain stored before this) without using up the retry budget. A
+        cancel asked meanwhile wins: the job is cancelled instead."""
+        with self.sessions() as session:
+            newest = reports.latest_checkpoint(session, job.id)
+            resumes = (
+                f"the next attempt resumes from checkpoint {newest.name} (step {newest.step})"
+                if newest is not None
+                else "the next attempt starts over (no checkpoint was stored)"
+            )
+            reason = f"attempt {attempt} was preempted ({why}); {resumes}"
+            result = session.execute(
+                job_transitions.requeue_after_preemption(job.id, attempt, reason)
+            )
+            if result.rowcount:
+                reports.store_log_lines(
+                    session, job.id, attempt, [service_line(f"ace3: {reason}; re-queued")]
+                )
+            session.commit()
+        if result.rowcount:
+            logger.warning("job %s: %s; re-queued", job.id, reason)
+            self._publish(job.id)
+            return
+        self.record(job.id, attempt, JobState.CANCELLED, exit_code=returncode)
 
     def halve_micro_batch(self, job: Job, attempt: int) -> bool:
         """Queue the next attempt with twice the micro-batch split (job.json), from the job's

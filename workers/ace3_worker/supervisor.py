@@ -185,7 +185,12 @@ class Supervisor:
             job_id=job.id,
             nproc=nproc,
         )
-        watch = AttemptWatch(job.id, membership.attempt, syncs_artifacts=membership.hosts_rank_zero)
+        watch = AttemptWatch(
+            job.id,
+            membership.attempt,
+            syncs_artifacts=membership.hosts_rank_zero,
+            preemptible=membership.nodes == 1,  # (a draining worker lets gangs run to the end)
+        )
         events = reports.EventTail(directory.output_dir)
         try:
             membership.started()

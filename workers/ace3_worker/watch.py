@@ -5,7 +5,9 @@ output and syncs the artifacts; and riding out a database outage meanwhile and a
 What a heartbeat does (renew the job's lease, or a node's row) is the attempt's membership's
 (:mod:`ace3_worker.membership`); what it learned is applied here, the same way for a single-node
 job and for each node of a multi-node one: a lost lease, a cancel request or a peer node's
-trouble sends SIGTERM to torchrun, and SIGKILL follows after ``cancel_grace_seconds``.
+trouble sends SIGTERM to torchrun, and SIGKILL follows after ``cancel_grace_seconds``. A worker
+that is draining (:mod:`ace3_worker.drain`) preempts its single-node attempts the same way, with
+the preemption grace instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS, AttemptWatch, Beat
+from ace3_worker.drain import draining, grace_seconds
 from ace3_worker.ingest import Ingest
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.launch import RunningTorchrun
@@ -95,6 +98,8 @@ class Watcher:
                     next_heartbeat = time.monotonic() + self.settings.heartbeat_seconds
                 if max_runtime and not exited:
                     self.enforce_max_runtime(watch, process, float(max_runtime))
+                if not exited and draining():
+                    self.preempt(watch, process, job)
                 self.escalate(watch, process)
                 self.tolerating_database_errors(watch, process, ingest)
                 if time.monotonic() >= next_artifact_sync and not exited and watch.syncs_artifacts:
@@ -123,10 +128,31 @@ class Watcher:
         logger.warning("job %s attempt %d: %s", watch.job_id, watch.attempt, watch.stopped_for)
         stop_processes(watch, process)
 
+    def preempt(self, watch: AttemptWatch, process: SandboxedProcess, job: Job) -> None:
+        """The worker is draining: SIGTERM to torchrun, whose ranks checkpoint and leave; the
+        outcome re-queues the job (:meth:`ace3_worker.outcome.Outcomes.record_attempt`)."""
+        if not watch.preemptible or watch.preempted_for is not None:
+            return
+        if watch.terminate_sent_at is not None:
+            return  # (already being stopped: cancel, max runtime, lease lost)
+        watch.preempted_for = "the worker is draining"
+        watch.preemption_grace = grace_seconds(job.config, self.settings)
+        logger.warning(
+            "job %s attempt %d: preempting (%s); its ranks have %.0f s to checkpoint",
+            watch.job_id,
+            watch.attempt,
+            watch.preempted_for,
+            watch.preemption_grace,
+        )
+        stop_processes(watch, process)
+
     def escalate(self, watch: AttemptWatch, process: SandboxedProcess) -> None:
         if watch.terminate_sent_at is None or watch.killed or process.poll() is not None:
             return
-        if time.monotonic() - watch.terminate_sent_at >= self.settings.cancel_grace_seconds:
+        grace = self.settings.cancel_grace_seconds
+        if watch.preemption_grace is not None and not watch.stopping:
+            grace = watch.preemption_grace  # (a cancel meanwhile keeps the cancel's grace)
+        if time.monotonic() - watch.terminate_sent_at >= grace:
             process.kill()
             watch.killed = True
 

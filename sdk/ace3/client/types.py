@@ -79,6 +79,9 @@ class Job(_APIObject):
     name: str | None = None
     state: JobState | str = Field(union_mode="left_to_right")
     attempt: int = 0
+    # Attempts that were preempted (their worker was drained) and re-queued; the retry budget
+    # (the service's max_retries) does not count them.
+    preemptions: int = 0
     model_id: str | None = None
     dataset_id: str | None = None
     validation_dataset_id: str | None = None

@@ -8,6 +8,7 @@ One JSON object a line, each one of the records below, told apart by ``type``:
 - ``checkpoint``: a checkpoint file written (:class:`CheckpointRecord`);
 - ``nonfinite_loss``: the training loss became NaN or infinite; the run then stops;
 - ``instability``: the instability guard found an unstable step (:class:`InstabilityRecord`);
+- ``preempted``: SIGTERM stopped the run after a checkpoint (:class:`PreemptedRecord`);
 - ``summary``: the final metrics, last (:class:`SummaryRecord`).
 
 The engine builds these models and writes :func:`encode_record`'s line (rank 0 only); an
@@ -180,6 +181,16 @@ class InstabilityRecord(_Record):
     rolled_back_to_step: Step | None = None
 
 
+class PreemptedRecord(_Record):
+    """The run received SIGTERM and stopped after ``step`` (every rank agreed on it), with the
+    checkpoint ``checkpoint`` (its file name; None without checkpoint files)."""
+
+    type: Literal["preempted"] = "preempted"
+    step: Step
+    epoch: Epoch | None = None
+    checkpoint: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+
+
 AnyRecord = (
     StartRecord
     | MetricsRecord
@@ -187,6 +198,7 @@ AnyRecord = (
     | SummaryRecord
     | NonFiniteLossRecord
     | InstabilityRecord
+    | PreemptedRecord
 )
 EventRecord = Annotated[AnyRecord, Field(discriminator="type")]
 _RECORD: TypeAdapter[EventRecord] = TypeAdapter(EventRecord)

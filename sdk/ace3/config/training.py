@@ -25,6 +25,7 @@ from ace3.config.distillation import DistillationFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.instability import InstabilityFields
 from ace3.config.lora import LoRAFields
+from ace3.config.preemption import PreemptionFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
@@ -49,6 +50,7 @@ class TrainingConfig(
     DistillationFields,
     CheckpointFields,
     InstabilityFields,
+    PreemptionFields,
     _Schema,
 ):
     """Everything a training job needs to know besides its model and data.

@@ -17,6 +17,7 @@ from ace3.config.layout import (
     runs_tensor_parallel,
 )
 from ace3.config.lora import lora_problems
+from ace3.config.preemption import preemption_problems
 from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
 
 
@@ -50,6 +51,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + lora_problems(config)
         + batch_growth_problems(config)
         + instability_problems(config)
+        + preemption_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in distillation_problems(config)

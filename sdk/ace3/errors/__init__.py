@@ -31,6 +31,8 @@ one situation::
     │                                   .action
     ├── StepOutOfMemoryError            (engine) a rank of a multi-process run ran out of memory
     │                                   in a step: .step, .micro_batch, .split
+    ├── TrainingPreemptedError          (engine) SIGTERM stopped the run after a checkpoint:
+    │                                   .step, .checkpoint
     ├── SearchFailedError               the hyperparameter search failed: .search, .trials
     └── SearchCancelledError            the hyperparameter search was cancelled: .search,
                                         .trials, .best_params (the best trial so far)
@@ -60,12 +62,14 @@ from ace3.errors.api import (
 )
 from ace3.errors.base import ACE3Error
 from ace3.errors.job_outcomes import OUT_OF_MEMORY_EXIT_CODE as OUT_OF_MEMORY_EXIT_CODE
+from ace3.errors.job_outcomes import PREEMPTED_EXIT_CODE as PREEMPTED_EXIT_CODE
 from ace3.errors.job_outcomes import (
     InstabilityError,
     JobCancelledError,
     JobFailedError,
     NonFiniteLossError,
     StepOutOfMemoryError,
+    TrainingPreemptedError,
 )
 from ace3.errors.refusals import ChecksumMismatchError, PackingError, UnsupportedFeatureError
 from ace3.errors.search_outcomes import FAILED_TRIALS_SHOWN as FAILED_TRIALS_SHOWN
@@ -93,6 +97,7 @@ __all__ = [
     "SearchCancelledError",
     "SearchFailedError",
     "StepOutOfMemoryError",
+    "TrainingPreemptedError",
     "UnsupportedFeatureError",
     "ValidationError",
     "status_error_class",

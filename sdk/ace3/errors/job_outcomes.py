@@ -8,11 +8,13 @@ from ace3.errors.base import ACE3Error
 
 __all__ = [
     "OUT_OF_MEMORY_EXIT_CODE",
+    "PREEMPTED_EXIT_CODE",
     "InstabilityError",
     "JobCancelledError",
     "JobFailedError",
     "NonFiniteLossError",
     "StepOutOfMemoryError",
+    "TrainingPreemptedError",
 ]
 
 
@@ -116,6 +118,30 @@ class StepOutOfMemoryError(ACE3Error, RuntimeError):
 
     def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
         return (type(self), (self.step, self.micro_batch, self.split))
+
+
+# The exit status of a rank that was preempted (SIGTERM: a spot-instance notice, a worker being
+# drained): it finished its step, wrote a checkpoint at the step every rank agreed on, and left.
+# Distinct from OUT_OF_MEMORY_EXIT_CODE and from a failure (1).
+PREEMPTED_EXIT_CODE = 76
+
+
+class TrainingPreemptedError(ACE3Error):
+    """The run received SIGTERM (a spot-instance notice, a worker being drained) and stopped
+    after the optimizer step ``step``, on which every rank agreed; ``checkpoint`` is the
+    checkpoint file written at that step (None when the run keeps no checkpoint files, e.g. an
+    in-process run without ``save_dir``). Resuming from it continues the run exactly.
+
+    A job's ranks leave with :data:`PREEMPTED_EXIT_CODE`; an in-process ``Trainer`` raises it.
+    """
+
+    def __init__(self, step: int, checkpoint: str | None) -> None:
+        self.step, self.checkpoint = step, checkpoint
+        where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint file (no save_dir)"
+        super().__init__(f"training preempted (SIGTERM) after step {step}: {where}")
+
+    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+        return (type(self), (self.step, self.checkpoint))
 
 
 def _format_log_line(line: Any) -> str:

@@ -4,7 +4,8 @@ Reads the job, joins the process group, builds, trains, and always tears the gro
 failure the traceback goes to stderr and the exit status is 1; a rank that ran out of memory
 inside a step of a multi-process job (:class:`ace3.errors.StepOutOfMemoryError`) exits with
 ``OUT_OF_MEMORY_EXIT_CODE`` (75) instead, which the worker answers with another attempt at half
-the micro-batch.
+the micro-batch. A rank stopped by SIGTERM after its preemption checkpoint
+(:mod:`ace3.runtime.preemption`) exits with ``PREEMPTED_EXIT_CODE`` (76).
 
 The process ends with ``os._exit`` after an orderly shutdown (group destroyed, atexit handlers
 run, streams flushed): Gloo's worker threads outlive ``destroy_process_group`` and can release
@@ -20,7 +21,12 @@ import os
 import sys
 import traceback
 
-from ace3.errors import OUT_OF_MEMORY_EXIT_CODE, StepOutOfMemoryError
+from ace3.errors import (
+    OUT_OF_MEMORY_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    StepOutOfMemoryError,
+    TrainingPreemptedError,
+)
 from ace3.runtime.log_prefix import install_log_prefix
 from ace3.runtime.parent_death import exit_with_parent
 
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         # No traceback: the worker reads the exit status and retries with smaller micro-batches.
         print(f"StepOutOfMemoryError: {exc}", file=sys.stderr, flush=True)
         return OUT_OF_MEMORY_EXIT_CODE
+    except TrainingPreemptedError as exc:
+        # No traceback: the worker re-queues the job, which resumes from this checkpoint.
+        print(f"TrainingPreemptedError: {exc}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     except Exception:
         traceback.print_exc()
         return 1

@@ -36,6 +36,7 @@ from ace3.runtime.lora_merge import LoRAExtension
 from ace3.runtime.optim import build_scheduler
 from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.precision import resolve_precision
+from ace3.runtime.preemption import Preemption
 from ace3.runtime.rng import rank_seed, seed_all
 from ace3.runtime.step_counts import total_optimizer_steps
 from ace3.runtime.teacher import build_job_teacher, local_teacher, prepare_teacher
@@ -199,6 +200,8 @@ def assemble(
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
     scheduler = build_scheduler(optimizer, config, steps)
     extensions = compression_extensions(config, local, ctx, steps)
+    if config.checkpoint_on_sigterm:
+        extensions.append(Preemption(config, ctx, in_process=live_module))
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
     strategy.wrap(local)

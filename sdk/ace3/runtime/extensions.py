@@ -6,12 +6,15 @@ the same points, so an extension may run collectives (validation, broadcasts)::
 
     start(loop)        once, before the first step (after the hooks' on_train_begin)
     after_step(loop)   after each optimizer step (loop.state.step counts it already)
+    step_end(loop)     at the end of each step, after its metrics, its checkpoint and the
+                       stop check (preemption stops here: :mod:`ace3.runtime.preemption`)
     saving()           a context around every checkpoint the loop writes
     finish(loop)       after the final checkpoint; returns entries for the summary
     on_instability(loop, reason)
                        the instability guard found a step unstable and warned, skipped it or
                        rolled the run back (after the rollback; every rank at the same step;
                        batch-size growth shrinks the batch); not when it stops the run
+    close()            always, last, however the run ended (an exception included)
 
 :func:`compression_extensions` builds the ones a config asks for: pruning
 (:mod:`ace3.runtime.pruning`) then post-training quantization
@@ -42,6 +45,9 @@ class LoopExtension:
     def after_step(self, loop: TrainingLoop) -> None:
         return None
 
+    def step_end(self, loop: TrainingLoop) -> None:
+        return None
+
     def saving(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
@@ -50,6 +56,9 @@ class LoopExtension:
 
     def finish(self, loop: TrainingLoop) -> dict[str, Any]:
         return {}
+
+    def close(self) -> None:
+        return None
 
 
 def matching_modules(

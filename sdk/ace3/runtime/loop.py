@@ -7,17 +7,15 @@ clipping, out-of-memory recovery). Training metrics go out at step 1 and every
 validation metrics; checkpoints every ``save_interval`` steps and at the end; a summary last.
 Before the first step, a ``start`` record gives the plan (:func:`planned_total_steps`).
 
-A NaN or infinite training loss stops the run: the loss window watches for it on the device
-and reports it with the sums it already reduces (at every metrics report and before every
-save, never a host read per step); then rank 0 writes a ``nonfinite_loss`` record and every
-rank raises :class:`ace3.errors.NonFiniteLossError` at the same point.
+A NaN or infinite training loss (watched on the device, read with the sums reduced at each
+report and save) stops every rank at once with :class:`ace3.errors.NonFiniteLossError`.
 With ``instability`` set, the guard (:mod:`ace3.runtime.instability`) judges every step before
 its update and may drop it, roll the run back to its newest checkpoint, or stop it.
-Hooks (callbacks, TensorBoard, profiler: :mod:`ace3.runtime.hooks`) see every step and epoch;
-any of them (or ``model.stop_training = True``) can stop the run, agreed across ranks.
-Extensions (pruning, quantization, batch-size growth: :mod:`ace3.runtime.extensions`) act at
-fixed points: the start, after each step, around each save, after the final save (their entries
-join the summary). The batch plan (:mod:`ace3.runtime.batch_growth`) sizes each step.
+Hooks (:mod:`ace3.runtime.hooks`) see every step and epoch; any of them can stop the run.
+Extensions (pruning, quantization, batch-size growth, preemption:
+:mod:`ace3.runtime.extensions`) act at fixed points: the start, after each step, its end,
+around saves, after the final save, and last. The batch plan
+(:mod:`ace3.runtime.batch_growth`) sizes each step.
 """
 
 from __future__ import annotations
@@ -295,6 +293,8 @@ class TrainingLoop:
                     self._save()
             if hooks.checks_stop_every_batch and self._agree_stop():
                 break
+            for extension in self.extensions:
+                extension.step_end(self)
         return False
 
     def run(self) -> dict[str, Any]:
@@ -379,6 +379,8 @@ class TrainingLoop:
             self.saver.close(failed=True)  # (a no-op after a clean end)
             self.hooks.close()
             self.events.close()
+            for extension in self.extensions:
+                extension.close()
             if parts.distiller is not None:
                 parts.distiller.close()
 

@@ -20,6 +20,7 @@ from ace3.config.events import (
     InstabilityRecord,
     MetricsRecord,
     NonFiniteLossRecord,
+    PreemptedRecord,
     StartRecord,
     SummaryRecord,
     encode_record,
@@ -137,6 +138,10 @@ class EventWriter:
             lr_scale=lr_scale,
             rolled_back_to_step=rolled_back_to_step,
         )
+
+    def preempted(self, step: int, epoch: float, checkpoint: str | None) -> None:
+        """SIGTERM stopped the run after ``step``, with the checkpoint file ``checkpoint``."""
+        self.emit(PreemptedRecord, step=step, epoch=epoch, checkpoint=checkpoint)
 
     def summary(
         self,

@@ -200,3 +200,38 @@ def test_out_of_memory_retries_halve_the_micro_batch_without_using_the_retry_bud
     session.execute(update(Job).where(Job.id == job.id).values(state="running", attempt=6))
     capped = job_transitions.requeue_with_half_the_micro_batch(job.id, 6, "oom", 3)
     assert session.execute(capped).rowcount == 0, "no more halvings than the micro-batch allows"
+
+
+def test_preemptions_requeue_without_using_the_retry_budget(
+    session: Session, database_url: str
+) -> None:
+    job = _job(session, max_retries=1)
+    for attempt in (1, 2):  # two drained workers: each attempt is re-queued as a preemption
+        session.execute(job_transitions.claim(job.id, "worker-a", 30))
+        requeued = session.execute(
+            job_transitions.requeue_after_preemption(job.id, attempt, "drained")
+        )
+        assert requeued.rowcount == 1
+    session.execute(job_transitions.claim(job.id, "worker-a", 30))
+    # The retry budget (1) is still whole: attempt 3 dies with its worker and is retried once,
+    # by the worker itself or by the reconciler (the same budget).
+    assert session.execute(job_transitions.requeue_for_retry(job.id, 3, "lost")).rowcount == 1
+    session.execute(job_transitions.claim(job.id, "worker-a", 30))
+    session.execute(
+        update(Job).where(Job.id == job.id).values(lease_expires_at=utcnow() - timedelta(seconds=1))
+    )
+    session.commit()
+    engine = make_async_engine(database_url)
+    settings = Settings(database_url=database_url, republish_after_seconds=3600)
+    asyncio.run(
+        reconcile_once(async_session_factory(engine), _RecordingPublisher(), settings)  # type: ignore[arg-type]
+    )
+    asyncio.run(engine.dispose())
+    session.refresh(job)
+    assert (job.state, job.attempt, job.preemptions) == ("failed", 4, 2)
+    assert "no retries left" in (job.error or "")
+    session.execute(update(Job).where(Job.id == job.id).values(state="running", attempt=5))
+    session.execute(update(Job).where(Job.id == job.id).values(cancel_requested=True))
+    cancelled = job_transitions.requeue_after_preemption(job.id, 5, "drained")
+    assert session.execute(cancelled).rowcount == 0, "a cancel asked meanwhile wins"
+    session.rollback()

@@ -199,7 +199,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
 
     leader, follower = command(True), command(False)
     run = leader.index("ace3.runtime.torchrun")
-    assert leader[run + 1 : run + 10] == [
+    assert leader[run + 1 : run + 11] == [
         "--nnodes=2",
         "--nproc-per-node=4",
         "--rdzv-backend=c10d",
@@ -208,6 +208,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
         "--rdzv-conf=is_host=true,join_timeout=300",
         "--local-addr=10.0.0.6",
         "--max-restarts=0",
+        "--shutdown-timeout=30",  # (the worker passes its longest grace)
         "-m",
     ]
     assert "--rdzv-conf=is_host=false,join_timeout=300" in follower

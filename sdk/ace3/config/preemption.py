@@ -1,0 +1,64 @@
+"""Preemption settings of :class:`~ace3.config.training.TrainingConfig`: what a run does on
+SIGTERM (a spot-instance notice, a worker being drained). Kept apart so that the training
+schema stays readable; ``TrainingConfig`` inherits :class:`PreemptionFields`. What the engine
+does with them: :mod:`ace3.runtime.preemption`; what the worker does: ``ace3_worker.drain``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from ace3.config.training import TrainingConfig
+    from ace3.config.unsupported import ConfigProblem
+
+# The longest grace a job may ask for (torchrun waits this long for its ranks after a SIGTERM).
+MAX_PREEMPTION_GRACE_SECONDS = 600.0
+
+
+class PreemptionFields(BaseModel):
+    """``checkpoint_on_sigterm``: on SIGTERM every rank finishes its optimizer step, the ranks
+    agree on the step to stop at, write a checkpoint there and leave with
+    ``ace3.errors.PREEMPTED_EXIT_CODE`` (an in-process run raises
+    ``ace3.errors.TrainingPreemptedError``); the service re-queues the job, which resumes from
+    that checkpoint. ``preemption_grace_seconds``: how long the ranks have for it before they
+    are killed (the worker's ``ACE3_WORKER_DRAIN_GRACE_SECONDS`` caps it)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    checkpoint_on_sigterm: bool = Field(
+        True,
+        description="On SIGTERM (preemption): finish the step, agree on it across ranks, "
+        "checkpoint and stop; False: SIGTERM ends the processes at once.",
+    )
+    preemption_grace_seconds: float | None = Field(
+        None,
+        gt=0.0,
+        le=MAX_PREEMPTION_GRACE_SECONDS,
+        allow_inf_nan=False,
+        description="Seconds the ranks have after SIGTERM to finish the step and save before "
+        "SIGKILL; None: the worker's ACE3_WORKER_DRAIN_GRACE_SECONDS (which also caps it).",
+    )
+
+
+def preemption_problems(config: TrainingConfig) -> list[ConfigProblem]:
+    """What the preemption settings cannot run with, each with its reason (for
+    :func:`ace3.config.unsupported.unsupported_settings`)."""
+    from ace3.config.unsupported import ConfigProblem  # (it imports this module's users)
+
+    field = "preemption_grace_seconds"
+    if config.preemption_grace_seconds is None:
+        return []
+    if not config.checkpoint_on_sigterm:
+        return [ConfigProblem(field=field, reason=(
+            f"{field} with checkpoint_on_sigterm=False: there is nothing to give a grace period "
+            "to (SIGTERM ends the processes at once); remove one of them"
+        ))]  # fmt: skip
+    if config.num_nodes > 1:
+        return [ConfigProblem(field=field, reason=(
+            f"{field} with num_nodes > 1 is not implemented: a draining worker lets a "
+            "multi-node attempt run to its end instead of preempting it (its ranks still "
+            "checkpoint on a SIGTERM from outside); remove it"
+        ))]  # fmt: skip
+    return []

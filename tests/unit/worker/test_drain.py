@@ -1,0 +1,54 @@
+"""The worker's side of preemption, without a stack: the grace a preempted attempt gets, the
+drain flag a warm shutdown sets, and a preemption exit the worker did not cause (a SIGTERM from
+outside to the ranks), which is retried like a killed rank (from the retry budget)."""
+
+from __future__ import annotations
+
+from ace3.errors import PREEMPTED_EXIT_CODE
+from ace3_control.settings import Settings
+from ace3_worker import drain
+from ace3_worker.attempt import AttemptWatch
+from ace3_worker.launcher import torchrun_command
+from ace3_worker.outcome import Outcomes, preempted_from_outside
+from ace3_worker.sandbox.limits import JobLimits
+
+
+def test_the_job_s_grace_is_capped_by_the_worker_s() -> None:
+    settings = Settings(worker_drain_grace_seconds=90)
+    assert drain.grace_seconds({}, settings) == 90
+    assert drain.grace_seconds({"preemption_grace_seconds": 20}, settings) == 20
+    assert drain.grace_seconds({"preemption_grace_seconds": 300}, settings) == 90
+    assert drain.grace_seconds({"preemption_grace_seconds": "x"}, settings) == 90
+
+
+def test_a_warm_shutdown_sets_the_drain_flag_the_slots_read() -> None:
+    assert not drain.draining()
+    try:
+        drain.request_drain("SIGTERM, warm shutdown")
+        assert drain.draining()
+    finally:
+        drain.DRAIN.clear()
+
+
+def test_torchrun_waits_for_ranks_that_checkpoint_after_a_sigterm() -> None:
+    settings = Settings(worker_drain_grace_seconds=90, cancel_grace_seconds=10)
+    assert drain.shutdown_timeout(settings) == 95
+    command = torchrun_command("/j.json", 2, drain.shutdown_timeout(settings))
+    assert "--shutdown-timeout=95" in command
+
+
+def test_a_preemption_exit_the_worker_did_not_cause_is_a_retry_from_the_budget() -> None:
+    summary = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        f"  exitcode  : {PREEMPTED_EXIT_CODE} (pid: 4241)",
+    ]
+    watch = AttemptWatch("job", 1)
+    watch.launcher_stderr_tail.extend(summary)
+    assert preempted_from_outside(watch)
+    outcomes = Outcomes(Settings(), None, JobLimits.from_settings(Settings()))  # type: ignore[arg-type]
+    message, retryable = outcomes.failure(watch, 1)
+    assert retryable and "SIGTERM from outside the worker" in message
+    watch.preempted_for = "the worker is draining"  # the worker's own drain: not a failure
+    assert not preempted_from_outside(watch)
