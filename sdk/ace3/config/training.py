@@ -20,16 +20,28 @@ from pydantic import (
 
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
+from ace3.config.extra_optimizers import ExtraOptimizerFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.lora import LoRAFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
+from ace3.config.speed import SpeedFields
 
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
 Parallelism = Literal["data", "model", "pipeline"]
 ShardingStrategy = Literal["layer", "tensor", "pipeline"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
 Backend = Literal["auto", "nccl", "gloo"]
-OptimizerName = Literal["adamw", "adam", "sgd", "memory_efficient_adam", "adam8bit"]
+OptimizerName = Literal[
+    "adamw",
+    "adam",
+    "sgd",
+    "memory_efficient_adam",
+    "adam8bit",
+    "lion",
+    "sophia",
+    "galore_adamw",
+    "adafactor",
+]
 AmpDtype = Literal["auto", "float16", "bfloat16"]
 
 
@@ -39,7 +51,15 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, DistillationFields, _Schema):
+class TrainingConfig(
+    LoRAFields,
+    FineTuningFields,
+    CompressionFields,
+    DistillationFields,
+    SpeedFields,
+    ExtraOptimizerFields,
+    _Schema,
+):
     """Everything a training job needs to know besides its model and data.
 
     Batch sizes: ``batch_size`` is the *global* batch of one forward/backward micro-step, summed
@@ -153,7 +173,9 @@ class TrainingConfig(LoRAFields, FineTuningFields, CompressionFields, Distillati
     )
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
     optimizer: OptimizerName = Field(
-        "adamw", description="adamw, adam, sgd, memory_efficient_adam or adam8bit."
+        "adamw",
+        description="adamw, adam, sgd, memory_efficient_adam, adam8bit; lion, sophia, "
+        "galore_adamw (pip install 'ace3[optimizers]') or adafactor (torch.optim.Adafactor).",
     )
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
     betas: tuple[float, float] = Field(

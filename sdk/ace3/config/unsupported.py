@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ace3.config.distillation_checks import distillation_problems
+from ace3.config.extra_optimizers import extra_optimizer_problems
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
@@ -15,6 +16,7 @@ from ace3.config.layout import (
     runs_tensor_parallel,
 )
 from ace3.config.lora import lora_problems
+from ace3.config.speed import speed_problems
 from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
 
 
@@ -46,6 +48,8 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + _model_parallel_problems(config)
         + _compression_problems(config)
         + lora_problems(config)
+        + speed_problems(config)
+        + extra_optimizer_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in distillation_problems(config)
