@@ -121,7 +121,7 @@ class ExtraOptimizerFields(BaseModel):
 
     @field_validator("lion_betas", "sophia_betas")
     @classmethod
-    def _betas_in_unit_interval(
+    def _optimizer_betas_in_unit_interval(
         cls, betas: tuple[float, float] | None
     ) -> tuple[float, float] | None:
         if betas is not None and not all(0.0 <= beta < 1.0 for beta in betas):
@@ -130,7 +130,7 @@ class ExtraOptimizerFields(BaseModel):
 
     @field_validator("adafactor_eps")
     @classmethod
-    def _eps_positive(
+    def _adafactor_eps_in_range(
         cls, eps: tuple[float | None, float] | None
     ) -> tuple[float | None, float] | None:
         if eps is not None and not all(e is None or 0.0 < e <= 1.0 for e in eps):

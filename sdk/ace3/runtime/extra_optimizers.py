@@ -3,11 +3,13 @@ settings named by it (:mod:`ace3.config.extra_optimizers`):
 
 - ``lion``: ``pytorch_optimizer.Lion`` (Chen et al. 2023): ``p -= lr * sign(beta1 m + (1 -
   beta1) g)``, then ``m = beta2 m + (1 - beta2) g``; decoupled weight decay.
-- ``sophia``: :class:`Sophia`, ``pytorch_optimizer.SophiaH`` (Liu et al. 2023) with a
-  Hutchinson estimate of the Hessian diagonal every ``sophia_update_period`` steps; the
+- ``sophia``: ``Sophia``, ``pytorch_optimizer.SophiaH`` (Liu et al. 2023) with a
+  Hutchinson estimate of the Hessian diagonal (``z * (H z)`` for a Rademacher ``z``: exact for
+  a diagonal Hessian) every ``sophia_update_period`` steps; ``p -= lr * clip(m / max(h, eps),
+  -rho, rho)``; the
   engine runs those steps' backward passes with ``create_graph=True``
   (:func:`needs_grad_graph`).
-- ``galore_adamw``: :class:`GaLoreAdamW`, ``pytorch_optimizer.GaLore`` (Zhao et al. 2024):
+- ``galore_adamw``: ``GaLoreAdamW``, ``pytorch_optimizer.GaLore`` (Zhao et al. 2024):
   AdamW whose every 2-D weight's gradient is projected onto ``galore_rank`` singular vectors
   (recomputed every ``galore_update_proj_gap`` steps), the update projected back and scaled
   by ``galore_scale``; other parameters get plain AdamW.
@@ -206,6 +208,7 @@ def build_extra_optimizer(
             weight_decay=wd,
             p=float(optimizer_setting(config, "sophia_rho")),  # type: ignore[arg-type]
             update_period=int(optimizer_setting(config, "sophia_update_period")),  # type: ignore[call-overload]
+            hessian_distribution="rademacher",
         )
     if name == "galore_adamw":
         return _galore_class()(
