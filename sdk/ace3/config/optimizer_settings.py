@@ -28,20 +28,29 @@ _BNB_ARG_DEFAULTS = {
     "max_unorm": 0.0,
     "skip_zeros": False,
 }
+_LION_DEFAULTS = {"weight_decouple": True, "fixed_decay": False, "maximize": False}
+_ADAFACTOR_DEFAULTS = {"maximize": False}
 _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 _SGD_KEYS = ("lr", "momentum", "weight_decay")
+_LION_KEYS = ("lr", "betas", "weight_decay")
+_ADAFACTOR_KEYS = ("lr", "beta2_decay", "eps", "d", "weight_decay")
 SUPPORTED = (
-    "torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, ace3.optimizers.MemoryEfficientAdam, "
-    "ace3.training.optimizers.Adam8bit, bitsandbytes.optim.Adam8bit / AdamW8bit"
+    "torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adafactor, "
+    "ace3.optimizers.MemoryEfficientAdam, ace3.training.optimizers.Adam8bit, "
+    "bitsandbytes.optim.Adam8bit / AdamW8bit, pytorch_optimizer.Lion"
 )
 
 
 def optimizer_settings(optimizer: Any, model: Any = None) -> dict[str, Any]:
     """The ``TrainingConfig`` fields that rebuild ``optimizer`` in a job.
 
-    Returns ``optimizer`` (adamw, adam, sgd, memory_efficient_adam or adam8bit),
-    ``learning_rate`` and ``weight_decay``, plus ``betas`` and ``eps`` for the Adam family or
-    ``momentum`` for SGD. ``learning_rate`` is the group's ``initial_lr`` when a scheduler has
+    Returns ``optimizer`` (adamw, adam, sgd, memory_efficient_adam, adam8bit, adafactor or
+    lion), ``learning_rate`` and ``weight_decay``, plus ``betas`` and ``eps`` for the Adam
+    family, ``momentum`` for SGD, ``lion_betas`` for ``pytorch_optimizer.Lion`` or
+    ``adafactor_beta2_decay`` / ``adafactor_eps`` / ``adafactor_d`` for
+    ``torch.optim.Adafactor``. Other pytorch-optimizer classes (SophiaH, GaLore: their state
+    or parameter groups are the engine's own) are refused: set ``optimizer="sophia"`` or
+    ``"galore_adamw"`` in the config instead. ``learning_rate`` is the group's ``initial_lr`` when a scheduler has
     been attached (the schedule's base), else its ``lr``. ``torch.optim.Adam(...,
     decoupled_weight_decay=True)`` is carried as ``adamw``.
 
@@ -72,7 +81,14 @@ def optimizer_settings(optimizer: Any, model: Any = None) -> dict[str, Any]:
         "learning_rate": float(group.get("initial_lr", group["lr"])),
         "weight_decay": float(group["weight_decay"]),
     }
-    if "betas" in keys:
+    if name == "lion":
+        settings["lion_betas"] = (float(group["betas"][0]), float(group["betas"][1]))
+    elif name == "adafactor":
+        eps1, eps2 = group["eps"]
+        settings["adafactor_beta2_decay"] = float(group["beta2_decay"])
+        settings["adafactor_eps"] = (None if eps1 is None else float(eps1), float(eps2))
+        settings["adafactor_d"] = float(group["d"])
+    elif "betas" in keys:
         settings["betas"] = (float(group["betas"][0]), float(group["betas"][1]))
         settings["eps"] = float(group["eps"])
     else:
@@ -102,6 +118,11 @@ def _identify(optimizer: Any) -> tuple[str, tuple[str, ...], dict[str, Any]]:
             return ("adamw" if decoupled else "adam"), _ADAM_KEYS, dict(_ADAM_DEFAULTS)
         if cls is torch.optim.SGD:
             return "sgd", _SGD_KEYS, dict(_SGD_DEFAULTS)
+        if cls is getattr(torch.optim, "Adafactor", None):
+            return "adafactor", _ADAFACTOR_KEYS, dict(_ADAFACTOR_DEFAULTS)
+    library = sys.modules.get("pytorch_optimizer")
+    if library is not None and cls is getattr(library, "Lion", None):
+        return "lion", _LION_KEYS, dict(_LION_DEFAULTS)
     bnb = sys.modules.get("bitsandbytes")
     if bnb is not None and cls in (bnb.optim.Adam8bit, bnb.optim.AdamW8bit):
         return "adam8bit", _ADAM_KEYS, {**_BNB_ARG_DEFAULTS, "is_paged": False}

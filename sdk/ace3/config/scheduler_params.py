@@ -5,8 +5,8 @@ schedule with a 422 when the job is submitted rather than when it starts) and th
 classes in ``ace3.training.schedulers`` (which check their arguments with the same function). No torch
 import here.
 
-``cosine.T_max`` and ``warmup_cosine.total_steps`` are optional in a spec: the engine then uses
-the job's total number of optimizer steps.
+``cosine.T_max``, ``warmup_cosine.total_steps`` and ``polynomial.total_steps`` are optional in a
+spec: the engine then uses the job's total number of optimizer steps.
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ SCHEDULER_PARAMS: dict[str, dict[str, tuple[Check, bool]]] = {
         "max_lr": (_optional(_number(0.0, low_open=True)), False),
         "min_lr": (_number(0.0), False),
     },
+    "polynomial": {
+        "warmup_steps": (_integer(0), True),
+        "total_steps": (_integer(1), False),
+        "power": (_number(0.0, 100.0, low_open=True), False),
+        "min_lr": (_number(0.0), False),
+    },
     "warmup": {"warmup_steps": (_integer(1), True)},
     "step": {"step_size": (_integer(1), True), "gamma": (_number(0.0, low_open=True), False)},
     "linear": {
@@ -143,13 +149,12 @@ def check_scheduler_params(name: str, params: Mapping[str, Any]) -> dict[str, An
 
 def _check_together(name: str, params: dict[str, Any]) -> None:
     """Constraints between parameters (each one alone already passed)."""
-    if name != "warmup_cosine":
+    if name not in ("warmup_cosine", "polynomial"):
         return
     warmup, total = params.get("warmup_steps"), params.get("total_steps")
     if warmup is not None and total is not None and warmup > total:
         raise ValueError(
-            f"lr_scheduler 'warmup_cosine': 'warmup_steps' ({warmup}) must be <= "
-            f"'total_steps' ({total})"
+            f"lr_scheduler {name!r}: 'warmup_steps' ({warmup}) must be <= 'total_steps' ({total})"
         )
     max_lr, min_lr = params.get("max_lr"), params.get("min_lr")
     if max_lr is not None and min_lr is not None and min_lr > max_lr:

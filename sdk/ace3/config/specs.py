@@ -25,7 +25,7 @@ class _Spec(BaseModel):
 
 
 SchedulerName = Literal[
-    "cosine", "warmup_cosine", "warmup", "step", "linear", "exponential", "plateau"
+    "cosine", "warmup_cosine", "polynomial", "warmup", "step", "linear", "exponential", "plateau"
 ]
 
 
@@ -35,8 +35,9 @@ class SchedulerSpec(_Spec):
     Every schedule but ``plateau`` advances once per optimizer step; ``plateau`` once per
     validation, on ``monitor``. ``params`` are checked against
     ``ace3.config.scheduler_params.SCHEDULER_PARAMS`` (names, types, ranges), so a typo or a bad value
-    is refused at submission. ``cosine.T_max`` and ``warmup_cosine.total_steps`` may be left
-    out: the engine then uses the job's total number of optimizer steps.
+    is refused at submission. ``cosine.T_max``, ``warmup_cosine.total_steps`` and
+    ``polynomial.total_steps`` may be left out: the engine then uses the job's total number of
+    optimizer steps.
     """
 
     name: SchedulerName

@@ -22,18 +22,30 @@ from ace3.config.batch_growth import DynamicBatchSizeConfig, batch_size_from_gro
 from ace3.config.checkpointing import CheckpointFields
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
+from ace3.config.extra_optimizers import ExtraOptimizerFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.instability import InstabilityFields
 from ace3.config.lora import LoRAFields
 from ace3.config.preemption import PreemptionFields
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
+from ace3.config.speed import SpeedFields
 
 AmpLevel = Literal["O0", "O1", "O2", "O3"]
 Parallelism = Literal["data", "model", "pipeline"]
 ShardingStrategy = Literal["layer", "tensor", "pipeline"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
 Backend = Literal["auto", "nccl", "gloo"]
-OptimizerName = Literal["adamw", "adam", "sgd", "memory_efficient_adam", "adam8bit"]
+OptimizerName = Literal[
+    "adamw",
+    "adam",
+    "sgd",
+    "memory_efficient_adam",
+    "adam8bit",
+    "lion",
+    "sophia",
+    "galore_adamw",
+    "adafactor",
+]
 AmpDtype = Literal["auto", "float16", "bfloat16"]
 
 
@@ -51,6 +63,8 @@ class TrainingConfig(
     CheckpointFields,
     InstabilityFields,
     PreemptionFields,
+    SpeedFields,
+    ExtraOptimizerFields,
     _Schema,
 ):
     """Everything a training job needs to know besides its model and data.
@@ -166,7 +180,9 @@ class TrainingConfig(
     )
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
     optimizer: OptimizerName = Field(
-        "adamw", description="adamw, adam, sgd, memory_efficient_adam or adam8bit."
+        "adamw",
+        description="adamw, adam, sgd, memory_efficient_adam, adam8bit; lion, sophia, "
+        "galore_adamw (pip install 'ace3[optimizers]') or adafactor (torch.optim.Adafactor).",
     )
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
     betas: tuple[float, float] = Field(

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from ace3.config.batch_growth import batch_growth_problems
 from ace3.config.distillation_checks import distillation_problems
+from ace3.config.extra_optimizers import extra_optimizer_problems
 from ace3.config.instability import instability_problems
 from ace3.config.layout import (
     parallel_degrees,
@@ -18,6 +19,7 @@ from ace3.config.layout import (
 )
 from ace3.config.lora import lora_problems
 from ace3.config.preemption import preemption_problems
+from ace3.config.speed import speed_problems
 from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
 
 
@@ -52,6 +54,8 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + batch_growth_problems(config)
         + instability_problems(config)
         + preemption_problems(config)
+        + speed_problems(config)
+        + extra_optimizer_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in distillation_problems(config)

@@ -51,6 +51,7 @@ def _train(job_path: str) -> None:
     from ace3.runtime.job_spec import load_job_spec
     from ace3.runtime.loop import RunPlace, TrainingLoop
     from ace3.runtime.memory_meter import PeakMemoryMeter
+    from ace3.runtime.speed import speed_settings
 
     job = load_job_spec(job_path)
     ctx = init_distributed(job.config)
@@ -60,17 +61,18 @@ def _train(job_path: str) -> None:
     memory = PeakMemoryMeter(ctx.device)
     memory.start()
     try:
-        parts = build(job, ctx)
-        place = RunPlace(
-            label=f"job {job.job_id} attempt {job.attempt}",
-            output_dir=Path(job.output_dir),
-            checkpoint_dir=Path(job.output_dir) / "checkpoints",
-            resumed=bool(job.resume_from),
-            # The worker copies each checkpoint into the store as soon as its record is read
-            # (and never deletes the job's files): the job keeps its own directory small.
-            keep_checkpoints=max(job.config.max_checkpoints or 0, LOCAL_CHECKPOINTS_KEPT),
-        )
-        TrainingLoop(place, ctx, parts, engine_hooks(job.config, ctx), memory=memory).run()
+        with speed_settings(job.config, ctx.device):
+            parts = build(job, ctx)
+            place = RunPlace(
+                label=f"job {job.job_id} attempt {job.attempt}",
+                output_dir=Path(job.output_dir),
+                checkpoint_dir=Path(job.output_dir) / "checkpoints",
+                resumed=bool(job.resume_from),
+                # The worker copies each checkpoint into the store as soon as its record is read
+                # (and never deletes the job's files): the job keeps its own directory small.
+                keep_checkpoints=max(job.config.max_checkpoints or 0, LOCAL_CHECKPOINTS_KEPT),
+            )
+            TrainingLoop(place, ctx, parts, engine_hooks(job.config, ctx), memory=memory).run()
     finally:
         memory.stop()
 

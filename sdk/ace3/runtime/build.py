@@ -38,6 +38,7 @@ from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.precision import resolve_precision
 from ace3.runtime.preemption import Preemption
 from ace3.runtime.rng import rank_seed, seed_all
+from ace3.runtime.speed import compile_model, uncompile
 from ace3.runtime.step_counts import total_optimizer_steps
 from ace3.runtime.teacher import build_job_teacher, local_teacher, prepare_teacher
 from ace3.runtime.train_state import TrainState
@@ -160,6 +161,7 @@ def build_local(
         return assemble(*built, live_module=True, teacher=teacher)
     except BaseException:
         remove_adapters(model, merge=False)  # LoRA: the caller's module as it was given
+        uncompile(model)
         raise
 
 
@@ -204,6 +206,9 @@ def assemble(
         extensions.append(Preemption(config, ctx, in_process=live_module))
     scaler = precision.make_scaler(config)
     seed_all(rank_seed(config.seed, ctx.rank))
+    compiled = compile_model(local, config)  # after sharding, before DDP wraps it
+    if compiled and ctx.is_main:
+        print(compiled, flush=True)
     strategy.wrap(local)
     parts = Components(
         config=config,

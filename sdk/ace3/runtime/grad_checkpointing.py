@@ -30,7 +30,7 @@ def _parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def _largest_sequential(model: nn.Module) -> tuple[str, nn.Sequential] | None:
+def largest_sequential(model: nn.Module) -> tuple[str, nn.Sequential] | None:
     if isinstance(model, nn.Sequential):
         return "the model", model
     candidates = [
@@ -54,7 +54,7 @@ def enable_gradient_checkpointing(model: nn.Module, segments: int | None) -> str
     if callable(enable):
         enable()
         return f"{type(model).__name__}.gradient_checkpointing_enable() called"
-    found = _largest_sequential(model)
+    found = largest_sequential(model)
     if found is None:
         raise ValueError(
             f"gradient_checkpointing=True needs a checkpointable model: {type(model).__name__} "

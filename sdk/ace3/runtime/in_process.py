@@ -43,6 +43,7 @@ from ace3.runtime.loop import RunPlace, TrainingLoop
 from ace3.runtime.lora import remove_adapters
 from ace3.runtime.memory_meter import PeakMemoryMeter
 from ace3.runtime.reporting import EventWriter
+from ace3.runtime.speed import speed_settings, uncompile
 from ace3.runtime.user_code import LossFn, MetricsFn, UserCode
 
 
@@ -196,33 +197,35 @@ def train_in_process(
     memory = PeakMemoryMeter(ctx.device)
     memory.start()
     try:
-        ckpt = load_checkpoint(resume_from, None) if resume_from is not None else None
-        parts = build_local(
-            config, ctx, _user_code(compute_loss, compute_metrics), module,
-            data.train, data.validation, ckpt, str(resume_from) if resume_from else None,
-            init_from=init_from,
-        )  # fmt: skip
-        parts.collate_fn = data.collate_fn
-        collector = _Collector()
-        output_dir = checkpoint_dir.parent if checkpoint_dir is not None else Path.cwd()
-        place = RunPlace(
-            label="local run",
-            output_dir=output_dir,
-            checkpoint_dir=checkpoint_dir,
-            resumed=ckpt is not None,
-            keep_checkpoints=keep_checkpoints,
-        )
-        events = EventWriter(None, enabled=ctx.is_main, sink=collector)
-        all_hooks = engine_hooks(config, ctx, extra=hooks)
-        trainer = TrainingLoop(place, ctx, parts, all_hooks, events=events, memory=memory)
-        try:
-            trainer.run()
-            parts.precision.restore_model(module)
-        finally:
-            remove_adapters(module, merge=True)  # LoRA: its own layers, the adapters merged
-        if on_memory is not None:
-            on_memory(dict(collector.final))
-        return collector.run()
+        with speed_settings(config, ctx.device):
+            ckpt = load_checkpoint(resume_from, None) if resume_from is not None else None
+            parts = build_local(
+                config, ctx, _user_code(compute_loss, compute_metrics), module,
+                data.train, data.validation, ckpt, str(resume_from) if resume_from else None,
+                init_from=init_from,
+            )  # fmt: skip
+            parts.collate_fn = data.collate_fn
+            collector = _Collector()
+            output_dir = checkpoint_dir.parent if checkpoint_dir is not None else Path.cwd()
+            place = RunPlace(
+                label="local run",
+                output_dir=output_dir,
+                checkpoint_dir=checkpoint_dir,
+                resumed=ckpt is not None,
+                keep_checkpoints=keep_checkpoints,
+            )
+            events = EventWriter(None, enabled=ctx.is_main, sink=collector)
+            all_hooks = engine_hooks(config, ctx, extra=hooks)
+            trainer = TrainingLoop(place, ctx, parts, all_hooks, events=events, memory=memory)
+            try:
+                trainer.run()
+                parts.precision.restore_model(module)
+            finally:
+                remove_adapters(module, merge=True)  # LoRA: its own layers, the adapters merged
+                uncompile(module)  # compile=True: the caller's module runs eagerly again
+            if on_memory is not None:
+                on_memory(dict(collector.final))
+            return collector.run()
     finally:
         memory.stop()
         if created_group:

@@ -9,6 +9,11 @@ for the Adam family, ``betas`` and ``eps``:
 - ``memory_efficient_adam``: ``ace3.training.optimizers.MemoryEfficientAdam``, decoupled weight decay.
 - ``adam8bit``: ``ace3.training.optimizers.Adam8bit``, decoupled weight decay (bitsandbytes' kernels on
   CUDA when it is installed).
+- ``lion``, ``sophia``, ``galore_adamw``, ``adafactor``: :mod:`ace3.runtime.extra_optimizers`.
+
+``optimizer_impl`` picks the kernels of torch's AdamW, Adam and SGD
+(:func:`implementation_args`): ``auto`` is fused on CUDA when every parameter is a CUDA
+floating tensor, else torch's own default.
 
 Schedules (``TrainingConfig.lr_scheduler``) are built by :func:`build_scheduler` and driven by
 the training loop through a :class:`ScheduleDriver`::
@@ -42,6 +47,8 @@ from torch import nn
 from torch.optim import lr_scheduler
 
 from ace3.config import TrainingConfig
+from ace3.config.extra_optimizers import EXTRA_OPTIMIZERS
+from ace3.errors import UnsupportedFeatureError
 from ace3.training import schedulers
 from ace3.training.optimizers.adam8bit import Adam8bit
 from ace3.training.optimizers.memory_efficient_adam import MemoryEfficientAdam
@@ -61,21 +68,53 @@ def build_optimizer(
     if not trainable:
         raise ValueError("the model has no trainable parameters (requires_grad=True)")
     lr, wd = config.learning_rate, config.weight_decay
+    if config.optimizer in EXTRA_OPTIMIZERS:
+        from ace3.runtime.extra_optimizers import build_extra_optimizer
+
+        return build_extra_optimizer(trainable, config)
+    impl = implementation_args(trainable, config)
     adam_args = {"lr": lr, "betas": tuple(config.betas), "eps": config.eps, "weight_decay": wd}
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(trainable, **adam_args)
+        return torch.optim.AdamW(trainable, **adam_args, **impl)
     if config.optimizer == "adam":
-        return torch.optim.Adam(trainable, **adam_args)
+        return torch.optim.Adam(trainable, **adam_args, **impl)
     if config.optimizer == "sgd":
-        return torch.optim.SGD(trainable, lr=lr, momentum=config.momentum, weight_decay=wd)
+        return torch.optim.SGD(trainable, lr=lr, momentum=config.momentum, weight_decay=wd, **impl)
     if config.optimizer == "memory_efficient_adam":
         return MemoryEfficientAdam(trainable, **adam_args)
     if config.optimizer == "adam8bit":
         return Adam8bit(trainable, **adam_args)
     raise ValueError(
         f"unknown optimizer {config.optimizer!r}; choose adamw, adam, sgd, "
-        "memory_efficient_adam or adam8bit"
+        "memory_efficient_adam, adam8bit, lion, sophia, galore_adamw or adafactor"
     )
+
+
+# Devices with torch's fused Adam/AdamW/SGD kernels (torch >= 2.4 has the CPU's too).
+_FUSED_DEVICES = ("cuda", "cpu", "mps", "xpu")
+
+
+def implementation_args(params: list[nn.Parameter], config: TrainingConfig) -> dict[str, bool]:
+    """``fused`` / ``foreach`` for torch's AdamW, Adam and SGD from ``optimizer_impl``
+    ({} leaves torch's default). ``auto``: fused when every parameter is a CUDA floating
+    tensor; ``fused`` on parameters that cannot take it is refused with the reason."""
+    impl = config.optimizer_impl
+    if impl == "foreach":
+        return {"foreach": True}
+    if impl == "for_loop":
+        return {"foreach": False}
+    floating = all(torch.is_floating_point(p) for p in params)
+    devices = {p.device.type for p in params}
+    if impl == "auto":
+        return {"fused": True} if floating and devices == {"cuda"} else {}
+    unfit = sorted(devices - set(_FUSED_DEVICES))
+    if not floating or unfit:
+        what = f"parameters on {', '.join(unfit)}" if unfit else "non-floating parameters"
+        raise UnsupportedFeatureError(
+            f"optimizer_impl='fused': torch's fused {config.optimizer} has no kernel for {what}; "
+            "use optimizer_impl='auto' or 'foreach'"
+        )
+    return {"fused": True}
 
 
 def current_learning_rate(optimizer: torch.optim.Optimizer) -> float:
@@ -175,7 +214,7 @@ def build_scheduler(
     """The schedule ``config.lr_scheduler`` names, wrapped in a :class:`ScheduleDriver`.
 
     ``total_steps`` is the job's total number of optimizer steps; it is the default horizon
-    of ``cosine`` (``T_max``) and ``warmup_cosine`` (``total_steps``) when the spec leaves
+    of ``cosine`` (``T_max``), ``warmup_cosine`` and ``polynomial`` (``total_steps``) when the spec leaves
     it out. Returns None when no schedule is configured (constant learning rate).
     """
     spec = config.lr_scheduler
@@ -186,11 +225,12 @@ def build_scheduler(
     params = dict(spec.params)
     if spec.name == "cosine":
         params.setdefault("T_max", total_steps)
-    elif spec.name == "warmup_cosine":
+    elif spec.name in ("warmup_cosine", "polynomial"):
         params.setdefault("total_steps", total_steps)
     classes: dict[str, type] = {
         "cosine": schedulers.CosineAnnealingLR,
         "warmup_cosine": schedulers.WarmupCosineScheduler,
+        "polynomial": schedulers.PolynomialDecayScheduler,
         "warmup": schedulers.WarmupScheduler,
         "step": schedulers.StepLR,
         "linear": schedulers.LinearLR,

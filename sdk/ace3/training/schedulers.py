@@ -33,6 +33,7 @@ __all__ = [
     "CosineAnnealingLR",
     "ExponentialLR",
     "LinearLR",
+    "PolynomialDecayScheduler",
     "ReduceLROnPlateau",
     "StepLR",
     "WarmupCosineScheduler",
@@ -148,6 +149,77 @@ class WarmupCosineScheduler(_Carried, lr_scheduler.LRScheduler):
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
             "max_lr": self.max_lr,
+            "min_lr": self.min_lr,
+        }
+
+
+class PolynomialDecayScheduler(_Carried, lr_scheduler.LRScheduler):
+    """Linear warmup to the lr, polynomial decay to ``min_lr`` at ``total_steps``, then flat.
+
+    Optimizer step ``k`` (1-based) of a parameter group with lr ``lr`` runs at::
+
+        k <= warmup_steps:          lr * k / warmup_steps
+        warmup_steps < k < total:   (lr - min_lr) * (1 - (k - w) / (total_steps - w))**power
+                                    + min_lr,   w = warmup_steps
+        k >= total_steps:           min_lr
+
+    ``power=1`` is a linear decay, ``power=2`` a quadratic one (BERT's and many LLM recipes'
+    "polynomial decay"). The same step convention as :class:`WarmupCosineScheduler`; a closed
+    form of the step count, so a resumed schedule continues exactly.
+    """
+
+    spec_name = "polynomial"
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        warmup_steps: int,
+        total_steps: int,
+        power: float = 1.0,
+        min_lr: float = 0.0,
+    ):
+        params = _checked(
+            "polynomial",
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            power=power,
+            min_lr=min_lr,
+        )
+        self.warmup_steps: int = params["warmup_steps"]
+        self.total_steps: int = params["total_steps"]
+        self.power: float = params["power"]
+        self.min_lr: float = params["min_lr"]
+        for index, group in enumerate(optimizer.param_groups):
+            peak = float(group.get("initial_lr", group["lr"]))
+            if peak < self.min_lr:
+                raise ValueError(
+                    f"min_lr ({self.min_lr:g}) is above the learning rate of parameter group "
+                    f"{index} ({peak:g}); lower min_lr"
+                )
+        super().__init__(optimizer)
+
+    def lr_at(self, base_lr: float, steps_done: int) -> float:
+        """The lr of the optimizer step that follows ``steps_done`` steps, for peak
+        ``base_lr``."""
+        k, w, total = steps_done + 1, self.warmup_steps, self.total_steps
+        if k <= w:
+            return base_lr * k / w
+        if k >= total:
+            return self.min_lr
+        remaining = 1.0 - (k - w) / (total - w)
+        return (base_lr - self.min_lr) * remaining**self.power + self.min_lr
+
+    def get_lr(self) -> list[float]:
+        return self._get_closed_form_lr()
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [self.lr_at(float(base), self.last_epoch) for base in self.base_lrs]
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "power": self.power,
             "min_lr": self.min_lr,
         }
 

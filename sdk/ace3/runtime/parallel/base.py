@@ -34,6 +34,7 @@ from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense
 from ace3.config import TrainingConfig
 from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.distributed import DistContext
+from ace3.runtime.extra_optimizers import graph_keeping_backward, needs_grad_graph, plain_backward
 from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
 from ace3.runtime.memory_meter import training_state_bytes
 from ace3.runtime.optim import build_optimizer
@@ -153,6 +154,7 @@ class Strategy(ABC):
         samples = 0
         assert self.forward is not None
         compute = forward_loss if parts.distiller is None else parts.distiller.forward_loss
+        backward = graph_keeping_backward if needs_grad_graph(parts.optimizer) else plain_backward
         for i, (raw, weight) in enumerate(chunks):
             batch = move_to_device(raw, self.ctx.device)
             samples += batch_size_of(batch)
@@ -160,7 +162,7 @@ class Strategy(ABC):
                 with parts.precision.autocast():
                     loss = compute(self.forward, batch, parts.user.compute_loss).loss
                 # (a weight of 1, one micro-batch a step, costs no extra operation)
-                parts.scaler.scale(loss * weight if weight != 1.0 else loss).backward()
+                backward(parts.scaler.scale(loss * weight if weight != 1.0 else loss))
             part = loss.detach().float()
             part = part * weight if weight != 1.0 else part
             step_loss = part if step_loss is None else step_loss + part
