@@ -1,5 +1,5 @@
 """Storing what a running attempt produces: its log lines, its events records (metrics, the run
-plan, checkpoints, refusals) and its artifacts.
+plan, checkpoints, the typed instability and preempted records, refusals) and its artifacts.
 
 Everything the job writes is untrusted: events are validated (:mod:`ace3.config.events`) and a refused
 one becomes a warning in the job's log (stream ``service``, which a job cannot write);

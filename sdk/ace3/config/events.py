@@ -17,7 +17,8 @@ in-process run's collector receives the same objects. The worker reads the file 
 same process as that code, so every line is untrusted input there. Unknown keys and types are
 refused, every string and collection is bounded, every number finite and in range; a line
 that does not validate is refused with a reason (the worker stores it as a warning in the
-job's log, and nothing else happens). What a checkpoint record may point at is checked by the
+job's log, and nothing else happens). The ``instability`` and ``preempted`` records are kept
+as typed rows (``GET /v1/jobs/{id}/records``, the SDK's ``client.jobs.records``). What a checkpoint record may point at is checked by the
 worker separately (:func:`ace3_worker.reports.checkpoint_problem`). The worker keeps the start
 record's plan on the job (:class:`RunPlan`), which is how the SDK's progress bar knows the
 total from step 1.
