@@ -311,6 +311,26 @@ class JobLog(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class JobRecord(Base):
+    """A typed record of the job's events file the service keeps (validated by
+    ``ace3.config.events``): ``type`` is ``"instability"`` (the instability guard found an
+    unstable step) or ``"preempted"`` (SIGTERM stopped the attempt after a checkpoint);
+    ``payload`` is the record itself (its JSON). Bounded per attempt by the worker."""
+
+    __tablename__ = "job_records"
+    __table_args__ = (Index("ix_job_records_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(32))
+    step: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class JobCheckpoint(Base):
     __tablename__ = "job_checkpoints"
     __table_args__ = (

@@ -31,7 +31,17 @@ from ace3.client import (
 from ace3.client._http import SDK_VERSION
 from ace3.client.pagination import CursorPage
 from ace3.client.searches import Search, SearchEvent, SearchState, SearchTrial, TrialState
-from ace3.client.types import Checkpoint, Dataset, Job, JobEvent, JobState, LogLine, Metric, Model
+from ace3.client.types import (
+    Checkpoint,
+    Dataset,
+    Job,
+    JobEvent,
+    JobRecord,
+    JobState,
+    LogLine,
+    Metric,
+    Model,
+)
 from ace3.config import (
     AMPConfig,
     CheckpointConfig,
@@ -120,6 +130,7 @@ __all__ = [
     "JobEvent",
     "JobFailedError",
     "JobHandle",
+    "JobRecord",
     "JobState",
     "LoRAConfig",
     "LogLine",

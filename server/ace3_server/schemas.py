@@ -118,6 +118,23 @@ class LogList(BaseModel):
     next_after: int
 
 
+class RecordOut(_Out):
+    """A typed record the job reported (``type``: ``"instability"`` or ``"preempted"``);
+    ``record`` is the record itself, as ``ace3.config.events`` defines it."""
+
+    id: int
+    attempt: int
+    type: str
+    step: int
+    record: dict[str, Any] = Field(validation_alias="payload")
+    created_at: datetime
+
+
+class RecordList(BaseModel):
+    data: list[RecordOut]
+    next_after: int
+
+
 class CheckpointOut(_Out):
     id: str
     job_id: str

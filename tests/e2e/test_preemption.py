@@ -74,6 +74,8 @@ def test_a_drained_worker_s_job_resumes_elsewhere_from_its_preemption_checkpoint
     saved = next(c for c in checkpoints if c.step == step)
     steps = job.final_metrics["steps"]
     assert saved.attempt == 1 and 3 <= step < steps, "a checkpoint written mid-run"
+    (record,) = client.jobs.records(handle.id, type="preempted")  # the typed record too
+    assert record.attempt == 1 and (record.step, record.record.checkpoint) == (step, saved.name)
     assert any(
         f"attempt 1 was preempted (the worker is draining); the next attempt resumes from "
         f"checkpoint {saved.name} (step {step}); re-queued" in line

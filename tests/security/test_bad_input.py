@@ -30,6 +30,8 @@ def _locs(response: httpx.Response) -> list[list[Any]]:
         ("/v1/datasets", {"cursor": "\x00"}, ["query", "cursor"]),
         ("/v1/jobs/{job}/metrics", {"name": "loss\x00"}, ["query", "name"]),
         ("/v1/jobs/{job}/metrics", {"since_step": 2**31}, ["query", "since_step"]),
+        ("/v1/jobs/{job}/records", {"after": 2**63}, ["query", "after"]),
+        ("/v1/jobs/{job}/events", {"records_after": 2**63}, ["query", "records_after"]),
         ("/v1/jobs/{job}/logs", {"after": 2**63}, ["query", "after"]),
         ("/v1/jobs/{job}/events", {"logs_after": 2**63}, ["query", "logs_after"]),
         ("/v1/jobs/{job}/events", {"metrics_after": 10**30}, ["query", "metrics_after"]),
@@ -43,7 +45,10 @@ def test_nul_bytes_and_integers_past_the_columns_are_422_naming_the_parameter(
     assert loc in _locs(response)
 
 
-@pytest.mark.parametrize("event_id", ["99999999999999999999:0", "\u00b2:1"])
+@pytest.mark.parametrize(
+    "event_id",
+    ["99999999999999999999:0", "\u00b2:1", "1:2:3:4", "1:2:", "0:0:99999999999999999999"],
+)
 def test_a_malformed_last_event_id_is_422_before_the_stream_starts(
     client: httpx.Client, running_job: str, event_id: str
 ) -> None:

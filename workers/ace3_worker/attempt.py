@@ -18,6 +18,12 @@ POLL_SECONDS = 0.25  # the watch loop's pass, and the first wait before a databa
 MAX_DB_RETRY_SECONDS = 5.0  # the longest wait between retries through a database outage
 ERROR_TAIL_LINES = 40
 MAX_NOTICES_PER_ATTEMPT = 200  # refused records past this are counted, not each logged
+# The instability guard's and preemption's notices have a budget of their own (a job on
+# instability action="warn" may fire often; it must not use up the refusals' notices).
+MAX_GUARD_NOTICES_PER_ATTEMPT = 200
+# Typed records (job_records: instability, preempted) stored per attempt; past this they are
+# only counted (a job that writes them without end cannot flood the database).
+MAX_TYPED_RECORDS_PER_ATTEMPT = 1000
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class PendingRecord:
     checkpoint: reports.StagedCheckpoint | None = None  # a valid checkpoint, copied to the store
     notice: str | None = None  # the warning for the job's log
     plan: RunPlan | None = None  # an accepted start record's plan, for the job row
+    typed: bool = False  # an instability or preempted record to store in job_records
 
 
 @dataclass
@@ -73,6 +80,9 @@ class AttemptWatch:
     # Checkpoint files already copied into the store (a repeated record is not copied again).
     staged_checkpoints: set[str] = field(default_factory=set)
     notices_left: int = MAX_NOTICES_PER_ATTEMPT
+    guard_notices_left: int = MAX_GUARD_NOTICES_PER_ATTEMPT
+    typed_records_left: int = MAX_TYPED_RECORDS_PER_ATTEMPT
+    typed_records_dropped: int = 0  # past the bound: counted, not stored
     lease_renewed_at: float = field(default_factory=time.monotonic)
 
     @property

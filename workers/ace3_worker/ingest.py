@@ -1,5 +1,5 @@
 """Storing what a running attempt produces: its log lines, its events records (metrics, the run
-plan, checkpoints, refusals) and its artifacts.
+plan, checkpoints, the typed instability and preempted records, refusals) and its artifacts.
 
 Everything the job writes is untrusted: events are validated (:mod:`ace3.config.events`) and a refused
 one becomes a warning in the job's log (stream ``service``, which a job cannot write);
@@ -28,13 +28,15 @@ from ace3.config.events import (
     StartRecord,
 )
 from ace3_control import job_transitions
-from ace3_control.models import Job
+from ace3_control.models import Job, JobRecord, utcnow
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.attempt import (
+    MAX_GUARD_NOTICES_PER_ATTEMPT,
     MAX_NOTICES_PER_ATTEMPT,
+    MAX_TYPED_RECORDS_PER_ATTEMPT,
     POLL_SECONDS,
     AttemptWatch,
     PendingRecord,
@@ -69,6 +71,23 @@ def instability_notice(record: InstabilityRecord) -> str:
         "stop": "run stopped",
     }[record.action]
     return f"ace3: training instability at step {record.step}: {record.reason}; {done}"
+
+
+def store_typed_record(
+    session: Session, job_id: str, attempt: int, record: InstabilityRecord | PreemptedRecord
+) -> None:
+    """Keep a validated instability or preempted record in job_records (the API's
+    ``GET /v1/jobs/{id}/records`` and the event stream's ``record`` events)."""
+    session.add(
+        JobRecord(
+            job_id=job_id,
+            attempt=attempt,
+            type=record.type,
+            step=record.step,
+            payload=record.model_dump(mode="json"),
+            created_at=utcnow(),
+        )
+    )
 
 
 class Ingest:
@@ -127,6 +146,8 @@ class Ingest:
             for item in taken:
                 if isinstance(item.record, MetricsRecord):
                     reports.store_metrics(session, job.id, item.record)
+                elif item.typed and isinstance(item.record, InstabilityRecord | PreemptedRecord):
+                    store_typed_record(session, job.id, watch.attempt, item.record)
                 elif item.plan is not None:
                     session.execute(
                         job_transitions.record_plan(
@@ -167,11 +188,9 @@ class Ingest:
             item.plan = record.plan()  # (a later, larger plan is not accepted: reports.py)
         elif isinstance(record, NonFiniteLossRecord):
             item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
-        elif isinstance(record, InstabilityRecord):
-            item.notice = instability_notice(record)
-        elif isinstance(record, PreemptedRecord):
-            saved = f"checkpoint {record.checkpoint}" if record.checkpoint else "no checkpoint"
-            item.notice = f"ace3: the run was preempted (SIGTERM) after step {record.step}: {saved}"
+        elif isinstance(record, InstabilityRecord | PreemptedRecord):
+            self._take_typed(watch, job, item, record)
+            return item
         elif isinstance(record, CheckpointRecord):
             outcome = reports.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan
@@ -199,6 +218,37 @@ class Ingest:
         if item.notice is not None:
             logger.warning("job %s: %s", job.id, item.notice)
         return item
+
+    def _take_typed(
+        self,
+        watch: AttemptWatch,
+        job: Job,
+        item: PendingRecord,
+        record: InstabilityRecord | PreemptedRecord,
+    ) -> None:
+        """An instability or preempted record: stored in job_records (at most
+        MAX_TYPED_RECORDS_PER_ATTEMPT an attempt, the rest counted) and told in the job's log
+        within a notice budget of its own (apart from the refusals')."""
+        if watch.typed_records_left > 0:
+            watch.typed_records_left -= 1
+            item.typed = True
+        else:
+            watch.typed_records_dropped += 1
+        watch.guard_notices_left -= 1
+        if watch.guard_notices_left < 0:
+            return
+        if isinstance(record, InstabilityRecord):
+            item.notice = instability_notice(record)
+        else:
+            saved = f"checkpoint {record.checkpoint}" if record.checkpoint else "no checkpoint"
+            item.notice = f"ace3: the run was preempted (SIGTERM) after step {record.step}: {saved}"
+        if watch.guard_notices_left == 0:
+            item.notice += (
+                f" (the last of {MAX_GUARD_NOTICES_PER_ATTEMPT} instability and preemption"
+                f" notices logged for this attempt; later ones are not, and at most"
+                f" {MAX_TYPED_RECORDS_PER_ATTEMPT} records are kept)"
+            )
+        logger.warning("job %s: %s", job.id, item.notice)
 
     # -- artifacts -------------------------------------------------------------------------------
     def sync_artifacts(self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]) -> None:

@@ -29,9 +29,11 @@ from ace3.client.types import (
     Checkpoint,
     Job,
     JobEvent,
+    JobRecord,
     LogLine,
     LogPage,
     Metric,
+    RecordPage,
 )
 
 
@@ -71,7 +73,7 @@ def _artifact_path(path: str, argument: str) -> str:
     return text
 
 
-_EVENT_ID = re.compile(r"^(\d+):(\d+)$")
+_EVENT_ID = re.compile(r"^(\d+):(\d+)(?::(\d+))?$")
 _FILENAME = re.compile(r'filename="?([^";]+)"?')
 
 
@@ -165,6 +167,41 @@ class Jobs(_Runs[Job]):
                 return
             after = page.next_after
 
+    def record_page(
+        self,
+        job_id: str,
+        *,
+        type: str | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> RecordPage:
+        """One page of the job's typed records after id ``after`` (``type``:
+        ``"instability"`` or ``"preempted"``; None: both); follow ``next_after`` for more."""
+        params = {"type": type, "after": after, "limit": limit}
+        payload = self._http.request("GET", f"/v1/jobs/{job_id}/records", params=params).json()
+        records = [JobRecord.model_validate(item) for item in payload.get("data") or []]
+        return RecordPage(data=records, next_after=payload.get("next_after"))
+
+    def records(
+        self,
+        job_id: str,
+        *,
+        type: str | None = None,
+        after: int | None = None,
+    ) -> builtins.list[JobRecord]:
+        """Every typed record the job reported so far, oldest first: the instability guard's
+        (``type="instability"``, each ``record`` an
+        :class:`~ace3.config.events.InstabilityRecord`) and preemptions (``"preempted"``,
+        :class:`~ace3.config.events.PreemptedRecord`). The service keeps at most 1000 an
+        attempt."""
+        found: builtins.list[JobRecord] = []
+        while True:
+            page = self.record_page(job_id, type=type, after=after)
+            found += page.data
+            if not page.data or page.next_after is None or page.next_after == after:
+                return found
+            after = page.next_after
+
     def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
         payload = self._http.request("GET", f"/v1/jobs/{job_id}/checkpoints").json()
         return [Checkpoint.model_validate(item) for item in payload.get("data") or []]
@@ -251,6 +288,7 @@ class Jobs(_Runs[Job]):
         *,
         metrics_after: int | None = None,
         logs_after: int | None = None,
+        records_after: int | None = None,
         last_event_id: str | None = None,
         max_reconnects: int = 5,
         timeout: float | None = None,
@@ -261,16 +299,19 @@ class Jobs(_Runs[Job]):
 
         def resume_params(resume_id: str) -> dict[str, Any]:
             match = _EVENT_ID.match(resume_id)
-            return (
-                dict(zip(("metrics_after", "logs_after"), match.groups(), strict=True))
-                if match
-                else {}
-            )
+            if match is None:
+                return {}
+            names = ("metrics_after", "logs_after", "records_after")
+            return {name: value or "0" for name, value in zip(names, match.groups(), strict=True)}
 
         for event in follow_events(
             self._http,
             f"/v1/jobs/{job_id}/events",
-            params={"metrics_after": metrics_after, "logs_after": logs_after},
+            params={
+                "metrics_after": metrics_after,
+                "logs_after": logs_after,
+                "records_after": records_after,
+            },
             resume_params=resume_params,
             max_reconnects=max_reconnects,
             last_event_id=last_event_id,

@@ -1,5 +1,5 @@
 """The typed objects the API returns: Model, Dataset, Job (and JobState), Metric, LogLine,
-Checkpoint, Artifact, Worker, and the events of a job's live stream. Lenient on purpose: a field
+JobRecord, Checkpoint, Artifact, Worker, and the events of a job's live stream. Lenient on purpose: a field
 a newer server adds must not break an older SDK."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ace3.config.events import RunPlan
+from ace3.config.events import InstabilityRecord, PreemptedRecord, RunPlan
 
 if TYPE_CHECKING:
     pass
@@ -128,6 +128,21 @@ class LogLine(_APIObject):
         return f"[rank {self.rank}] {self.line}"
 
 
+class JobRecord(_APIObject):
+    """A typed record the job reported (``GET /v1/jobs/{id}/records``, the stream's ``record``
+    events): ``type`` ``"instability"`` (``record`` an
+    :class:`~ace3.config.events.InstabilityRecord`: the instability guard found an unstable
+    step) or ``"preempted"`` (a :class:`~ace3.config.events.PreemptedRecord`). A record this
+    SDK does not know (a newer server's) stays a dict."""
+
+    id: int
+    attempt: int | None = None
+    type: str
+    step: int | None = None
+    record: InstabilityRecord | PreemptedRecord | dict[str, Any] = Field(union_mode="left_to_right")
+    created_at: datetime | None = None
+
+
 class Checkpoint(_APIObject):
     id: str
     job_id: str | None = None
@@ -185,12 +200,21 @@ class LogPage:
 
 
 @dataclass
+class RecordPage:
+    """One page of ``GET /v1/jobs/{id}/records``; pass ``next_after`` as ``after`` for more."""
+
+    data: list[JobRecord]
+    next_after: int | None
+
+
+@dataclass
 class JobEvent:
     """One event of ``GET /v1/jobs/{id}/events``.
 
     ``type`` is ``state`` or ``end`` (``data`` a :class:`Job`), ``metric`` (a
-    :class:`Metric`) or ``log`` (a :class:`LogLine`); an event type this SDK does not know
-    keeps its raw decoded JSON. ``id`` is the resume cursor ``"<metrics_after>:<logs_after>"``.
+    :class:`Metric`), ``log`` (a :class:`LogLine`) or ``record`` (a :class:`JobRecord`: an
+    instability or preemption); an event type this SDK does not know keeps its raw decoded
+    JSON. ``id`` is the resume cursor ``"<metrics_after>:<logs_after>[:<records_after>]"``.
     """
 
     type: str
@@ -203,4 +227,5 @@ _EVENT_MODELS: dict[str, type[BaseModel]] = {
     "end": Job,
     "metric": Metric,
     "log": LogLine,
+    "record": JobRecord,
 }

@@ -17,7 +17,8 @@ in-process run's collector receives the same objects. The worker reads the file 
 same process as that code, so every line is untrusted input there. Unknown keys and types are
 refused, every string and collection is bounded, every number finite and in range; a line
 that does not validate is refused with a reason (the worker stores it as a warning in the
-job's log, and nothing else happens). What a checkpoint record may point at is checked by the
+job's log, and nothing else happens). The ``instability`` and ``preempted`` records are kept
+as typed rows (``GET /v1/jobs/{id}/records``, the SDK's ``client.jobs.records``). What a checkpoint record may point at is checked by the
 worker separately (:func:`ace3_worker.reports.checkpoint_problem`). The worker keeps the start
 record's plan on the job (:class:`RunPlan`), which is how the SDK's progress bar knows the
 total from step 1.
@@ -53,6 +54,9 @@ MetricName = Annotated[
     str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
 ]
 Scalar = float | int | bool | None | Annotated[str, StringConstraints(max_length=500)]
+# Text a record carries into the job's log, the API and a terminal: no control characters
+# (C0, DEL, C1) and no line or paragraph separators (U+2028, U+2029).
+PLAIN_TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\x{2028}\x{2029}]+$"
 
 
 def _finite_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +177,7 @@ class InstabilityRecord(_Record):
     epoch: Epoch | None = None
     action: Literal["warn", "skip", "rollback", "stop"]
     reason: Annotated[
-        str, StringConstraints(min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]+$")
+        str, StringConstraints(min_length=1, max_length=500, pattern=PLAIN_TEXT_PATTERN)
     ]
     loss: float | None = Field(None, allow_inf_nan=False)  # null: not finite
     grad_norm: float | None = Field(None, allow_inf_nan=False)  # null: not finite or unknown
@@ -188,7 +192,10 @@ class PreemptedRecord(_Record):
     type: Literal["preempted"] = "preempted"
     step: Step
     epoch: Epoch | None = None
-    checkpoint: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    checkpoint: (
+        Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=PLAIN_TEXT_PATTERN)]
+        | None
+    ) = None
 
 
 AnyRecord = (

@@ -10,7 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ace3.client.types import Checkpoint, Job, JobEvent, JobState, LogLine, LogPage, Metric
+from ace3.client.types import (
+    Checkpoint,
+    Job,
+    JobEvent,
+    JobRecord,
+    JobState,
+    LogLine,
+    LogPage,
+    Metric,
+)
+from ace3.config.events import InstabilityRecord
 from ace3.errors import JobCancelledError, JobFailedError
 from ace3.follow.display import display_mode
 from ace3.follow.waiting import FollowedHandle
@@ -152,6 +162,19 @@ class JobHandle(FollowedHandle[Job, JobEvent]):
 
     def checkpoints(self) -> list[Checkpoint]:
         return self._client.jobs.checkpoints(self.id)
+
+    def records(self, *, type: str | None = None) -> list[JobRecord]:
+        """The job's typed records (``"instability"``, ``"preempted"``), oldest first."""
+        return self._client.jobs.records(self.id, type=type)
+
+    def instabilities(self) -> list[InstabilityRecord]:
+        """What the instability guard found, oldest first (as an in-process run's
+        ``result.instabilities``)."""
+        return [
+            item.record
+            for item in self.records(type="instability")
+            if isinstance(item.record, InstabilityRecord)
+        ]
 
     def best_checkpoint(self) -> Checkpoint | None:
         """The job's best checkpoint by its ``checkpoint_monitor`` (``keep_best_checkpoint``);

@@ -1,8 +1,10 @@
 """A job's live event stream (server-sent events), read from the database.
 
-The database is the only source: the stream polls it for the job's state, new metrics and new
-log lines, so any API replica can serve any client and a reconnecting client resumes exactly
-from its last event id (``"<metrics_after>:<logs_after>"``).
+The database is the only source: the stream polls it for the job's state, new metrics, new
+log lines and new typed records (``record`` events: instability, preempted), so any API replica
+can serve any client and a reconnecting client resumes exactly from its last event id
+(``"<metrics_after>:<logs_after>"``, with ``":<records_after>"`` once a record was sent; an id
+without it resumes from the first record, which is what a stream that sent none had sent).
 
 Each poll opens a session and closes it before the stream waits: a follower holds no database
 connection between polls. If the database becomes unreachable the stream ends (with a
@@ -24,8 +26,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
-from ace3_control.models import TERMINAL_STATES, Job, JobLog, JobMetric
-from ace3_server.schemas import JobOut, LogOut, MetricOut
+from ace3_control.models import TERMINAL_STATES, Job, JobLog, JobMetric, JobRecord
+from ace3_server.schemas import JobOut, LogOut, MetricOut, RecordOut
 from ace3_server.storable import INT64_MAX
 
 logger = logging.getLogger(__name__)
@@ -40,21 +42,28 @@ OUTAGE_RECONNECT_MILLISECONDS = 5000
 class Cursor:
     metrics_after: int = 0
     logs_after: int = 0
+    records_after: int = 0
 
     @classmethod
     def from_event_id(cls, event_id: str) -> Cursor | None:
-        """The cursor of an event id ``"<metrics_after>:<logs_after>"``, or None if malformed."""
-        metrics_text, _, logs_text = event_id.partition(":")
+        """The cursor of an event id ``"<metrics_after>:<logs_after>[:<records_after>]"``, or
+        None if malformed."""
+        parts = event_id.split(":")
+        if len(parts) not in (2, 3):
+            return None
         numbers = []
-        for text in (metrics_text, logs_text):
+        for text in parts:
             if not (text.isascii() and text.isdigit() and len(text) <= 19):
                 return None
             numbers.append(int(text))
-        if max(numbers) > INT64_MAX:  # metric and log ids are BIGINT
+        if max(numbers) > INT64_MAX:  # metric, log and record ids are BIGINT
             return None
         return cls(*numbers)
 
     def event_id(self) -> str:
+        # (two numbers until a record was sent: the ids an older client knows)
+        if self.records_after:
+            return f"{self.metrics_after}:{self.logs_after}:{self.records_after}"
         return f"{self.metrics_after}:{self.logs_after}"
 
 
@@ -86,7 +95,7 @@ def _state_signature(job: Job) -> tuple[Any, ...]:
 
 async def _new_rows(
     session: AsyncSession, job_id: str, cursor: Cursor
-) -> tuple[list[JobMetric], list[JobLog]]:
+) -> tuple[list[JobMetric], list[JobLog], list[JobRecord]]:
     metrics = (
         await session.scalars(
             select(JobMetric)
@@ -103,7 +112,15 @@ async def _new_rows(
             .limit(BATCH_ROWS)
         )
     ).all()
-    return list(metrics), list(logs)
+    records = (
+        await session.scalars(
+            select(JobRecord)
+            .where(JobRecord.job_id == job_id, JobRecord.id > cursor.records_after)
+            .order_by(JobRecord.id)
+            .limit(BATCH_ROWS)
+        )
+    ).all()
+    return list(metrics), list(logs), list(records)
 
 
 async def job_events(
@@ -120,7 +137,7 @@ async def job_events(
             if job is None:
                 return
             finished = job.state in TERMINAL_STATES
-            metrics, logs = await _new_rows(session, job_id, cursor)
+            metrics, logs, records = await _new_rows(session, job_id, cursor)
             if metrics and job.plan is None:
                 # The worker stores the plan before (or with) the first metrics: read after
                 # them, it goes out no later than the first metric (the progress bar's total).
@@ -146,7 +163,16 @@ async def job_events(
                         "log", LogOut.model_validate(log).model_dump(mode="json"), cursor.event_id()
                     )
                 )
-            drained = len(metrics) < BATCH_ROWS and len(logs) < BATCH_ROWS
+            for record in records:
+                cursor.records_after = record.id
+                chunks.append(
+                    format_event(
+                        "record",
+                        RecordOut.model_validate(record).model_dump(mode="json"),
+                        cursor.event_id(),
+                    )
+                )
+            drained = max(len(metrics), len(logs), len(records)) < BATCH_ROWS
             if finished and drained:
                 chunks.append(format_event("end", _job_payload(job), cursor.event_id()))
         if chunks:

@@ -368,6 +368,7 @@ def test_openapi_is_served_with_stable_operation_ids_and_request_ids(stack: Stac
         "stream_job_events",
         "download_job_checkpoint",
         "list_job_metrics",
+        "list_job_records",
     } <= operation_ids
     assert all(path.startswith(("/v1/", "/healthz")) for path in spec["paths"])
     assert httpx.get(f"{stack.base_url}/docs").status_code == 200

@@ -1,15 +1,15 @@
-"""Jobs: create, list, get, cancel, metrics, logs, checkpoints, artifacts and the live event
+"""Jobs: create, list, get, cancel, metrics, logs, typed records, checkpoints, artifacts and the live event
 stream."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
-from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, JobState
+from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, JobRecord, JobState
 from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.downloads import stored_file_response
 from ace3_server.api.params import Int32, Int64, PageCursor, StoredText
@@ -23,6 +23,7 @@ from ace3_server.schemas import (
     LogList,
     MetricList,
     Page,
+    RecordList,
 )
 from ace3_server.services import events, job_artifacts, jobs
 from ace3_server.services.pagination import paginate
@@ -149,6 +150,33 @@ async def list_logs(
 
 
 @router.get(
+    "/{job_id}/records",
+    response_model=RecordList,
+    operation_id="list_job_records",
+    responses=NOT_FOUND,
+)
+async def list_records(
+    job_id: StoredText,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    record_type: Annotated[
+        Literal["instability", "preempted"] | None,
+        Query(alias="type", description="Only this type."),
+    ] = None,
+    after: Annotated[Int64, Query(ge=0, description="Only records with id > after.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> dict[str, object]:
+    """The typed records the job reported, oldest first: the instability guard's
+    (``instability``) and preemptions (``preempted``)."""
+    await jobs.get_owned_job(session, owner_id, job_id)
+    stmt = select(JobRecord).where(JobRecord.job_id == job_id, JobRecord.id > after)
+    if record_type is not None:
+        stmt = stmt.where(JobRecord.type == record_type)
+    rows = (await session.scalars(stmt.order_by(JobRecord.id).limit(limit))).all()
+    return {"data": rows, "next_after": rows[-1].id if rows else after}
+
+
+@router.get(
     "/{job_id}/checkpoints",
     response_model=CheckpointList,
     operation_id="list_job_checkpoints",
@@ -246,19 +274,21 @@ async def stream_events(
     owner_id: OwnerDep,
     metrics_after: Annotated[Int64, Query(ge=0)] = 0,
     logs_after: Annotated[Int64, Query(ge=0)] = 0,
+    records_after: Annotated[Int64, Query(ge=0)] = 0,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
-    """Server-sent events: ``state``, ``metric``, ``log`` and a final ``end``. The stream holds
-    no database connection while it waits (each poll uses a short session of its own)."""
+    """Server-sent events: ``state``, ``metric``, ``log``, ``record`` (a typed record:
+    instability, preempted) and a final ``end``. The stream holds no database connection
+    while it waits (each poll uses a short session of its own)."""
     await jobs.get_owned_job(session, owner_id, job_id)
-    cursor = events.Cursor(metrics_after, logs_after)
+    cursor = events.Cursor(metrics_after, logs_after, records_after)
     if last_event_id is not None:
         resumed = events.Cursor.from_event_id(last_event_id)
         if resumed is None:
             raise field_error(
                 ["header", "last-event-id"],
-                "expected '<metrics_after>:<logs_after>', two integers from 0 to 2**63-1 (the "
-                "id of the last event received)",
+                "expected '<metrics_after>:<logs_after>[:<records_after>]', integers from 0 to "
+                "2**63-1 (the id of the last event received)",
             )
         cursor = resumed
     stream = events.until_database_outage(

@@ -1,0 +1,114 @@
+"""The instability guard's and preemption's records through the worker's ingest (Postgres):
+each validated one is kept as a typed row in job_records (bounded per attempt, the rest only
+counted) and told in the job's log within a notice budget of its own, so a job on
+``action="warn"`` that fires often cannot use up the refusals' notices."""
+
+from __future__ import annotations
+
+import json
+import queue
+from pathlib import Path, PurePosixPath
+
+import pytest
+from sqlalchemy import func, select
+
+from ace3.config.events import InstabilityRecord, PreemptedRecord, parse_record
+from ace3_control.models import JobLog, JobRecord
+from ace3_control.settings import Settings
+from ace3_worker import ingest, reports
+from ace3_worker.attempt import AttemptWatch
+from ace3_worker.job_dir import JobDirectory
+from ace3_worker.supervisor import Supervisor
+from tests.conftest import insert_job
+
+
+@pytest.fixture()
+def supervisor(tmp_path: Path, database_url: str) -> Supervisor:
+    return Supervisor(Settings(data_dir=tmp_path, database_url=database_url, lease_seconds=30))
+
+
+@pytest.fixture()
+def directory(tmp_path: Path) -> JobDirectory:
+    directory = JobDirectory(tmp_path / "attempt", PurePosixPath("/job"))
+    directory.checkpoints_dir.mkdir(parents=True)
+    return directory
+
+
+def _warn(step: int) -> str:
+    return InstabilityRecord(
+        step=step, action="warn", reason=f"loss spike at {step}", loss=3.5, grad_norm=None
+    ).model_dump_json()
+
+
+def _ingest(
+    supervisor: Supervisor, directory: JobDirectory, **budgets: int
+) -> tuple[str, AttemptWatch]:
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=2, state="running")
+    watch = AttemptWatch(job.id, 2, **budgets)
+    events = reports.EventTail(directory.output_dir)
+    for _ in range(100):
+        if not supervisor.ingest.store_batch(job, directory, watch, queue.Queue(), events):
+            return job.id, watch
+    pytest.fail("the ingest never caught up")
+
+
+def test_records_are_stored_typed_with_their_notices(
+    supervisor: Supervisor, directory: JobDirectory
+) -> None:
+    preempted = PreemptedRecord(step=7, checkpoint="step-00000007.pt").model_dump_json()
+    directory.events_file.write_text(f"{_warn(3)}\n{preempted}\n")
+    job_id, _ = _ingest(supervisor, directory)
+    with supervisor.sessions() as session:
+        rows = session.scalars(select(JobRecord).where(JobRecord.job_id == job_id)).all()
+        notices = session.scalars(
+            select(JobLog.line).where(JobLog.job_id == job_id, JobLog.stream == "service")
+        ).all()
+    assert [(row.type, row.step, row.attempt) for row in rows] == [
+        ("instability", 3, 2),
+        ("preempted", 7, 2),
+    ]
+    assert InstabilityRecord.model_validate(rows[0].payload).reason == "loss spike at 3"
+    assert rows[1].payload == json.loads(preempted)
+    assert sorted(notices) == [
+        "ace3: the run was preempted (SIGTERM) after step 7: checkpoint step-00000007.pt",
+        "ace3: training instability at step 3: loss spike at 3; step applied (warn)",
+    ]
+
+
+def test_a_flood_of_records_is_bounded_and_leaves_the_refusals_their_notices(
+    supervisor: Supervisor, directory: JobDirectory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ingest, "MAX_TYPED_RECORDS_PER_ATTEMPT", 30)
+    monkeypatch.setattr(ingest, "MAX_GUARD_NOTICES_PER_ATTEMPT", 10)
+    lines = [_warn(step) for step in range(50)] + ["not json"]
+    directory.events_file.write_text("\n".join(lines) + "\n")
+    job_id, watch = _ingest(supervisor, directory, typed_records_left=30, guard_notices_left=10)
+    with supervisor.sessions() as session:
+        stored = session.scalar(select(func.count()).where(JobRecord.job_id == job_id))
+        notices = session.scalars(
+            select(JobLog.line)
+            .where(JobLog.job_id == job_id, JobLog.stream == "service")
+            .order_by(JobLog.id)
+        ).all()
+    assert stored == 30 and watch.typed_records_dropped == 20
+    guard = [line for line in notices if "training instability" in line]
+    assert len(guard) == 10
+    assert guard[-1].endswith(
+        "(the last of 10 instability and preemption notices logged for this attempt; later ones"
+        " are not, and at most 30 records are kept)"
+    )
+    refusals = [line for line in notices if "refused an events record" in line]
+    assert len(refusals) == 1 and "(the last of" not in refusals[0], (
+        "the guard's notices did not use the refusals' budget"
+    )
+
+
+@pytest.mark.parametrize(
+    "reason", ["a\x85b", "line\u2028break", "para\u2029graph", "esc\x1b[2J", "del\x7f", "\x9b31m"]
+)
+def test_control_characters_in_a_record_s_text_are_refused(reason: str) -> None:
+    line = json.dumps({"type": "instability", "step": 1, "action": "warn", "reason": reason})
+    assert type(parse_record(line.encode())).__name__ == "RefusedRecord"
+    preempted = json.dumps({"type": "preempted", "step": 1, "checkpoint": f"x{reason}.pt"})
+    assert type(parse_record(preempted.encode())).__name__ == "RefusedRecord"
