@@ -188,7 +188,13 @@ class PreemptedRecord(_Record):
     type: Literal["preempted"] = "preempted"
     step: Step
     epoch: Epoch | None = None
-    checkpoint: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    # a checkpoint file's name (step-NNNNNNNN.pt / .dcp.tar): it goes into the job's log
+    checkpoint: (
+        Annotated[
+            str, StringConstraints(max_length=255, pattern=r"^step-[0-9]{8,}\.(pt|dcp\.tar)$")
+        ]
+        | None
+    ) = None
 
 
 AnyRecord = (
