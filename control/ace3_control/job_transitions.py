@@ -144,10 +144,20 @@ def requeue_for_retry(job_id: str, attempt: int, reason: str) -> Update:
     return _requeue(job_id, attempt, reason, within_retry_budget())
 
 
-def requeue_after_preemption(job_id: str, attempt: int, reason: str) -> Update:
+def requeue_after_preemption(
+    job_id: str, attempt: int, reason: str, max_preemptions: int
+) -> Update:
     """The attempt was preempted (its worker is draining): queue the next attempt, which
-    resumes from the job's newest checkpoint. It does not use up the retry budget."""
-    return _requeue(job_id, attempt, reason, preemptions=Job.preemptions + 1)
+    resumes from the job's newest checkpoint, while fewer than ``max_preemptions`` were
+    (``ACE3_MAX_PREEMPTIONS``: a fleet that keeps draining cannot re-queue a job forever). It
+    does not use up the retry budget."""
+    return _requeue(
+        job_id,
+        attempt,
+        reason,
+        Job.preemptions < max_preemptions,
+        preemptions=Job.preemptions + 1,
+    )
 
 
 def requeue_with_half_the_micro_batch(

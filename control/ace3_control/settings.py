@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         "attempt's ranks have to checkpoint before SIGKILL; it caps a job's "
         "preemption_grace_seconds.",
     )
+    max_preemptions: int = Field(
+        100,
+        ge=0,
+        description="Preempted attempts (a draining worker) re-queued outside the retry budget; "
+        "the next preemption fails the job.",
+    )
     reconcile_interval_seconds: float = Field(
         10.0, gt=0, description="How often the API re-publishes lost messages and expires leases."
     )

@@ -28,6 +28,7 @@ from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS, AttemptWatch
+from ace3_worker.drain import draining
 from ace3_worker.failures import RankFailure, failed_ranks, failure_message, root_cause
 from ace3_worker.ingest import service_line
 from ace3_worker.messages import publish
@@ -83,10 +84,19 @@ def preempted_from_outside(watch: AttemptWatch) -> bool:
     counts against the retry budget (only the worker's own drain does not)."""
     if watch.stopped_for is not None or watch.preempted_for is not None:
         return False
-    return any(
-        failure.exit_code == PREEMPTED_EXIT_CODE
-        for failure in failed_ranks(watch.launcher_stderr_tail)
-    )
+    # Every failed rank: when one rank crashes, torchrun sends SIGTERM to the others, which
+    # then checkpoint and leave with this code too; the crash is the cause, not a preemption.
+    failures = failed_ranks(watch.launcher_stderr_tail)
+    return bool(failures) and all(f.exit_code == PREEMPTED_EXIT_CODE for f in failures)
+
+
+def claim_drain_preemption(watch: AttemptWatch) -> None:
+    """While this worker drains, ranks that left with PREEMPTED_EXIT_CODE before its watch loop
+    preempted them (the drain's SIGTERM reached them first: systemd's
+    ``KillMode=control-group``, a spot shutdown signalling every process) were preempted by
+    this worker all the same: re-queued outside the retry budget."""
+    if draining() and watch.preemptible and preempted_from_outside(watch):
+        watch.preempted_for = "the worker is draining (its SIGTERM reached the ranks first)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +180,7 @@ class Outcomes:
             )
             return
         metrics = final_metrics(events)
+        claim_drain_preemption(watch)
         if watch.cancel_requested:
             self.record(
                 job.id,
@@ -258,7 +269,8 @@ class Outcomes:
     def requeue_preempted(self, job: Job, attempt: int, why: str, returncode: int) -> None:
         """The attempt was preempted: queue the next one (it resumes from the newest verified
         checkpoint, which the drain stored before this) without using up the retry budget. A
-        cancel asked meanwhile wins: the job is cancelled instead."""
+        cancel asked meanwhile wins: the job is cancelled instead; past
+        ``ACE3_MAX_PREEMPTIONS`` the job fails, saying so."""
         with self.sessions() as session:
             newest = reports.latest_checkpoint(session, job.id)
             resumes = (
@@ -268,8 +280,12 @@ class Outcomes:
             )
             reason = f"attempt {attempt} was preempted ({why}); {resumes}"
             result = session.execute(
-                job_transitions.requeue_after_preemption(job.id, attempt, reason)
+                job_transitions.requeue_after_preemption(
+                    job.id, attempt, reason, self.settings.max_preemptions
+                )
             )
+            row = session.get(Job, job.id) if not result.rowcount else None
+            cancel_asked = row is not None and bool(row.cancel_requested)
             if result.rowcount:
                 reports.store_log_lines(
                     session, job.id, attempt, [service_line(f"ace3: {reason}; re-queued")]
@@ -279,7 +295,17 @@ class Outcomes:
             logger.warning("job %s: %s; re-queued", job.id, reason)
             self._publish(job.id)
             return
-        self.record(job.id, attempt, JobState.CANCELLED, exit_code=returncode)
+        if cancel_asked:
+            self.record(job.id, attempt, JobState.CANCELLED, exit_code=returncode)
+            return
+        self.record(
+            job.id,
+            attempt,
+            JobState.FAILED,
+            exit_code=returncode,
+            error=f"attempt {attempt} was preempted ({why}), and the job already was "
+            f"{self.settings.max_preemptions} times (ACE3_MAX_PREEMPTIONS)",
+        )
 
     def halve_micro_batch(self, job: Job, attempt: int) -> bool:
         """Queue the next attempt with twice the micro-batch split (job.json), from the job's

@@ -192,8 +192,11 @@ class PreemptedRecord(_Record):
     type: Literal["preempted"] = "preempted"
     step: Step
     epoch: Epoch | None = None
+    # a checkpoint file's name (step-NNNNNNNN.pt / .dcp.tar): it goes into the job's log
     checkpoint: (
-        Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=PLAIN_TEXT_PATTERN)]
+        Annotated[
+            str, StringConstraints(max_length=255, pattern=r"^step-[0-9]{8,}\.(pt|dcp\.tar)$")
+        ]
         | None
     ) = None
 

@@ -94,7 +94,9 @@ class InstabilityGuard:
         if norm is not None and not math.isfinite(norm) and not scaled:
             return f"grad_norm {_number(norm)}"
         spike = config.max_grad_norm_spike
-        if norm is not None and spike is not None and norm > spike:
+        # (an infinite norm under a loss scaler is its overflow: the scaler skips that step and
+        # lowers its scale; judged a spike, the scale would never back off)
+        if norm is not None and spike is not None and math.isfinite(norm) and norm > spike:
             return f"grad_norm {_number(norm)} > max_grad_norm_spike {spike:g}"
         if self.recent:
             low = min(self.recent)
@@ -104,6 +106,10 @@ class InstabilityGuard:
                     f"{_number(low)} (last {len(self.recent)} steps)"
                 )
         return None
+
+
+# The lowest learning-rate factor rollbacks reach (lr_factor ** max_rollbacks could underflow).
+MIN_LR_SCALE = 1e-12
 
 
 def make_guard(config: InstabilityConfig | None, ctx: DistContext) -> InstabilityGuard | None:
@@ -146,6 +152,7 @@ def react(loop: TrainingLoop) -> bool:
             action = "stop"
     rolled_to = _checkpoint_step(target) if target is not None else None
     lr_scale = state.lr_scale * (config.lr_factor if target is not None else 1.0)
+    lr_scale = max(lr_scale, MIN_LR_SCALE)  # (never 0: every rank must take the same path)
     loop.events.instability(
         finding.step, state.display_epoch(), action, finding.reason + (f" ({note})" if note else ""),
         finding.loss, finding.grad_norm, lr_scale, rolled_to,

@@ -120,6 +120,8 @@ class Preemption(LoopExtension):
     def step_end(self, loop: TrainingLoop) -> None:
         if loop.state.batch_in_epoch >= loop.batches_per_epoch:
             return  # the epoch's last step: decided at the next one (see the module docstring)
+        if loop._done():
+            return  # max_steps reached (or a callback stopped it): the run ends now anyway
         if self.ctx.world_size == 1:
             if self.notice.received:
                 self._stop(loop)

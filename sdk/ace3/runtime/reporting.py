@@ -1,8 +1,8 @@
 """The rank-0 event log ``output_dir/events.jsonl``: one record a line, appended, flushed.
 
 The records are the typed models of :mod:`ace3.config.events` (``start``, ``metrics``,
-``checkpoint``, ``nonfinite_loss``, ``instability``, ``summary``), built and validated here, so the engine
-cannot write a record the worker would refuse. A non-finite float (a diverged loss) is written
+``checkpoint``, ``nonfinite_loss``, ``instability``, ``preempted``, ``summary``), built and
+validated here, so the engine cannot write a record the worker would refuse. A non-finite float (a diverged loss) is written
 as ``null``. On other ranks the writer is a no-op.
 """
 

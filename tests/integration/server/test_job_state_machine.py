@@ -209,7 +209,7 @@ def test_preemptions_requeue_without_using_the_retry_budget(
     for attempt in (1, 2):  # two drained workers: each attempt is re-queued as a preemption
         session.execute(job_transitions.claim(job.id, "worker-a", 30))
         requeued = session.execute(
-            job_transitions.requeue_after_preemption(job.id, attempt, "drained")
+            job_transitions.requeue_after_preemption(job.id, attempt, "drained", 10)
         )
         assert requeued.rowcount == 1
     session.execute(job_transitions.claim(job.id, "worker-a", 30))
@@ -231,7 +231,9 @@ def test_preemptions_requeue_without_using_the_retry_budget(
     assert (job.state, job.attempt, job.preemptions) == ("failed", 4, 2)
     assert "no retries left" in (job.error or "")
     session.execute(update(Job).where(Job.id == job.id).values(state="running", attempt=5))
+    capped = job_transitions.requeue_after_preemption(job.id, 5, "drained", 2)
+    assert session.execute(capped).rowcount == 0, "no more than ACE3_MAX_PREEMPTIONS"
+    cancelled = job_transitions.requeue_after_preemption(job.id, 5, "drained", 10)
     session.execute(update(Job).where(Job.id == job.id).values(cancel_requested=True))
-    cancelled = job_transitions.requeue_after_preemption(job.id, 5, "drained")
     assert session.execute(cancelled).rowcount == 0, "a cancel asked meanwhile wins"
     session.rollback()

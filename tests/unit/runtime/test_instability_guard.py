@@ -218,3 +218,21 @@ def test_per_rank_series_are_bounded() -> None:
     assert not [name for name in many if "_rank" in name and not name.endswith("max_rank")]
     assert len(many) <= 10 and many["gpu_util_min"] == 50.0
     assert len(per_rank_values([[1.0, 1.0, 1.0, 1.0, 0.0]] * MAX_RANKS_SHOWN)) > len(many)
+
+
+def test_a_loss_scaler_s_overflow_is_no_spike_but_a_finite_spike_is() -> None:
+    from ace3.runtime.distributed import DistContext
+    from ace3.runtime.instability import InstabilityGuard
+
+    ctx = DistContext(
+        rank=0, local_rank=0, world_size=1, backend="gloo", device=torch.device("cpu")
+    )
+    guard = InstabilityGuard(ace3.InstabilityConfig(action="skip", max_grad_norm_spike=100.0), ctx)
+    loss = torch.tensor(1.0)
+    # float16 overflow: the scaler skips the step and lowers its scale; the guard stays out
+    assert guard.check(1, loss, torch.tensor(float("inf")), scaled=True) is None
+    found = guard.check(2, loss, torch.tensor(float("inf")), scaled=False)
+    assert found is not None and "grad_norm inf" in found.reason
+    found = guard.check(3, loss, torch.tensor(500.0), scaled=True)
+    assert found is not None and "max_grad_norm_spike" in found.reason
+    assert guard.check(4, loss, torch.tensor(5.0), scaled=True) is None

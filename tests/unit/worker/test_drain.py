@@ -9,7 +9,7 @@ from ace3_control.settings import Settings
 from ace3_worker import drain
 from ace3_worker.attempt import AttemptWatch
 from ace3_worker.launcher import torchrun_command
-from ace3_worker.outcome import Outcomes, preempted_from_outside
+from ace3_worker.outcome import Outcomes, claim_drain_preemption, preempted_from_outside
 from ace3_worker.sandbox.limits import JobLimits
 
 
@@ -52,3 +52,40 @@ def test_a_preemption_exit_the_worker_did_not_cause_is_a_retry_from_the_budget()
     assert retryable and "SIGTERM from outside the worker" in message
     watch.preempted_for = "the worker is draining"  # the worker's own drain: not a failure
     assert not preempted_from_outside(watch)
+
+
+def test_a_rank_that_crashed_is_the_cause_even_when_its_peers_checkpointed_and_left() -> None:
+    # One rank failed (exit 1); torchrun's SIGTERM made the other checkpoint and leave with the
+    # preemption code: a failure of the job's code, not a preemption from outside.
+    summary = [
+        "Failures:",
+        "[1]:",
+        "  rank      : 1 (local_rank: 1)",
+        f"  exitcode  : {PREEMPTED_EXIT_CODE} (pid: 4242)",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : 1 (pid: 4241)",
+    ]
+    watch = AttemptWatch("job", 1)
+    watch.launcher_stderr_tail.extend(summary)
+    assert not preempted_from_outside(watch)
+
+
+def test_ranks_that_left_on_the_drain_s_own_sigterm_count_as_its_preemption() -> None:
+    summary = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        f"  exitcode  : {PREEMPTED_EXIT_CODE} (pid: 4241)",
+    ]
+    watch = AttemptWatch("job", 1)
+    watch.launcher_stderr_tail.extend(summary)
+    claim_drain_preemption(watch)
+    assert watch.preempted_for is None  # not draining: a SIGTERM from outside (a retry)
+    try:
+        drain.request_drain("SIGTERM, warm shutdown")
+        claim_drain_preemption(watch)
+        assert watch.preempted_for is not None and "draining" in watch.preempted_for
+    finally:
+        drain.DRAIN.clear()

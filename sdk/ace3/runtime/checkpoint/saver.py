@@ -27,6 +27,7 @@ record before its file is whole.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,7 +101,8 @@ class CheckpointSaver:
             epoch=state.display_epoch(),
             name=name,
             metrics=finite_or_none(dict(state.last_metrics)),
-            monitor_value=value,
+            # (a NaN or infinite value is no measure: the record says None, the best stays)
+            monitor_value=value if value is not None and math.isfinite(value) else None,
             best=best,
         )
         if self.background is None:
