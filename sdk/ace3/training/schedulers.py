@@ -118,13 +118,9 @@ class WarmupCosineScheduler(_Carried, lr_scheduler.LRScheduler):
         if self.max_lr is not None:
             for group in optimizer.param_groups:
                 group["initial_lr"] = self.max_lr
-        for index, group in enumerate(optimizer.param_groups):
-            peak = float(group.get("initial_lr", group["lr"]))
-            if peak < self.min_lr:
-                raise ValueError(
-                    f"min_lr ({self.min_lr:g}) is above the peak learning rate of parameter "
-                    f"group {index} ({peak:g}); lower min_lr or pass a larger max_lr"
-                )
+        _check_min_lr_below_peaks(
+            optimizer, self.min_lr, "the peak learning rate", "lower min_lr or pass a larger max_lr"
+        )
         super().__init__(optimizer)
 
     def lr_at(self, base_lr: float, steps_done: int) -> float:
@@ -189,13 +185,7 @@ class PolynomialDecayScheduler(_Carried, lr_scheduler.LRScheduler):
         self.total_steps: int = params["total_steps"]
         self.power: float = params["power"]
         self.min_lr: float = params["min_lr"]
-        for index, group in enumerate(optimizer.param_groups):
-            peak = float(group.get("initial_lr", group["lr"]))
-            if peak < self.min_lr:
-                raise ValueError(
-                    f"min_lr ({self.min_lr:g}) is above the learning rate of parameter group "
-                    f"{index} ({peak:g}); lower min_lr"
-                )
+        _check_min_lr_below_peaks(optimizer, self.min_lr, "the learning rate", "lower min_lr")
         super().__init__(optimizer)
 
     def lr_at(self, base_lr: float, steps_done: int) -> float:
@@ -427,3 +417,17 @@ def _spec_or_refuse(name: str, params: dict[str, Any]) -> SchedulerSpec:
 
 def _refuse(field: str, reason: str) -> None:
     raise UnsupportedFeatureError(reason, [ConfigProblem(field=field, reason=reason)])
+
+
+def _check_min_lr_below_peaks(
+    optimizer: torch.optim.Optimizer, min_lr: float, what: str, advice: str
+) -> None:
+    """ValueError when ``min_lr`` is above a parameter group's peak rate (a schedule that
+    decays towards it would rise instead)."""
+    for index, group in enumerate(optimizer.param_groups):
+        peak = float(group.get("initial_lr", group["lr"]))
+        if peak < min_lr:
+            raise ValueError(
+                f"min_lr ({min_lr:g}) is above {what} of parameter group {index} ({peak:g}); "
+                f"{advice}"
+            )
