@@ -93,34 +93,25 @@ def _state_signature(job: Job) -> tuple[Any, ...]:
     return (job.state, job.attempt, job.cancel_requested, job.exit_code, job.error, job.plan)
 
 
+async def _rows_after(session: AsyncSession, model: Any, job_id: str, after: int) -> list[Any]:
+    """The job's next rows of ``model`` (metrics, logs or records) after the cursor ``after``."""
+    rows = await session.scalars(
+        select(model)
+        .where(model.job_id == job_id, model.id > after)
+        .order_by(model.id)
+        .limit(BATCH_ROWS)
+    )
+    return list(rows.all())
+
+
 async def _new_rows(
     session: AsyncSession, job_id: str, cursor: Cursor
 ) -> tuple[list[JobMetric], list[JobLog], list[JobRecord]]:
-    metrics = (
-        await session.scalars(
-            select(JobMetric)
-            .where(JobMetric.job_id == job_id, JobMetric.id > cursor.metrics_after)
-            .order_by(JobMetric.id)
-            .limit(BATCH_ROWS)
-        )
-    ).all()
-    logs = (
-        await session.scalars(
-            select(JobLog)
-            .where(JobLog.job_id == job_id, JobLog.id > cursor.logs_after)
-            .order_by(JobLog.id)
-            .limit(BATCH_ROWS)
-        )
-    ).all()
-    records = (
-        await session.scalars(
-            select(JobRecord)
-            .where(JobRecord.job_id == job_id, JobRecord.id > cursor.records_after)
-            .order_by(JobRecord.id)
-            .limit(BATCH_ROWS)
-        )
-    ).all()
-    return list(metrics), list(logs), list(records)
+    return (
+        await _rows_after(session, JobMetric, job_id, cursor.metrics_after),
+        await _rows_after(session, JobLog, job_id, cursor.logs_after),
+        await _rows_after(session, JobRecord, job_id, cursor.records_after),
+    )
 
 
 async def job_events(
