@@ -25,6 +25,7 @@ from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.reconciler import run_reconciler
 from ace3_server.searches.driver import run_search_driver
+from ace3_server.ui import install_ui
 
 API_APPLICATION_NAME = "ace3-api"
 """How the API's database connections name themselves (Postgres ``pg_stat_activity``)."""
@@ -80,6 +81,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
             await session.execute(text("SELECT 1"))
         return {"status": "ok", "version": __version__}
 
+    install_ui(app)
     install_error_handlers(app)
     app.add_middleware(UploadGuardMiddleware, max_upload_bytes=settings.max_upload_bytes)
     app.add_middleware(RequestIdMiddleware)
