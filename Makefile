@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format services install clean
+.PHONY: demo test test-fast lint format services browser install clean
 
 ## install: a virtual environment with the CPU build of torch 2.13.0 first, then the project
 install: $(STAMP)
@@ -20,12 +20,16 @@ $(STAMP): pyproject.toml
 services:
 	@bash scripts/ensure-services.sh
 
+## browser: Debian's chromium for the dashboard's browser tests (installed when missing and root)
+browser:
+	@bash scripts/ensure-browser.sh
+
 ## demo: from nothing to a digits classifier trained through the SDK with 2 processes
 demo: install
 	@bash scripts/demo.sh
 
 ## test: lint and the import rules, then every test (unit, integration, end-to-end) against real Postgres, Redis, Celery, torchrun
-test: install services
+test: install services browser
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q
