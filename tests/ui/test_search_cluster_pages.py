@@ -1,0 +1,109 @@
+"""The dashboard's Searches, Search and Cluster pages in a real browser on the real stack: a tiny
+search's page fills its trials table and plots as its trials finish, a search is cancelled from
+its page, and the cluster page lists the stack's worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ace3
+from tests.conftest import DigitsFiles, Stack
+from tests.ui.conftest import sign_in
+
+SPACE = {
+    "learning_rate": ace3.hp.loguniform(1e-3, 1e-2),
+    "model.hidden": ace3.hp.choice([16, 32]),
+}
+
+
+@pytest.fixture(scope="module")
+def uploaded(ui_client: ace3.Client, digits_files: DigitsFiles) -> dict[str, str]:
+    return {
+        "model_id": ui_client.load_model(digits_files.model).id,
+        "dataset_id": ui_client.load_dataset(digits_files.train).id,
+        "validation_dataset_id": ui_client.load_dataset(digits_files.validation).id,
+    }
+
+
+def _search(ui_client: ace3.Client, uploaded: dict[str, str], name: str, **config: Any) -> Any:
+    hp = ace3.HPConfig(
+        search_space=SPACE,
+        algorithm="random",
+        seed=3,
+        base_config=ace3.TrainingConfig(epochs=1, batch_size=64),
+        **config,
+    )
+    return ui_client.searches.create(name=name, config=hp, **uploaded)
+
+
+def test_a_search_page_shows_trials_best_so_far_and_parameter_plots(
+    page: Any, stack: Stack, ui_key: tuple[str, str], ui_client: ace3.Client,
+    uploaded: dict[str, str], tmp_path: Path,
+) -> None:  # fmt: skip
+    search = _search(ui_client, uploaded, "ui-search", max_trials=2, parallel_trials=2)
+    sign_in(page, stack, ui_key[0], "#/searches")
+    row = page.locator(f"tr[data-search-id='{search.id}']")
+    row.wait_for()
+    assert "ui-search" in row.inner_text()
+    row.locator("a").click()
+    page.wait_for_url(f"**#/searches/{search.id}")
+    page.locator("#trials tr[data-trial='0']").wait_for()
+    assert page.locator("#cancel-search").is_visible()
+    # The page polls: it shows the search finished, both trials, and the plots, unreloaded.
+    page.wait_for_selector(".page-search[data-state='succeeded']", timeout=45_000)
+    trials = page.locator("#trials tbody tr")
+    assert trials.count() == 2
+    assert page.locator("#trials tr.best-trial").count() == 1
+    headers = page.locator("#trials thead th").all_inner_texts()
+    assert {"learning_rate", "model.hidden", search.objective} <= set(headers)
+    text = page.locator("#trials").inner_text()
+    assert text.count("succeeded") == 2
+    job_link = page.locator("#trials tbody tr a[href^='#/jobs/']").first
+    assert job_link.get_attribute("href") in {
+        f"#/jobs/{t.job_id}" for t in ui_client.searches.trials(search.id)
+    }
+    assert page.locator("#best-so-far").get_attribute("data-points") == "2"
+    assert page.locator("#best-so-far canvas").count() == 1
+    for name in SPACE:
+        chart = page.locator(f"#param-charts [data-param='{name}']")
+        assert chart.get_attribute("data-points") == "2", name
+        assert chart.locator("canvas").count() == 1
+    assert not page.locator("#cancel-search").is_visible()
+    page.screenshot(path=str(tmp_path / "search.png"), full_page=True)
+
+    page.click("nav a[data-nav='searches']")
+    page.locator(f"tr[data-search-id='{search.id}'] .state-succeeded").wait_for()
+    assert page.page_errors == []
+
+
+def test_cancel_a_search_from_its_page(
+    page: Any, stack: Stack, ui_key: tuple[str, str], ui_client: ace3.Client,
+    uploaded: dict[str, str], tmp_path: Path,
+) -> None:  # fmt: skip
+    search = _search(ui_client, uploaded, "ui-cancel", max_trials=20, parallel_trials=1)
+    sign_in(page, stack, ui_key[0], f"#/searches/{search.id}")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel-search")
+    page.wait_for_selector(".page-search[data-state='cancelled']", timeout=30_000)
+    assert ui_client.searches.retrieve(search.id).state == "cancelled"
+    assert not page.locator("#cancel-search").is_visible()
+    page.screenshot(path=str(tmp_path / "cancelled.png"), full_page=True)
+    assert page.page_errors == []
+
+
+def test_the_cluster_page_lists_the_worker_and_the_queue(
+    page: Any, stack: Stack, ui_key: tuple[str, str], ui_client: ace3.Client, tmp_path: Path
+) -> None:
+    [worker] = [w for w in ui_client.workers.list() if w.queue == stack.env["ACE3_QUEUE_NAME"]]
+    sign_in(page, stack, ui_key[0], "#/cluster")
+    row = page.locator(f"#workers tr[data-worker='{worker.id}']")
+    row.wait_for()
+    assert worker.hostname in row.inner_text() and "8 \u00d7 CPU process" in row.inner_text()
+    assert page.locator("#card-slots .value").inner_text() == str(worker.slots)
+    assert page.locator("#queue table, #queue .empty").count() == 1
+    assert page.locator("#card-queued .value").inner_text().isdigit()
+    page.screenshot(path=str(tmp_path / "cluster.png"), full_page=True)
+    assert page.page_errors == []
