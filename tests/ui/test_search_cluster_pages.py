@@ -4,12 +4,16 @@ its page, and the cluster page lists the stack's worker."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 import ace3
+from ace3_control.db import make_sync_engine, sync_session_factory
+from ace3_control.models import Job, JobState, utcnow
 from tests.conftest import DigitsFiles, Stack
 from tests.ui.conftest import sign_in
 
@@ -53,7 +57,7 @@ def test_a_search_page_shows_trials_best_so_far_and_parameter_plots(
     page.locator("#trials tr[data-trial='0']").wait_for()
     assert page.locator("#cancel-search").is_visible()
     # The page polls: it shows the search finished, both trials, and the plots, unreloaded.
-    page.wait_for_selector(".page-search[data-state='succeeded']", timeout=45_000)
+    page.wait_for_selector(".page-search[data-state='succeeded']", timeout=90_000)
     trials = page.locator("#trials tbody tr")
     assert trials.count() == 2
     assert page.locator("#trials tr.best-trial").count() == 1
@@ -76,10 +80,11 @@ def test_a_search_page_shows_trials_best_so_far_and_parameter_plots(
 
     page.click("nav a[data-nav='searches']")
     page.locator(f"tr[data-search-id='{search.id}'] .state-succeeded").wait_for()
+    page.screenshot(path=str(tmp_path / "searches.png"), full_page=True)
     assert page.page_errors == []
 
 
-def test_cancel_a_search_from_its_page(
+def test_cancel_a_search_from_its_page_and_no_page_for_others_searches(
     page: Any, stack: Stack, ui_key: tuple[str, str], ui_client: ace3.Client,
     uploaded: dict[str, str], tmp_path: Path,
 ) -> None:  # fmt: skip
@@ -90,20 +95,48 @@ def test_cancel_a_search_from_its_page(
     page.wait_for_selector(".page-search[data-state='cancelled']", timeout=30_000)
     assert ui_client.searches.retrieve(search.id).state == "cancelled"
     assert not page.locator("#cancel-search").is_visible()
+    assert page.locator("#best-so-far.is-empty").count() == 1  # nothing finished: it says so
     page.screenshot(path=str(tmp_path / "cancelled.png"), full_page=True)
+
+    # Another owner's key: the page has nothing to show of it.
+    page.click("#sign-out")
+    sign_in(page, stack, stack.create_key("ui-other")[0], f"#/searches/{search.id}")
+    page.wait_for_selector("text=Search not found")
+    assert "ui-cancel" not in page.content()
     assert page.page_errors == []
 
 
 def test_the_cluster_page_lists_the_worker_and_the_queue(
-    page: Any, stack: Stack, ui_key: tuple[str, str], ui_client: ace3.Client, tmp_path: Path
-) -> None:
+    page: Any, stack: Stack, ui_key: tuple[str, str], ui_client: ace3.Client,
+    uploaded: dict[str, str], database_url: str, tmp_path: Path,
+) -> None:  # fmt: skip
     [worker] = [w for w in ui_client.workers.list() if w.queue == stack.env["ACE3_QUEUE_NAME"]]
-    sign_in(page, stack, ui_key[0], "#/cluster")
-    row = page.locator(f"#workers tr[data-worker='{worker.id}']")
-    row.wait_for()
-    assert worker.hostname in row.inner_text() and "8 \u00d7 CPU process" in row.inner_text()
-    assert page.locator("#card-slots .value").inner_text() == str(worker.slots)
-    assert page.locator("#queue table, #queue .empty").count() == 1
-    assert page.locator("#card-queued .value").inner_text().isdigit()
-    page.screenshot(path=str(tmp_path / "cluster.png"), full_page=True)
-    assert page.page_errors == []
+    # A queued job of the page's owner that no worker is told about (published "in an hour":
+    # the reconciler leaves it alone), so it waits, last in line, while the page shows it.
+    engine = make_sync_engine(database_url)
+    sessions = sync_session_factory(engine)
+    with sessions() as session:
+        job = Job(owner_id=ui_key[1], name="ui-waiting", config={}, model_kwargs={},
+                  num_processes=1, request_hash="h", enqueued_at=utcnow() + timedelta(hours=1),
+                  model_id=uploaded["model_id"], dataset_id=uploaded["dataset_id"])  # fmt: skip
+        session.add(job)
+        session.commit()
+        job_id = job.id
+    try:
+        sign_in(page, stack, ui_key[0], "#/cluster")
+        row = page.locator(f"#workers tr[data-worker='{worker.id}']")
+        row.wait_for()
+        assert worker.hostname in row.inner_text() and "8 \u00d7 CPU process" in row.inner_text()
+        assert page.locator("#card-slots .value").inner_text() == str(worker.slots)
+        queued = page.locator(f"#queue tr[data-queued-job='{job_id}']")
+        queued.wait_for()
+        position = int(page.locator("#card-queued .value").inner_text())
+        assert "ui-waiting" in queued.inner_text() and f"#{position}" in queued.inner_text()
+        assert queued.locator("a").get_attribute("href") == f"#/jobs/{job_id}"
+        page.screenshot(path=str(tmp_path / "cluster.png"), full_page=True)
+        assert page.page_errors == []
+    finally:
+        with sessions() as session:
+            session.execute(update(Job).where(Job.id == job_id).values(state=JobState.CANCELLED))
+            session.commit()
+        engine.dispose()

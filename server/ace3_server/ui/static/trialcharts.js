@@ -8,18 +8,25 @@ export const TRIAL_COLORS = { succeeded: "#16a34a", pruned: "#9ca3af", best: "#2
 
 // series: [{label, color, line: bool (a stepped line), points: bool}]
 export class TrialChart {
-  constructor(container, { title = "", xLabel = "", yLabel = "", xLog = false, categories = null, height = 220 } = {}) {
+  constructor(
+    container,
+    { title = "", xLabel = "", yLabel = "", xLog = false, categories = null, xRange = null, integerX = false, empty = "No points yet.", height = 220 } = {},
+  ) {
     this.container = container;
     this.title = title;
     this.xLabel = xLabel;
     this.yLabel = yLabel;
     this.xLog = xLog;
     this.categories = categories; // x = index into these labels
+    this.integerX = integerX;
+    this.xRange = xRange; // [low, high] of a searched dimension: the axis shows the whole space
     this.height = height;
     this.plot = null;
     this.shape = "";
     this.container.classList.add("chart");
     this.container.dataset.points = "0";
+    this.container.dataset.empty = empty;
+    this.container.classList.add("is-empty");
     this.resize = new ResizeObserver(() => this.plot?.setSize(this.size()));
     this.resize.observe(this.container);
   }
@@ -35,6 +42,7 @@ export class TrialChart {
       0,
     );
     this.container.dataset.points = String(drawn);
+    this.container.classList.toggle("is-empty", drawn === 0);
     const data = [xs, ...series.map((one) => one.values)];
     const shape = series.map((one) => one.label).join("\u0000");
     if (this.plot && shape === this.shape) {
@@ -45,6 +53,8 @@ export class TrialChart {
     this.shape = shape;
     const categories = this.categories;
     const xAxis = { label: this.xLabel };
+    if (this.integerX) xAxis.incrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000];
+    if (!categories) xAxis.values = (_, splits) => splits.map((v) => (v === null ? "" : formatNumber(v)));
     if (categories) {
       xAxis.splits = () => categories.map((_, index) => index);
       xAxis.values = (_, splits) => splits.map((index) => categories[index] ?? "");
@@ -52,6 +62,7 @@ export class TrialChart {
     const xScale = { time: false };
     if (this.xLog) xScale.distr = 3;
     if (categories) xScale.range = () => [-0.5, categories.length - 0.5];
+    else if (this.xRange) xScale.range = () => this.xRange;
     this.plot = new window.uPlot(
       {
         title: this.title,
@@ -110,14 +121,18 @@ export function isNumber(value) {
 export function paramAxis(dimension, values) {
   const type = dimension?.type;
   const options = Array.isArray(dimension?.options) ? dimension.options : null;
-  const numeric = options ? options.every(isNumber) : values.every((v) => v === null || isNumber(v));
-  if (numeric) return { log: type === "loguniform" || type === "qloguniform", categories: null, x: (v) => v };
-  const labels = (options || [...new Set(values.map((v) => JSON.stringify(v)))].map((v) => JSON.parse(v))).map(
-    (v) => (typeof v === "string" ? v : JSON.stringify(v)),
-  );
-  return {
-    log: false,
-    categories: labels,
-    x: (v) => labels.indexOf(typeof v === "string" ? v : JSON.stringify(v)),
-  };
+  // A choice is a set of categories, even of numbers: its options sit evenly on the axis.
+  const numeric = !options && values.every((v) => v === null || v === undefined || isNumber(v));
+  const log = type === "loguniform" || type === "qloguniform";
+  const [low, high] = [dimension?.low, dimension?.high];
+  let range = null; // the searched interval, a little wider so points on its ends show whole
+  if (isNumber(low) && isNumber(high) && high > low && (!log || low > 0)) {
+    range = log ? [low / 1.15, high * 1.15] : [low - (high - low) * 0.04, high + (high - low) * 0.04];
+  }
+  if (numeric) return { log, categories: null, range, x: (v) => v };
+  const label = (v) => (typeof v === "string" ? v : JSON.stringify(v));
+  const labels = options
+    ? options.map(label)
+    : [...new Set(values.filter((v) => v !== undefined).map(label))];
+  return { log: false, categories: labels, range: null, x: (v) => labels.indexOf(label(v)) };
 }

@@ -4,7 +4,7 @@
 
 import { TRIAL_COLORS, TrialChart, bestSoFar, isNumber, paramAxis } from "../trialcharts.js";
 import { clear, durationBetween, el, errorBox, formatDuration, formatNumber, formatTime, link, stateBadge, table } from "../util.js";
-import { bestObjective, trialCounts } from "./searches.js";
+import { trialCounts } from "./searches.js";
 
 const POLL_MS = 2000;
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
@@ -12,6 +12,12 @@ const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 function formatParam(value) {
   if (isNumber(value)) return formatNumber(value);
   return typeof value === "string" ? value : JSON.stringify(value);
+}
+
+function bestValue(search) {
+  const best = search.best_trial;
+  if (!best || !isNumber(best.value)) return el("span", { class: "muted" }, "—");
+  return el("span", {}, formatNumber(best.value), " ", el("span", { class: "muted" }, `trial ${best.number}`));
 }
 
 function card(label, value) {
@@ -69,7 +75,7 @@ export async function render(root, { api, params }) {
     const config = search.config || {};
     cards.append(
       card("Trials", trialCounts(search)),
-      card(`Best ${config.objective || "objective"} (${config.direction || ""})`, bestObjective(search)),
+      card(`Best ${config.objective || "objective"} (${config.direction || ""})`, bestValue(search)),
       card("Algorithm", `${config.algorithm || ""}${config.pruner && config.pruner !== "none" ? ` · pruner ${config.pruner}` : ""}`),
       card("Epochs trained", String(search.epochs_run ?? "")),
       card("Created", formatTime(search.created_at)),
@@ -95,8 +101,8 @@ export async function render(root, { api, params }) {
             value: (t) => formatDuration(durationBetween(t.created_at, t.finished_at)),
           },
           { label: "Job", value: (t) => (t.job_id ? link(`#/jobs/${encodeURIComponent(t.job_id)}`, t.job_id) : "") },
-          { label: "Note", value: (t) => (t.error ? el("span", { class: "muted" }, t.error) : "") },
-        ],
+          trials.some((t) => t.error) && { label: "Note", value: (t) => (t.error ? el("span", { class: "muted" }, t.error) : "") },
+        ].filter(Boolean),
         [...trials].sort((a, b) => a.number - b.number),
         {
           empty: "No trials yet.",
@@ -110,7 +116,13 @@ export async function render(root, { api, params }) {
     const config = search.config || {};
     const objective = config.objective || "objective";
     const points = bestSoFar(trials, config.direction);
-    if (!best) best = new TrialChart(bestChart, { title: `Best ${objective} so far`, xLabel: "trial", yLabel: objective });
+    if (!best) best = new TrialChart(bestChart, {
+        title: `Best ${objective} so far`,
+        xLabel: "trial",
+        yLabel: objective,
+        integerX: true,
+        empty: "No trial has finished yet.",
+      });
     best.set(
       points.map((p) => p.number),
       [
@@ -145,6 +157,8 @@ export async function render(root, { api, params }) {
             yLabel: objective,
             xLog: axis.log,
             categories: axis.categories,
+            xRange: axis.range,
+            empty: "No trial has reported an objective yet.",
           }),
         };
         perParam.set(name, entry);

@@ -79,7 +79,9 @@ export async function render(root, { api, query, navigate }) {
       cursors.push(page.next_cursor);
       show();
     });
-    pager.append(previous, el("span", { class: "muted" }, `page ${cursors.length}`), next);
+    if (cursors.length > 1 || page.next_cursor) {
+      pager.append(previous, el("span", { class: "muted" }, `page ${cursors.length}`), next);
+    }
     if (page.data.some((s) => !FINISHED.has(s.state))) timer = setTimeout(show, REFRESH_MS);
   }
 
