@@ -140,3 +140,33 @@ def test_the_cluster_page_lists_the_worker_and_the_queue(
             session.execute(update(Job).where(Job.id == job_id).values(state=JobState.CANCELLED))
             session.commit()
         engine.dispose()
+
+
+def test_best_so_far_follows_the_search_direction_and_only_succeeded_trials_compete(
+    page: Any, stack: Stack
+) -> None:
+    page.goto(f"{stack.base_url}/ui/")
+    result = page.evaluate(
+        """async () => {
+            const { bestSoFar, paramAxis } = await import("./trialcharts.js");
+            const trials = [
+                { number: 1, state: "succeeded", value: 0.5 },
+                { number: 0, state: "succeeded", value: 0.7 },
+                { number: 2, state: "pruned", value: 0.1 },
+                { number: 3, state: "failed", value: null },
+                { number: 4, state: "succeeded", value: 0.3 },
+            ];
+            const choice = paramAxis({ type: "choice", options: [16, "wide", true] }, []);
+            const log = paramAxis({ type: "loguniform", low: 0.001, high: 0.01 }, [0.002]);
+            return {
+                minimize: bestSoFar(trials, "minimize").map((p) => p.best),
+                maximize: bestSoFar(trials, "maximize").map((p) => p.best),
+                choice: [choice.categories, choice.x(16), choice.x("wide"), choice.x(true)],
+                log: [log.log, log.categories, log.x(0.002)],
+            };
+        }"""
+    )
+    assert result["minimize"] == [0.7, 0.5, 0.5, 0.5, 0.3]
+    assert result["maximize"] == [0.7, 0.7, 0.7, 0.7, 0.7]
+    assert result["choice"] == [["16", "wide", "true"], 0, 1, 2]
+    assert result["log"] == [True, None, 0.002]
