@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import httpx
-from sqlalchemy import update
+from sqlalchemy import delete
 
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.models import Job, JobState, utcnow
@@ -72,6 +72,6 @@ def test_the_queue_lists_only_the_callers_jobs_with_global_positions(
         assert httpx.get(f"{stack.base_url}/v1/queue").status_code == 401
     finally:
         with sessions() as session:
-            session.execute(update(Job).where(Job.id.in_(ids)).values(state=JobState.CANCELLED))
+            session.execute(delete(Job).where(Job.id.in_(ids)))
             session.commit()
         engine.dispose()
