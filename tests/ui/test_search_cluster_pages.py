@@ -85,6 +85,7 @@ def test_a_search_page_shows_trials_best_so_far_and_parameter_plots(
     }
     assert page.locator("#best-so-far").get_attribute("data-points") == "2"
     assert page.locator("#best-so-far canvas").count() == 1
+    assert page.locator("#trial-curves").get_attribute("data-points") == "2"  # 1 epoch each
     for name in SPACE:
         chart = page.locator(f"#param-charts [data-param='{name}']")
         assert chart.get_attribute("data-points") == "2", name

@@ -6,7 +6,9 @@ import { formatNumber } from "./util.js";
 
 export const TRIAL_COLORS = { succeeded: "#16a34a", pruned: "#9ca3af", best: "#2563eb" };
 
-// series: [{label, color, line: bool (a stepped line), points: bool}]
+export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+
+// series: [{label, color, line: false | "stepped" | "linear", points: bool, values}]
 export class TrialChart {
   constructor(
     container,
@@ -77,8 +79,8 @@ export class TrialChart {
             fill: undefined,
             width: one.line ? 2 : 0,
             spanGaps: true,
-            paths: one.line ? window.uPlot.paths.stepped({ align: 1 }) : () => null,
-            points: one.points ? { show: true, size: 8, fill: one.color, stroke: one.color } : { show: false },
+            paths: !one.line ? () => null : one.line === "stepped" ? window.uPlot.paths.stepped({ align: 1 }) : undefined,
+            points: one.points ? { show: true, size: one.line ? 5 : 8, fill: one.color, stroke: one.color } : { show: false },
             value: (_, v) => formatNumber(v),
           })),
         ],

@@ -2,7 +2,7 @@
 // each trial's job), the best-so-far curve and one plot per searched parameter against the
 // objective. Polls every 2 s while the search runs; the poll stops when the user leaves.
 
-import { TRIAL_COLORS, TrialChart, bestSoFar, isNumber, paramAxis } from "../trialcharts.js";
+import { PALETTE, TRIAL_COLORS, TrialChart, bestSoFar, isNumber, paramAxis } from "../trialcharts.js";
 import { clear, durationBetween, el, errorBox, formatDuration, formatNumber, formatTime, link, stateBadge, table } from "../util.js";
 import { trialCounts } from "./searches.js";
 
@@ -32,6 +32,7 @@ export async function render(root, { api, params }) {
   const status = el("p", { class: "error", role: "alert" });
   const cards = el("div", { class: "cards" });
   const bestChart = el("div", { id: "best-so-far" });
+  const curvesChart = el("div", { id: "trial-curves" });
   const paramCharts = el("div", { class: "charts", id: "param-charts" });
   const trialsBox = el("div", { id: "trials" });
   root.append(
@@ -40,7 +41,7 @@ export async function render(root, { api, params }) {
     status,
     cards,
     el("h2", {}, "Best so far"),
-    el("div", { class: "charts" }, bestChart),
+    el("div", { class: "charts" }, bestChart, curvesChart),
     el("h2", {}, "Parameters against the objective"),
     paramCharts,
     el("h2", {}, "Trials"),
@@ -50,6 +51,7 @@ export async function render(root, { api, params }) {
   let stopped = false;
   let timer = null;
   let best = null;
+  let curves = null;
   const perParam = new Map(); // parameter -> {chart, axis}
 
   cancel.addEventListener("click", async () => {
@@ -126,7 +128,7 @@ export async function render(root, { api, params }) {
     best.set(
       points.map((p) => p.number),
       [
-        { label: "best so far", color: TRIAL_COLORS.best, line: true, points: false, values: points.map((p) => p.best) },
+        { label: "best so far", color: TRIAL_COLORS.best, line: "stepped", points: false, values: points.map((p) => p.best) },
         {
           label: "succeeded",
           color: TRIAL_COLORS.succeeded,
@@ -140,6 +142,38 @@ export async function render(root, { api, params }) {
           values: points.map((p) => (p.state === "pruned" ? p.value : null)),
         },
       ],
+    );
+    // Each trial's objective after every epoch (what the pruner judged), joined on the epoch.
+    if (!curves) {
+      curves = new TrialChart(curvesChart, {
+        title: `${objective} by epoch, per trial`,
+        xLabel: "epoch",
+        yLabel: objective,
+        integerX: true,
+        empty: "No trial has reported an epoch yet.",
+      });
+    }
+    const reported = [...trials]
+      .sort((a, b) => a.number - b.number)
+      .map((trial) => ({
+        trial,
+        values: new Map(
+          Object.entries(trial.intermediate_values || {})
+            .map(([epoch, value]) => [Number(epoch), value])
+            .filter(([epoch, value]) => Number.isFinite(epoch) && isNumber(value)),
+        ),
+      }))
+      .filter(({ values }) => values.size);
+    const epochs = [...new Set(reported.flatMap(({ values }) => [...values.keys()]))].sort((a, b) => a - b);
+    curves.set(
+      epochs,
+      reported.map(({ trial, values }) => ({
+        label: `trial ${trial.number}`,
+        color: PALETTE[trial.number % PALETTE.length],
+        line: "linear",
+        points: true,
+        values: epochs.map((epoch) => values.get(epoch) ?? null),
+      })),
     );
     const space = config.search_space || {};
     for (const [name, dimension] of Object.entries(space)) {
@@ -211,6 +245,7 @@ export async function render(root, { api, params }) {
     stopped = true;
     clearTimeout(timer);
     best?.destroy();
+    curves?.destroy();
     for (const { chart } of perParam.values()) chart.destroy();
   };
 }
