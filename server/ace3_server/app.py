@@ -18,6 +18,7 @@ from ace3_server.api.error_handlers import install_error_handlers
 from ace3_server.api.routes.artifacts import datasets_router, models_router
 from ace3_server.api.routes.checkpoints import router as checkpoints_router
 from ace3_server.api.routes.jobs import router as jobs_router
+from ace3_server.api.routes.queue import router as queue_router
 from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.api.routing import error_responses
@@ -73,6 +74,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(checkpoints_router)
     v1.include_router(searches_router)
     v1.include_router(workers_router)
+    v1.include_router(queue_router)
     app.include_router(v1)
 
     @app.get("/healthz", tags=["health"], operation_id="health", responses=error_responses(503))

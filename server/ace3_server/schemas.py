@@ -263,3 +263,22 @@ class WorkerOut(_Out):
 
 class WorkerList(BaseModel):
     data: list[WorkerOut]
+
+
+class QueuedJobOut(BaseModel):
+    id: str
+    name: str | None
+    position: int = Field(
+        description="1 = the next job a worker takes: 1 + the queued jobs of all owners ahead of "
+        "it in claim order."
+    )
+    num_processes: int
+    created_at: datetime
+    queued_at: datetime = Field(description="When it last entered the queue (created, re-queued).")
+    enqueued_at: datetime = Field(description="When it was last published to the workers.")
+
+
+class QueueOut(BaseModel):
+    data: list[QueuedJobOut] = Field(description="The caller's queued jobs, in claim order.")
+    queued: int = Field(description="Queued jobs of all owners (others' are only counted).")
+    running: int = Field(description="Jobs of all owners that hold a worker slot now.")
