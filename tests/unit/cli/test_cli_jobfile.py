@@ -175,3 +175,16 @@ def test_python_m_runs_it_with_the_exit_codes_in_its_help(folder: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0
     assert "3 not found" in " ".join(result.stdout.split())
+
+
+def test_the_examples_job_and_search_files_are_valid(tmp_path: Path) -> None:
+    examples = Path(__file__).resolve().parents[3] / "examples" / "digits"
+    for name in ("job.yaml", "search.yaml", "model.py"):
+        (tmp_path / name).write_text((examples / name).read_text())
+    (tmp_path / "data").mkdir()
+    for name in ("digits-train.npz", "digits-val.npz"):
+        (tmp_path / "data" / name).write_bytes(b"x")
+    job = load_job_file(tmp_path / "job.yaml", [])
+    assert job.training.num_gpus == 2 and job.model.kwargs["hidden"] == 128
+    search = load_search_file(tmp_path / "search.yaml", [])
+    assert search.hp_config is not None and "model.hidden" in search.hp_config.search_space
