@@ -83,7 +83,7 @@ def exit_code_for(exc: BaseException) -> tuple[int, str]:
         return RUN_FAILED, f"the service answered {exc.status_code}: {exc.message}"
     if isinstance(exc, UnsupportedFeatureError | ValueError | TypeError):
         return BAD_INPUT, str(exc)
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, OSError):  # a file that is missing or cannot be read or written
         return BAD_INPUT, str(exc)
     if isinstance(exc, ACE3Error):
         message = str(exc)
