@@ -73,9 +73,16 @@ def cmd_show(args: argparse.Namespace) -> int:
             ("error", job.error),
         ],
     )
-    changed = {key: value for key, value in job.config.items() if value not in (None, [], {})}
-    output.print_fields("config (set fields)", sorted(changed.items()))
+    output.print_fields("config (fields not at their default)", sorted(changed_fields(job.config)))
     return OK
+
+
+def changed_fields(config: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The config's fields whose value is not TrainingConfig's default."""
+    from ace3.config import TrainingConfig
+
+    defaults = TrainingConfig().model_dump(mode="json")
+    return [(key, value) for key, value in config.items() if defaults.get(key, object()) != value]
 
 
 def _log_text(line: Any) -> str:
