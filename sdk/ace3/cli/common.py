@@ -23,3 +23,14 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print JSON for scripts (stdout holds only JSON)"
     )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (else a usage error, exit code 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -47,6 +47,9 @@ from ace3.hp import HPConfig
 
 OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*=")
 PATH_KEYS = ("model.path", "dataset", "validation_dataset")
+DIMENSION_TYPES = frozenset(
+    ("uniform", "loguniform", "quniform", "qloguniform", "randint", "choice")
+)
 
 
 class ModelSection(BaseModel):
@@ -281,6 +284,8 @@ def describe(
     lines = []
     for error in exc.errors(include_url=False):
         loc = tuple(error["loc"])
+        if len(loc) > 2 and loc[0] == "search_space" and loc[2] in DIMENSION_TYPES:
+            loc = loc[:2] + loc[3:]  # pydantic's union tag: not a key the user wrote
         full = prefix + loc
         if error["type"] == "extra_forbidden":
             lines.append(unknown_key_message(full, fields_at(model, loc[:-1], hidden)))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ace3.cli import output
-from ace3.cli.common import add_json_flag, make_client
+from ace3.cli.common import add_json_flag, make_client, positive_int
 from ace3.cli.errors import NOT_FOUND, OK, RUN_FAILED, CLIError
 
 
@@ -186,7 +186,9 @@ def add_parsers(sub: Any) -> None:
 
     listing = verbs.add_parser("list", help="your jobs, newest first")
     listing.add_argument("--state", default=None, help="only jobs in this state (e.g. running)")
-    listing.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    listing.add_argument(
+        "--limit", type=positive_int, default=20, help="at most this many (default 20)"
+    )
     listing.set_defaults(func=cmd_list)
 
     show = verbs.add_parser("show", help="one job: state, timings, metrics, config")

@@ -1,5 +1,4 @@
-"""``ace3 searches list|show|cancel`` and ``ace3 workers``: clients of ``/v1/searches`` and
-``/v1/workers``."""
+"""``ace3 searches list|show|cancel``: the search verbs, clients of ``/v1/searches``."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import argparse
 from typing import Any
 
 from ace3.cli import output
-from ace3.cli.common import add_json_flag, make_client
+from ace3.cli.common import add_json_flag, make_client, positive_int
 from ace3.cli.errors import OK
 
 
@@ -87,29 +86,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return OK
 
 
-def cmd_workers(args: argparse.Namespace) -> int:
-    client = make_client()
-    workers = client.workers.list()
-    if args.json:
-        output.print_json(workers)
-        return OK
-    output.print_table(
-        None,
-        ["ID", "HOST", "DEVICE", "PROCESSES PER JOB", "SLOTS", "QUEUE", "LAST SEEN"],
-        [
-            (w.id, w.hostname, w.device_kind, w.device_count, w.slots, w.queue, w.last_seen_at)
-            for w in workers
-        ],
-    )
-    return OK
-
-
 def add_parsers(sub: Any) -> None:
     searches = sub.add_parser("searches", help="list, inspect and cancel hyperparameter searches")
     verbs = searches.add_subparsers(dest="searches_command", required=True)
     listing = verbs.add_parser("list", help="your searches, newest first")
     listing.add_argument("--state", default=None, help="only searches in this state")
-    listing.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    listing.add_argument(
+        "--limit", type=positive_int, default=20, help="at most this many (default 20)"
+    )
     listing.set_defaults(func=cmd_list)
     show = verbs.add_parser("show", help="one search and its trials")
     show.set_defaults(func=cmd_show)
@@ -117,7 +101,5 @@ def add_parsers(sub: Any) -> None:
     cancel.set_defaults(func=cmd_cancel)
     for parser in (show, cancel):
         parser.add_argument("id", help="the search id")
-    workers = sub.add_parser("workers", help="the live workers and their capacity")
-    workers.set_defaults(func=cmd_workers)
-    for parser in (listing, show, cancel, workers):
+    for parser in (listing, show, cancel):
         add_json_flag(parser)

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ace3.cli.common import positive_int
+
 
 def _need(extra: str, module: str) -> None:
     try:
@@ -152,9 +154,6 @@ def up_worker_env(env: dict[str, str], data_dir: Path, index: int, count: int) -
 
 def cmd_up(args: argparse.Namespace) -> int:
     """API and ``--workers`` workers together on the embedded defaults (or whatever ACE3_* says)."""
-    if args.workers < 1:
-        print("ace3: --workers must be at least 1", file=sys.stderr)
-        return 2
     settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     cmd_migrate(args)
@@ -234,7 +233,7 @@ def add_parsers(sub: Any) -> None:
     up.add_argument("--port", type=int, default=8000)
     up.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=1,
         help="worker processes, each registered as its own worker (2: try num_nodes=2)",
     )

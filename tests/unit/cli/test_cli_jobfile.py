@@ -106,7 +106,9 @@ def test_a_wrong_type_gives_the_field_path_and_pydantics_message(folder: Path) -
     message = _error(folder, ["training.epochs=abc"])
     assert "training.epochs: Input should be a valid integer" in message and "'abc'" in message
     space = _error(folder, ["search.search_space.learning_rate.low=-1"], "search.yaml")
-    assert "search.search_space.learning_rate" in space and "positive bounds" in space
+    assert "search.search_space.learning_rate: Value error" in space and "positive bounds" in space
+    bad_type = _error(folder, ["search.search_space.learning_rate.type=gaussian"], "search.yaml")
+    assert "search.search_space.learning_rate" in bad_type and "loguniform" in bad_type
 
 
 def test_missing_files_say_which(folder: Path) -> None:
@@ -117,6 +119,12 @@ def test_missing_files_say_which(folder: Path) -> None:
     assert str(folder / "job.yaml") in message
     model = _error(folder, ["model=missing.py"])
     assert "model.path: file not found" in model and "command line" in model
+
+
+def test_limits_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["jobs", "list", "--limit", "0"])
+    assert exited.value.code == 2 and "must be at least 1" in capsys.readouterr().err
 
 
 def test_malformed_overrides_and_files_are_refused(folder: Path) -> None:
