@@ -19,3 +19,8 @@ def write_digits(directory: Path, seed: int = 0) -> tuple[Path, Path]:
     np.savez(train_path, inputs=x_train, targets=y_train)
     np.savez(val_path, inputs=x_val, targets=y_val)
     return train_path, val_path
+
+
+if __name__ == "__main__":  # `python examples/digits/data.py`: the files job.yaml names
+    for written in write_digits(Path(__file__).resolve().parent / "data"):
+        print(written)

@@ -1,4 +1,4 @@
-"""The ``ace3`` command: run the service (server, worker, up), migrate, and manage API keys.
+"""The service verbs of ``ace3``: run the service (server, worker, up), migrate, and manage API keys.
 
 Server and worker pieces are imported only by the subcommands that need them, so the plain SDK
 install keeps working without them (and says which extra to install when they are missing).
@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from ace3.cli.common import positive_int
 
 
 def _need(extra: str, module: str) -> None:
@@ -105,7 +107,12 @@ def cmd_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def worker_argv(settings: Any, concurrency: int | None = None) -> list[str]:
+def worker_argv(
+    settings: Any, concurrency: int | None = None, node_name: str | None = None
+) -> list[str]:
+    """Celery's arguments for an ``ace3 worker``; ``node_name`` (e.g. ``w1@%h``) tells several
+    workers on one machine apart (Celery's default, ``celery@<host>``, is the same for all)."""
+    named = ["--hostname", node_name] if node_name else []
     return [
         "worker",
         "--loglevel",
@@ -118,6 +125,7 @@ def worker_argv(settings: Any, concurrency: int | None = None) -> list[str]:
         "1",
         "--without-gossip",
         "--without-mingle",
+        *named,
     ]
 
 
@@ -125,26 +133,51 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _need("worker", "ace3_worker")
     from ace3_worker.celery_app import app
 
-    app.worker_main(worker_argv(_settings(), args.concurrency))
+    app.worker_main(worker_argv(_settings(), args.concurrency, args.node_name))
     return 0
 
 
+UP_CPU_PROCESSES = "8"  # the ACE3 document's snippets ask for num_gpus=4 and 8
+
+
+def up_worker_env(env: dict[str, str], data_dir: Path, index: int, count: int) -> dict[str, str]:
+    """The environment of worker ``index`` of ``count`` started by ``ace3 up``: a CPU process
+    cap that admits the document's ``num_gpus=8`` (unless the user set one) and, with several
+    workers, a work directory of its own and a rendezvous address on this machine."""
+    worker = dict(env)
+    worker.setdefault("ACE3_WORKER_CPU_PROCESSES", UP_CPU_PROCESSES)
+    if count > 1:
+        worker.setdefault("ACE3_WORKER_ADVERTISE_HOST", "127.0.0.1")
+        worker["ACE3_WORK_DIR"] = str(data_dir / f"jobs-w{index}")
+    return worker
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    """API and one worker together on the embedded defaults (or whatever ACE3_* says)."""
+    """API and ``--workers`` workers together on the embedded defaults (or whatever ACE3_* says)."""
     settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     cmd_migrate(args)
+    data_dir = settings.data_dir.resolve()
     env = dict(os.environ)
-    env["ACE3_DATA_DIR"] = str(settings.data_dir.resolve())
+    env["ACE3_DATA_DIR"] = str(data_dir)
     base = [sys.executable, "-m", "ace3.cli"]
-    worker = subprocess.Popen([*base, "worker"], env=env)
+    children = []
+    for index in range(1, args.workers + 1):
+        name = ["--node-name", f"w{index}@%h"] if args.workers > 1 else []
+        worker_env = up_worker_env(env, data_dir, index, args.workers)
+        children.append(subprocess.Popen([*base, "worker", *name], env=worker_env))
     server = subprocess.Popen(
         [*base, "server", "--host", args.host, "--port", str(args.port)], env=env
     )
+    children.insert(0, server)
+    cpu = up_worker_env(env, data_dir, 1, args.workers)["ACE3_WORKER_CPU_PROCESSES"]
     print(
-        f"ACE3 is up: API on http://{args.host}:{args.port} (docs at /docs), data in {settings.data_dir.resolve()}"
+        f"ACE3 is up: API on http://{args.host}:{args.port} (docs at /docs), data in {data_dir}\n"
+        f"{args.workers} worker(s), each taking jobs of up to {cpu} CPU processes "
+        "(ACE3_WORKER_CPU_PROCESSES): on a CPU-only machine these processes are "
+        "oversubscribed, fine for trying things out, not for speed",
+        flush=True,
     )
-    children = [server, worker]
 
     def stop(*_: object) -> None:
         for child in children:
@@ -166,12 +199,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return max((child.returncode or 0) for child in children)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ace3", description="ACE3: training as a service for PyTorch."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_parsers(sub: Any) -> None:
     sub.add_parser("migrate", help="bring the database to the newest schema").set_defaults(
         func=cmd_migrate
     )
@@ -187,13 +215,28 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--concurrency", type=int, default=None, help="jobs at once (default ACE3_WORKER_SLOTS)"
     )
+    worker.add_argument(
+        "--node-name",
+        default=None,
+        help="Celery node name, e.g. w1@%%h (needed when several workers share a machine)",
+    )
     worker.set_defaults(func=cmd_worker)
 
     up = sub.add_parser(
-        "up", help="API + worker on one machine, embedded defaults (SQLite, local broker)"
+        "up",
+        help="API + worker(s) on one machine, embedded defaults (SQLite, local broker)",
+        description="Run the API and worker(s) on this machine for trying ACE3 out. Workers "
+        f"take jobs of up to {UP_CPU_PROCESSES} CPU processes unless ACE3_WORKER_CPU_PROCESSES "
+        "says otherwise (oversubscribed on most laptops: fine for trying, not for speed).",
     )
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
+    up.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="worker processes, each registered as its own worker (2: try num_nodes=2)",
+    )
     up.set_defaults(func=cmd_up)
 
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(
@@ -210,13 +253,3 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", help="revoke a key by its prefix")
     revoke.add_argument("prefix")
     revoke.set_defaults(func=cmd_keys_revoke)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
