@@ -1,0 +1,324 @@
+"""The delivery loop of every API process: outbox rows become deliveries, due deliveries are
+POSTed, signed, outside any transaction, and retried with exponential backoff.
+
+Several API processes may run it: each pass claims outbox rows and due deliveries with
+``FOR UPDATE SKIP LOCKED`` and, before POSTing, moves a claimed delivery's ``next_attempt_at``
+past the request's timeout, so a process that dies mid-POST leaves it to be retried by another
+(delivery is at least once; the body's ``id`` lets receivers drop repeats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from ace3.webhooks import SIGNATURE_HEADER, WEBHOOK_ID_HEADER, signature_header
+from ace3_control.models import (
+    DeliveryState,
+    Job,
+    Search,
+    Webhook,
+    WebhookDelivery,
+    WebhookEvent,
+    new_id,
+    utcnow,
+)
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
+from ace3_server.webhooks import events
+from ace3_server.webhooks.urls import url_problem
+
+logger = logging.getLogger(__name__)
+
+BATCH = 100
+MAX_RESPONSE_BYTES = 64 * 1024
+MAX_HISTORY = 50
+MAX_DELAY_SECONDS = 6 * 3600.0
+USER_AGENT = "ACE3-Webhooks/1"
+
+
+def retry_delay(attempts: int, base_seconds: float) -> float:
+    """The wait after the ``attempts``-th failed POST: base x 6^(attempts-1) (5 s, 30 s, 3 min,
+    18 min, ...), capped at six hours, +-20 % jitter so that failed receivers are not hit in
+    bursts."""
+    delay = min(base_seconds * 6 ** max(0, attempts - 1), MAX_DELAY_SECONDS)
+    return delay * random.uniform(0.8, 1.2)
+
+
+async def fan_out(session: AsyncSession) -> int:
+    """Turn outbox rows into one delivery per subscribed webhook; returns the rows handled."""
+    outbox = (
+        await session.scalars(
+            select(WebhookEvent)
+            .order_by(WebhookEvent.id)
+            .limit(BATCH)
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+    if not outbox:
+        return 0
+    owners = {row.owner_id for row in outbox}
+    hooks: dict[str, list[Webhook]] = defaultdict(list)
+    for hook in await session.scalars(
+        select(Webhook).where(Webhook.owner_id.in_(owners), Webhook.disabled.is_(False))
+    ):
+        hooks[hook.owner_id].append(hook)
+    job_ids = [row.subject_id for row in outbox if row.kind == "job"]
+    search_ids = [row.subject_id for row in outbox if row.kind == "search"]
+    jobs = {job.id: job for job in await session.scalars(select(Job).where(Job.id.in_(job_ids)))}
+    found = await session.scalars(select(Search).where(Search.id.in_(search_ids)))
+    searches = {search.id: search for search in found}
+    for row in outbox:
+        event_type = f"{row.kind}.{row.state}"
+        if row.kind == "job":
+            data = {
+                "job": events.job_data(
+                    jobs.get(row.subject_id), row.subject_id, row.state, row.previous_state
+                )
+            }
+        else:
+            data = {
+                "search": events.search_data(
+                    searches.get(row.subject_id), row.subject_id, row.state, row.previous_state
+                )
+            }
+        for hook in hooks.get(row.owner_id, []):
+            if events.subscribed(hook.events, event_type):
+                add_delivery(session, hook, event_type, data, created_at=row.created_at)
+    await session.execute(delete(WebhookEvent).where(WebhookEvent.id.in_([r.id for r in outbox])))
+    return len(outbox)
+
+
+def add_delivery(
+    session: AsyncSession,
+    hook: Webhook,
+    event_type: str,
+    data: dict[str, Any],
+    created_at: Any = None,
+) -> WebhookDelivery:
+    delivery_id = new_id()
+    now = utcnow()
+    delivery = WebhookDelivery(
+        id=delivery_id,
+        webhook_id=hook.id,
+        owner_id=hook.owner_id,
+        event_type=event_type,
+        payload=events.body(delivery_id, event_type, created_at or now, data),
+        state=DeliveryState.PENDING,
+        attempts=0,
+        next_attempt_at=now,
+        history=[],
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(delivery)
+    return delivery
+
+
+@dataclass(frozen=True)
+class Claimed:
+    delivery_id: str
+    webhook_id: str
+    attempt: int
+    url: str
+    secret: str
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status_code: int | None
+    error: str | None
+    duration_ms: float
+
+    @property
+    def delivered(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+
+
+async def claim_due(session: AsyncSession, settings: Settings) -> list[Claimed]:
+    """Take due deliveries: count the attempt and push ``next_attempt_at`` past the POST's
+    timeout, so no other process takes them while this one POSTs."""
+    now = utcnow()
+    rows = (
+        await session.execute(
+            select(WebhookDelivery, Webhook.url, Webhook.secret)
+            .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
+            .where(
+                WebhookDelivery.state == DeliveryState.PENDING,
+                WebhookDelivery.next_attempt_at <= now,
+            )
+            .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+            .limit(BATCH)
+            .with_for_update(skip_locked=True, of=WebhookDelivery)
+        )
+    ).all()
+    held_until = now + timedelta(seconds=2 * settings.webhook_timeout_seconds + 30)
+    claimed = []
+    for delivery, url, secret in rows:
+        delivery.attempts += 1
+        delivery.next_attempt_at = held_until
+        claimed.append(
+            Claimed(
+                delivery.id,
+                delivery.webhook_id,
+                delivery.attempts,
+                url,
+                secret,
+                encode(delivery.payload),
+            )
+        )
+    return claimed
+
+
+async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) -> Outcome:
+    """One signed POST; no redirects followed, at most ``MAX_RESPONSE_BYTES`` of the answer read."""
+    started = time.monotonic()
+
+    def outcome(status_code: int | None, error: str | None) -> Outcome:
+        return Outcome(status_code, error, round((time.monotonic() - started) * 1000, 1))
+
+    problem = await url_problem(
+        claimed.url, allow_private_networks=settings.webhook_allow_private_networks
+    )
+    if problem is not None:
+        return outcome(None, f"refused: the URL {problem}")
+    headers = {
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+        WEBHOOK_ID_HEADER: claimed.webhook_id,
+        SIGNATURE_HEADER: signature_header(claimed.secret, claimed.body),
+    }
+    try:
+        async with client.stream(
+            "POST",
+            claimed.url,
+            content=claimed.body,
+            headers=headers,
+            timeout=settings.webhook_timeout_seconds,
+        ) as response:
+            read = 0
+            async for chunk in response.aiter_raw():
+                read += len(chunk)
+                if read >= MAX_RESPONSE_BYTES:
+                    break
+            status = response.status_code
+    except httpx.HTTPError as exc:
+        return outcome(None, f"{type(exc).__name__}: {exc}"[:500])
+    if 200 <= status < 300:
+        return outcome(status, None)
+    if 300 <= status < 400:
+        return outcome(status, f"HTTP {status}: redirects are not followed")
+    return outcome(status, f"HTTP {status}")
+
+
+async def record(
+    session: AsyncSession, claimed: Claimed, result: Outcome, settings: Settings
+) -> None:
+    delivery = await session.get(WebhookDelivery, claimed.delivery_id, with_for_update=True)
+    if (
+        delivery is None
+        or delivery.state != DeliveryState.PENDING
+        or delivery.attempts != claimed.attempt
+    ):
+        return  # deleted with its webhook, or taken over after this process stalled
+    now = utcnow()
+    entry = {
+        "attempt": claimed.attempt,
+        "at": now.isoformat(),
+        "status_code": result.status_code,
+        "error": result.error,
+        "duration_ms": result.duration_ms,
+    }
+    delivery.history = [*delivery.history, entry][-MAX_HISTORY:]
+    delivery.last_status_code = result.status_code
+    delivery.last_error = result.error
+    delivery.last_duration_ms = result.duration_ms
+    if result.delivered:
+        delivery.state = DeliveryState.DELIVERED
+        delivery.delivered_at = now
+    elif delivery.attempts >= settings.webhook_max_attempts:
+        delivery.state = DeliveryState.FAILED
+    else:
+        delay = retry_delay(delivery.attempts, settings.webhook_retry_base_seconds)
+        delivery.next_attempt_at = now + timedelta(seconds=delay)
+    log = logger.info if result.delivered else logger.warning
+    log(
+        "webhook %s delivery %s (%s) attempt %d: %s in %.0f ms -> %s",
+        claimed.webhook_id,
+        claimed.delivery_id,
+        delivery.event_type,
+        claimed.attempt,
+        result.status_code if result.error is None else result.error,
+        result.duration_ms,
+        delivery.state,
+    )
+
+
+async def deliver(
+    session_factory: async_sessionmaker[AsyncSession],
+    client: httpx.AsyncClient,
+    claimed: list[Claimed],
+    settings: Settings,
+) -> None:
+    """POST each webhook's deliveries in order, different webhooks side by side."""
+    by_webhook: dict[str, list[Claimed]] = defaultdict(list)
+    for item in claimed:
+        by_webhook[item.webhook_id].append(item)
+
+    async def one_webhook(items: list[Claimed]) -> None:
+        for item in items:
+            result = await post(client, item, settings)
+            async with session_factory() as session:
+                await record(session, item, result, settings)
+                await session.commit()
+
+    await asyncio.gather(*(one_webhook(items) for items in by_webhook.values()))
+
+
+async def deliver_once(
+    session_factory: async_sessionmaker[AsyncSession],
+    client: httpx.AsyncClient,
+    settings: Settings,
+) -> int:
+    """One pass: fan out the outbox, then POST what is due. Returns the deliveries POSTed."""
+    async with session_factory() as session:
+        await fan_out(session)
+        await session.commit()
+    async with session_factory() as session:
+        claimed = await claim_due(session, settings)
+        await session.commit()
+    if claimed:
+        await deliver(session_factory, client, claimed, settings)
+    return len(claimed)
+
+
+async def run_webhook_deliveries(
+    session_factory: async_sessionmaker[AsyncSession], publisher: JobPublisher, settings: Settings
+) -> None:
+    """The API's background loop (``publisher`` is unused: the signature of every loop)."""
+    del publisher
+    async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+        while True:
+            posted = 0
+            try:
+                posted = await deliver_once(session_factory, client, settings)
+            except Exception:
+                logger.exception("webhook delivery pass failed; trying again next interval")
+            if posted < BATCH:
+                await asyncio.sleep(settings.webhook_poll_seconds)
