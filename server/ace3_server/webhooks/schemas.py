@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ace3_server.api.params import StoredText
 from ace3_server.webhooks.events import SUBSCRIBABLE
 from ace3_server.webhooks.urls import MAX_URL_LENGTH
 
@@ -16,13 +17,13 @@ MAX_EVENTS = len(SUBSCRIBABLE)
 class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(
+    url: StoredText = Field(
         min_length=1,
         max_length=MAX_URL_LENGTH,
         description="Where to POST: http(s), no user:password@; public addresses only unless "
         "the server sets ACE3_WEBHOOK_ALLOW_PRIVATE_NETWORKS.",
     )
-    events: list[str] = Field(
+    events: list[StoredText] = Field(
         min_length=1,
         max_length=MAX_EVENTS,
         description="Event names (job.succeeded, search.failed, ...) or wildcards "

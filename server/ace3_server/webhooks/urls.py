@@ -78,7 +78,7 @@ async def url_problem(url: str, *, allow_private_networks: bool) -> str | None:
     except ValueError:
         try:
             addresses = await resolve(host, port)
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:
             return f"host {host!r} does not resolve ({exc})"
     for address in addresses:
         problem = address_problem(address)

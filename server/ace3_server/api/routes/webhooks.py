@@ -27,7 +27,13 @@ NOT_FOUND = error_responses(404)
 Limit = Annotated[int, Query(ge=1, le=200)]
 
 
-@router.post("", response_model=WebhookCreated, status_code=201, operation_id="create_webhook")
+@router.post(
+    "",
+    response_model=WebhookCreated,
+    status_code=201,
+    operation_id="create_webhook",
+    responses=error_responses(400),
+)
 async def create_webhook(
     body: WebhookCreate, session: SessionDep, owner_id: OwnerDep, settings: SettingsDep
 ) -> WebhookCreated:
