@@ -37,7 +37,7 @@ from ace3_control.models import (
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_server.webhooks import events
-from ace3_server.webhooks.urls import url_problem
+from ace3_server.webhooks.urls import check_target
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +186,22 @@ async def claim_due(session: AsyncSession, settings: Settings) -> list[Claimed]:
     return claimed
 
 
+def pinned(
+    url: str, address: str | None, headers: dict[str, str]
+) -> tuple[httpx.URL, dict[str, Any]]:
+    """The URL to request and its httpx extensions. With a checked ``address``, connect to it
+    rather than to what DNS answers next; the Host header and TLS (SNI and the certificate
+    check) still name the URL's host."""
+    parsed = httpx.URL(url)
+    if address is None:
+        return parsed, {}
+    headers["host"] = parsed.netloc.decode("ascii")
+    extensions = (
+        {"sni_hostname": parsed.raw_host.decode("ascii")} if parsed.scheme == "https" else {}
+    )
+    return parsed.copy_with(host=address), extensions
+
+
 async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) -> Outcome:
     """One signed POST; no redirects followed, at most ``MAX_RESPONSE_BYTES`` of the answer read."""
     started = time.monotonic()
@@ -193,11 +209,11 @@ async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) 
     def outcome(status_code: int | None, error: str | None) -> Outcome:
         return Outcome(status_code, error, round((time.monotonic() - started) * 1000, 1))
 
-    problem = await url_problem(
+    target = await check_target(
         claimed.url, allow_private_networks=settings.webhook_allow_private_networks
     )
-    if problem is not None:
-        return outcome(None, f"refused: the URL {problem}")
+    if target.problem is not None:
+        return outcome(None, f"refused: the URL {target.problem}")
     headers = {
         "content-type": "application/json",
         "user-agent": USER_AGENT,
@@ -205,12 +221,14 @@ async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) 
         SIGNATURE_HEADER: signature_header(claimed.secret, claimed.body),
     }
     try:
+        url, extensions = pinned(claimed.url, target.address, headers)
         async with client.stream(
             "POST",
-            claimed.url,
+            url,
             content=claimed.body,
             headers=headers,
             timeout=settings.webhook_timeout_seconds,
+            extensions=extensions,
         ) as response:
             read = 0
             async for chunk in response.aiter_raw():
@@ -218,7 +236,7 @@ async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) 
                 if read >= MAX_RESPONSE_BYTES:
                     break
             status = response.status_code
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
         return outcome(None, f"{type(exc).__name__}: {exc}"[:500])
     if 200 <= status < 300:
         return outcome(status, None)

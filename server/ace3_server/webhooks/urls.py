@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 MAX_URL_LENGTH = 2048
@@ -65,11 +66,22 @@ async def resolve(host: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-async def url_problem(url: str, *, allow_private_networks: bool) -> str | None:
-    """What keeps ACE3 from POSTing to ``url`` now, or None."""
+@dataclass(frozen=True)
+class Target:
+    """Where to POST: ``address`` is the checked IP to connect to (None: let httpx resolve,
+    when private networks are allowed), ``problem`` why not to POST at all."""
+
+    problem: str | None = None
+    address: str | None = None
+
+
+async def check_target(url: str, *, allow_private_networks: bool) -> Target:
+    """Check ``url`` and, unless private networks are allowed, every address its host resolves
+    to; the first is the one to connect to (so a DNS answer that changes after the check is
+    never used)."""
     problem = syntax_problem(url)
     if problem is not None or allow_private_networks:
-        return problem
+        return Target(problem)
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -79,9 +91,16 @@ async def url_problem(url: str, *, allow_private_networks: bool) -> str | None:
         try:
             addresses = await resolve(host, port)
         except (OSError, UnicodeError) as exc:
-            return f"host {host!r} does not resolve ({exc})"
+            return Target(f"host {host!r} does not resolve ({exc})")
+    if not addresses:
+        return Target(f"host {host!r} does not resolve")
     for address in addresses:
         problem = address_problem(address)
         if problem is not None:
-            return problem
-    return None
+            return Target(problem)
+    return Target(address=addresses[0])
+
+
+async def url_problem(url: str, *, allow_private_networks: bool) -> str | None:
+    """What keeps ACE3 from POSTing to ``url`` now, or None."""
+    return (await check_target(url, allow_private_networks=allow_private_networks)).problem
