@@ -214,6 +214,9 @@ class Settings(BaseSettings):
     webhook_max_per_owner: int = Field(
         20, ge=1, description="Most webhooks one owner may register."
     )
+    webhook_retention_days: float = Field(
+        30.0, gt=0, description="Delivered and failed webhook deliveries are kept this long."
+    )
     webhook_poll_seconds: float = Field(
         1.0, gt=0, description="How often the API looks for webhook deliveries that are due."
     )

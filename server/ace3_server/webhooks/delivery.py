@@ -46,6 +46,7 @@ MAX_RESPONSE_BYTES = 64 * 1024
 MAX_HISTORY = 50
 MAX_DELAY_SECONDS = 6 * 3600.0
 USER_AGENT = "ACE3-Webhooks/1"
+PRUNE_INTERVAL_SECONDS = 600.0
 
 
 def retry_delay(attempts: int, base_seconds: float) -> float:
@@ -326,16 +327,39 @@ async def deliver_once(
     return len(claimed)
 
 
+async def prune(session: AsyncSession, settings: Settings) -> int:
+    """Forget finished deliveries older than ``ACE3_WEBHOOK_RETENTION_DAYS``."""
+    before = utcnow() - timedelta(days=settings.webhook_retention_days)
+    old = (
+        select(WebhookDelivery.id)
+        .where(
+            WebhookDelivery.state != DeliveryState.PENDING,
+            WebhookDelivery.updated_at < before,
+        )
+        .limit(1000)
+    )
+    ids = list((await session.scalars(old)).all())
+    if ids:
+        await session.execute(delete(WebhookDelivery).where(WebhookDelivery.id.in_(ids)))
+    return len(ids)
+
+
 async def run_webhook_deliveries(
     session_factory: async_sessionmaker[AsyncSession], publisher: JobPublisher, settings: Settings
 ) -> None:
     """The API's background loop (``publisher`` is unused: the signature of every loop)."""
     del publisher
+    next_prune = 0.0
     async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
         while True:
             posted = 0
             try:
                 posted = await deliver_once(session_factory, client, settings)
+                if time.monotonic() >= next_prune:
+                    async with session_factory() as session:
+                        await prune(session, settings)
+                        await session.commit()
+                    next_prune = time.monotonic() + PRUNE_INTERVAL_SECONDS
             except Exception:
                 logger.exception("webhook delivery pass failed; trying again next interval")
             if posted < BATCH:

@@ -5,6 +5,7 @@ per subscribed webhook, with the body receivers get."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import select, update
@@ -16,8 +17,9 @@ from ace3_control.db import (
     sync_session_factory,
 )
 from ace3_control.models import Job, Webhook, WebhookDelivery, WebhookEvent, new_id, utcnow
+from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_server.webhooks.delivery import fan_out
+from ace3_server.webhooks.delivery import fan_out, prune
 from tests.conftest import insert_job
 
 
@@ -66,3 +68,37 @@ def test_state_changes_reach_subscribed_webhooks_through_the_outbox(tmp_path: Pa
     assert body["data"] == {"job": {"id": unwatched.id, "name": "unwatched", "state": "running",
                                     "previous_state": "queued", "attempt": 0}}  # fmt: skip
     assert all(d.state == "pending" and d.attempts == 0 for d in deliveries)
+
+
+def test_finished_deliveries_past_the_retention_are_pruned(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ace3.db'}"
+    upgrade(url)
+    engine = make_sync_engine(url)
+    now = utcnow()
+    with sync_session_factory(engine)() as session:
+        owner_id = insert_job(session).owner_id
+        hook = Webhook(id=new_id(), owner_id=owner_id, url="http://h/", events=["*"], secret="s",
+                       created_at=now)  # fmt: skip
+        session.add(hook)
+        for state, age_days in (
+            ("delivered", 31),
+            ("failed", 31),
+            ("pending", 31),
+            ("delivered", 1),
+        ):
+            session.add(WebhookDelivery(id=new_id(), webhook_id=hook.id, owner_id=owner_id,
+                                        event_type="ping", payload={}, state=state, history=[],
+                                        updated_at=now - timedelta(days=age_days)))  # fmt: skip
+        session.commit()
+    engine.dispose()
+
+    async def run() -> list[tuple[str, int]]:
+        async_engine = make_async_engine(url)
+        async with async_session_factory(async_engine)() as session:
+            assert await prune(session, Settings(webhook_retention_days=30)) == 2
+            await session.commit()
+            rows = (await session.scalars(select(WebhookDelivery))).all()
+        await async_engine.dispose()
+        return sorted((row.state, (now - row.updated_at).days) for row in rows)
+
+    assert asyncio.run(run()) == [("delivered", 1), ("pending", 31)]
