@@ -18,7 +18,7 @@ import ace3
 from ace3.webhooks import verify_signature
 from ace3_control import job_transitions
 from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.models import Job, JobState
+from ace3_control.models import Job, JobState, Search
 from tests.conftest import DigitsFiles, Stack
 
 
@@ -138,6 +138,42 @@ def test_a_jobs_state_changes_arrive_in_order_and_signed(
         assert all(d.state == "delivered" and d.attempts == 1 for d in log)
         page = client.webhooks.deliveries(hook.id, limit=3)
         assert len(page.data) == 3 and len(list(page)) == 4
+    finally:
+        client.webhooks.delete(hook.id)
+        engine.dispose()
+
+
+def test_only_the_subscribed_search_events_are_delivered(
+    clients: tuple[ace3.Client, ace3.Client],
+    owner_id: str,
+    receiver: Receiver,
+    digits_files: DigitsFiles,
+    database_url: str,
+) -> None:
+    client, _ = clients
+    hook = client.webhooks.create(receiver.url, ["search.succeeded"])
+    engine = make_sync_engine(database_url)
+    try:
+        model = client.load_model(digits_files.model)
+        train = client.load_dataset(digits_files.train)
+        with sync_session_factory(engine)() as session:
+            search = Search(owner_id=owner_id, model_id=model.id, dataset_id=train.id,
+                            name="swept", config={}, model_kwargs={}, request_hash="h",
+                            state="succeeded")  # fmt: skip
+            search.state = "queued"
+            session.add(search)
+            session.commit()
+            for state in ("running", "succeeded"):
+                search.state = state
+                session.commit()
+        wait_until(lambda: receiver.requests, 20, "the search's event")
+        time.sleep(0.5)  # (nothing else may follow)
+        assert len(receiver.requests) == 1
+        headers, body = receiver.requests[0]
+        event = verify_signature(hook.secret or "", body, headers["ace3-signature"])
+        assert event["type"] == "search.succeeded"
+        assert event["data"]["search"] == {"id": search.id, "name": "swept", "state": "succeeded",
+                                           "previous_state": "running", "error": None}  # fmt: skip
     finally:
         client.webhooks.delete(hook.id)
         engine.dispose()
