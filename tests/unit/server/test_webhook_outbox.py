@@ -19,7 +19,7 @@ from ace3_control.db import (
 from ace3_control.models import Job, Webhook, WebhookDelivery, WebhookEvent, new_id, utcnow
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_server.webhooks.delivery import fan_out, prune
+from ace3_server.webhooks.outbox import fan_out, prune
 from tests.conftest import insert_job
 
 

@@ -14,7 +14,7 @@ from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.schemas import Page
 from ace3_server.services.pagination import paginate
-from ace3_server.webhooks import delivery, events, service
+from ace3_server.webhooks import events, outbox, service
 from ace3_server.webhooks.schemas import (
     WebhookCreate,
     WebhookCreated,
@@ -105,6 +105,6 @@ async def test_webhook(
 ) -> WebhookDelivery:
     """Queue a ``ping`` delivery to this webhook (follow it in the delivery log)."""
     webhook = await service.get_owned_webhook(session, owner_id, webhook_id)
-    row = delivery.add_delivery(session, webhook, events.PING, {"webhook_id": webhook.id})
+    row = outbox.add_delivery(session, webhook, events.PING, {"webhook_id": webhook.id})
     await session.commit()
     return row
