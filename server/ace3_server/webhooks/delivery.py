@@ -14,7 +14,7 @@ import json
 import logging
 import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -88,13 +88,17 @@ async def claim_due(session: AsyncSession, settings: Settings) -> list[Claimed]:
             .where(
                 WebhookDelivery.state == DeliveryState.PENDING,
                 WebhookDelivery.next_attempt_at <= now,
+                Webhook.disabled.is_(False),
             )
             .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
             .limit(BATCH)
             .with_for_update(skip_locked=True, of=WebhookDelivery)
         )
     ).all()
-    held_until = now + timedelta(seconds=2 * settings.webhook_timeout_seconds + 30)
+    # One webhook's deliveries are POSTed one after the other: hold them all that long.
+    most = max(Counter(delivery.webhook_id for delivery, _, _ in rows).values(), default=0)
+    hold = (most + 1) * settings.webhook_timeout_seconds + 30
+    held_until = now + timedelta(seconds=hold)
     claimed = []
     for delivery, url, secret in rows:
         delivery.attempts += 1
