@@ -4,7 +4,8 @@ POSTed, signed, outside any transaction, and retried with exponential backoff.
 Several API processes may run it: each pass claims outbox rows and due deliveries with
 ``FOR UPDATE SKIP LOCKED`` and, before POSTing, moves a claimed delivery's ``next_attempt_at``
 past the request's timeout, so a process that dies mid-POST leaves it to be retried by another
-(delivery is at least once; the body's ``id`` lets receivers drop repeats).
+(delivery is at least once; the body's ``id`` lets receivers drop repeats). Each webhook's
+deliveries are POSTed in order by one task of this process; a slow receiver holds up only its own.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import logging
 import random
 import time
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3.webhooks import SIGNATURE_HEADER, WEBHOOK_ID_HEADER, signature_header
@@ -42,6 +44,7 @@ MAX_HISTORY = 50
 MAX_DELAY_SECONDS = 6 * 3600.0
 USER_AGENT = "ACE3-Webhooks/1"
 PRUNE_INTERVAL_SECONDS = 600.0
+MAX_WEBHOOKS_IN_FLIGHT = 200
 
 
 def retry_delay(attempts: int, base_seconds: float) -> float:
@@ -77,10 +80,14 @@ def encode(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
 
 
-async def claim_due(session: AsyncSession, settings: Settings) -> list[Claimed]:
-    """Take due deliveries: count the attempt and push ``next_attempt_at`` past the POST's
-    timeout, so no other process takes them while this one POSTs."""
+async def claim_due(
+    session: AsyncSession, settings: Settings, busy: Collection[str] = ()
+) -> list[Claimed]:
+    """Take due deliveries (of webhooks not in ``busy``, those this process is POSTing to):
+    count the attempt and push ``next_attempt_at`` past the POSTs' timeouts, so no other
+    process takes them meanwhile."""
     now = utcnow()
+    not_busy = WebhookDelivery.webhook_id.not_in(list(busy)) if busy else true()
     rows = (
         await session.execute(
             select(WebhookDelivery, Webhook.url, Webhook.secret)
@@ -89,6 +96,7 @@ async def claim_due(session: AsyncSession, settings: Settings) -> list[Claimed]:
                 WebhookDelivery.state == DeliveryState.PENDING,
                 WebhookDelivery.next_attempt_at <= now,
                 Webhook.disabled.is_(False),
+                not_busy,
             )
             .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
             .limit(BATCH)
@@ -218,42 +226,70 @@ async def record(
     )
 
 
-async def deliver(
+async def deliver_in_order(
     session_factory: async_sessionmaker[AsyncSession],
     client: httpx.AsyncClient,
     claimed: list[Claimed],
     settings: Settings,
 ) -> None:
-    """POST each webhook's deliveries in order, different webhooks side by side."""
-    by_webhook: dict[str, list[Claimed]] = defaultdict(list)
+    """POST one webhook's claimed deliveries one after the other, recording each outcome."""
     for item in claimed:
-        by_webhook[item.webhook_id].append(item)
-
-    async def one_webhook(items: list[Claimed]) -> None:
-        for item in items:
-            result = await post(client, item, settings)
-            async with session_factory() as session:
-                await record(session, item, result, settings)
-                await session.commit()
-
-    await asyncio.gather(*(one_webhook(items) for items in by_webhook.values()))
+        result = await post(client, item, settings)
+        async with session_factory() as session:
+            await record(session, item, result, settings)
+            await session.commit()
 
 
-async def deliver_once(
-    session_factory: async_sessionmaker[AsyncSession],
-    client: httpx.AsyncClient,
-    settings: Settings,
-) -> int:
-    """One pass: fan out the outbox, then POST what is due. Returns the deliveries POSTed."""
-    async with session_factory() as session:
-        await fan_out(session)
-        await session.commit()
-    async with session_factory() as session:
-        claimed = await claim_due(session, settings)
-        await session.commit()
-    if claimed:
-        await deliver(session_factory, client, claimed, settings)
-    return len(claimed)
+class DeliveryLoop:
+    """One task per webhook being POSTed to, so a slow receiver delays only its own
+    deliveries; each pass fans out the outbox and claims what is due for the other webhooks."""
+
+    def __init__(
+        self,
+        session_factory: async_sessionmaker[AsyncSession],
+        client: httpx.AsyncClient,
+        settings: Settings,
+    ):
+        self.session_factory = session_factory
+        self.client = client
+        self.settings = settings
+        self.in_flight: dict[str, asyncio.Task[None]] = {}
+
+    async def pass_once(self) -> int:
+        """Fan out, then start POSTing what is due; returns the deliveries claimed."""
+        async with self.session_factory() as session:
+            await fan_out(session)
+            await session.commit()
+        if len(self.in_flight) >= MAX_WEBHOOKS_IN_FLIGHT:
+            return 0
+        async with self.session_factory() as session:
+            claimed = await claim_due(session, self.settings, busy=set(self.in_flight))
+            await session.commit()
+        by_webhook: dict[str, list[Claimed]] = defaultdict(list)
+        for item in claimed:
+            by_webhook[item.webhook_id].append(item)
+        for webhook_id, items in by_webhook.items():
+            self.in_flight[webhook_id] = asyncio.create_task(self._send(webhook_id, items))
+        return len(claimed)
+
+    async def _send(self, webhook_id: str, items: list[Claimed]) -> None:
+        try:
+            await deliver_in_order(self.session_factory, self.client, items, self.settings)
+        except Exception:
+            logger.exception("webhook %s: recording a delivery failed; it is retried", webhook_id)
+        finally:
+            self.in_flight.pop(webhook_id, None)
+
+    async def drain(self) -> None:
+        """Wait for the POSTs under way (tests; the loop cancels them on shutdown)."""
+        while self.in_flight:
+            await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        tasks = list(self.in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def run_webhook_deliveries(
@@ -263,16 +299,18 @@ async def run_webhook_deliveries(
     del publisher
     next_prune = 0.0
     async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
-        while True:
-            posted = 0
-            try:
-                posted = await deliver_once(session_factory, client, settings)
-                if time.monotonic() >= next_prune:
-                    async with session_factory() as session:
-                        await prune(session, settings)
-                        await session.commit()
-                    next_prune = time.monotonic() + PRUNE_INTERVAL_SECONDS
-            except Exception:
-                logger.exception("webhook delivery pass failed; trying again next interval")
-            if posted < BATCH:
+        loop = DeliveryLoop(session_factory, client, settings)
+        try:
+            while True:
+                try:
+                    await loop.pass_once()
+                    if time.monotonic() >= next_prune:
+                        async with session_factory() as session:
+                            await prune(session, settings)
+                            await session.commit()
+                        next_prune = time.monotonic() + PRUNE_INTERVAL_SECONDS
+                except Exception:
+                    logger.exception("webhook delivery pass failed; trying again next interval")
                 await asyncio.sleep(settings.webhook_poll_seconds)
+        finally:
+            await loop.close()
