@@ -22,10 +22,18 @@ from typing import Any
 
 from ace3.errors.refusals import WebhookSignatureError
 
-__all__ = ["SIGNATURE_HEADER", "WEBHOOK_ID_HEADER", "sign", "signature_header", "verify_signature"]
+__all__ = [
+    "DELIVERY_ID_HEADER",
+    "SIGNATURE_HEADER",
+    "WEBHOOK_ID_HEADER",
+    "sign",
+    "signature_header",
+    "verify_signature",
+]
 
 SIGNATURE_HEADER = "ACE3-Signature"
 WEBHOOK_ID_HEADER = "ACE3-Webhook-Id"
+DELIVERY_ID_HEADER = "ACE3-Delivery-Id"
 DEFAULT_TOLERANCE_SECONDS = 300
 
 

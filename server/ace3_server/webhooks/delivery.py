@@ -25,7 +25,12 @@ import httpx
 from sqlalchemy import select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ace3.webhooks import SIGNATURE_HEADER, WEBHOOK_ID_HEADER, signature_header
+from ace3.webhooks import (
+    DELIVERY_ID_HEADER,
+    SIGNATURE_HEADER,
+    WEBHOOK_ID_HEADER,
+    signature_header,
+)
 from ace3_control.models import (
     DeliveryState,
     Webhook,
@@ -156,6 +161,7 @@ async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) 
         "content-type": "application/json",
         "user-agent": USER_AGENT,
         WEBHOOK_ID_HEADER: claimed.webhook_id,
+        DELIVERY_ID_HEADER: claimed.delivery_id,
         SIGNATURE_HEADER: signature_header(claimed.secret, claimed.body),
     }
     try:

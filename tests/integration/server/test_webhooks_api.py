@@ -124,6 +124,7 @@ def test_a_jobs_state_changes_arrive_in_order_and_signed(
             for headers, body in receiver.requests
         ]
         assert all(headers["ace3-webhook-id"] == hook.id for headers, _ in receiver.requests)
+        assert [h["ace3-delivery-id"] for h, _ in receiver.requests] == [e["id"] for e in events]
         assert all(h["content-type"] == "application/json" for h, _ in receiver.requests)
         assert [event["type"] for event in events] == [
             "job.queued", "job.starting", "job.running", "job.succeeded"
