@@ -213,6 +213,10 @@ def stack(
         "ACE3_SEARCH_LEASE_SECONDS": "4",
         # The sandbox's limits, small enough for the hostile-job tests to meet them.
         "ACE3_JOB_MAX_PROCESSES": "512",
+        # Webhooks: the tests' receivers listen on 127.0.0.1; retries come fast.
+        "ACE3_WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
+        "ACE3_WEBHOOK_RETRY_BASE_SECONDS": "0.3",
+        "ACE3_WEBHOOK_POLL_SECONDS": "0.2",
     }
     stack = Stack(base_url=f"http://127.0.0.1:{port}", port=port, env=env, root=root)
     stack.start_worker()

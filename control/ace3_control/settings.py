@@ -194,6 +194,32 @@ class Settings(BaseSettings):
     search_lease_seconds: float = Field(
         30.0, gt=0, description="A search driver's lease; another API process takes over after it."
     )
+    webhook_max_attempts: int = Field(
+        8, ge=1, le=50, description="POSTs of one webhook delivery before it is marked failed."
+    )
+    webhook_retry_base_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="The first retry delay of a webhook delivery; each next one is 6x longer "
+        "(5 s, 30 s, 3 min, ...), with jitter, capped at 6 hours.",
+    )
+    webhook_timeout_seconds: float = Field(
+        10.0, gt=0, le=60, description="How long one webhook POST may take."
+    )
+    webhook_allow_private_networks: bool = Field(
+        False,
+        description="Allow webhook URLs that resolve to loopback, private, link-local or "
+        "cloud metadata addresses (self-hosted clusters posting inside their network).",
+    )
+    webhook_max_per_owner: int = Field(
+        20, ge=1, description="Most webhooks one owner may register."
+    )
+    webhook_retention_days: float = Field(
+        30.0, gt=0, description="Delivered and failed webhook deliveries are kept this long."
+    )
+    webhook_poll_seconds: float = Field(
+        1.0, gt=0, description="How often the API looks for webhook deliveries that are due."
+    )
     log_level: str = Field("info")
 
     @property

@@ -20,7 +20,7 @@ Importing ``ace3`` needs only httpx, pydantic and rich (never torch). The traini
 
 from __future__ import annotations
 
-from ace3 import _aliases, hp, utils
+from ace3 import _aliases, hp, utils, webhooks
 from ace3.client import (
     Client,
     DatasetRef,
@@ -81,6 +81,7 @@ from ace3.errors import (
     TrainingPreemptedError,
     UnsupportedFeatureError,
     ValidationError,
+    WebhookSignatureError,
 )
 from ace3.follow.job_handle import JobHandle, TrainingResult
 from ace3.follow.search_handle import BestParams, SearchHandle, SearchResult
@@ -163,6 +164,7 @@ __all__ = [
     "TrialState",
     "UnsupportedFeatureError",
     "ValidationError",
+    "WebhookSignatureError",
     "__version__",
     "get_default_client",
     "hp",
@@ -170,6 +172,7 @@ __all__ = [
     "set_default_client",
     "unsupported_settings",
     "utils",
+    "webhooks",
 ]
 
 # Names resolved on first use (module, attribute; None = the module itself), so that

@@ -20,6 +20,7 @@ from ace3_server.api.routes.checkpoints import router as checkpoints_router
 from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.queue import router as queue_router
 from ace3_server.api.routes.searches import router as searches_router
+from ace3_server.api.routes.webhooks import router as webhooks_router
 from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.api.routing import error_responses
 from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
@@ -27,6 +28,7 @@ from ace3_server.migrations_check import ensure_migrated
 from ace3_server.reconciler import run_reconciler
 from ace3_server.searches.driver import run_search_driver
 from ace3_server.ui import install_ui
+from ace3_server.webhooks.delivery import run_webhook_deliveries
 
 API_APPLICATION_NAME = "ace3-api"
 """How the API's database connections name themselves (Postgres ``pg_stat_activity``)."""
@@ -49,7 +51,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
         if run_background_loops:
             loops = [
                 asyncio.create_task(loop(app.state.session_factory, app.state.publisher, settings))
-                for loop in (run_reconciler, run_search_driver)
+                for loop in (run_reconciler, run_search_driver, run_webhook_deliveries)
             ]
         try:
             yield
@@ -75,6 +77,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(searches_router)
     v1.include_router(workers_router)
     v1.include_router(queue_router)
+    v1.include_router(webhooks_router)
     app.include_router(v1)
 
     @app.get("/healthz", tags=["health"], operation_id="health", responses=error_responses(503))

@@ -1,5 +1,5 @@
 """The ACE3 client: connection settings, the ``models``/``datasets``/``jobs``/
-``checkpoints``/``searches``/``workers`` resources, and ``load_model``/``load_dataset``, which upload code
+``checkpoints``/``searches``/``workers``/``webhooks`` resources, and ``load_model``/``load_dataset``, which upload code
 and data only when the server does not already have the same bytes. Also the module-level
 default client the trainers use.
 """
@@ -22,6 +22,7 @@ from ace3.client.jobs import Jobs
 from ace3.client.resources import Checkpoints, Datasets, Models, Workers
 from ace3.client.searches import Searches
 from ace3.client.types import Dataset, Model
+from ace3.client.webhooks import Webhooks
 from ace3.errors import ACE3Error, PackingError
 from ace3.files import sha256_file
 from ace3.follow.job_handle import JobHandle
@@ -120,6 +121,7 @@ class Client:
         self.checkpoints = Checkpoints(self._http)
         self.searches = Searches(self._http)
         self.workers = Workers(self._http)
+        self.webhooks = Webhooks(self._http)
         set_default_client(self)
 
     def __repr__(self) -> str:

@@ -23,6 +23,8 @@ one situation::
     ├── PackingError                    (also a ValueError) a directory cannot be packed
     │                                   (a symlink, a device, a missing entry module)
     ├── ChecksumMismatchError           a downloaded file's sha256 is not the one announced
+    ├── WebhookSignatureError           a webhook body's ACE3-Signature does not verify
+    │                                   (wrong secret, altered body, stale timestamp): .reason
     ├── JobFailedError                  the training job failed: .job, .logs_tail
     ├── JobCancelledError               the training job was cancelled: .job
     ├── NonFiniteLossError              the training loss became NaN or infinite: .step (where
@@ -71,7 +73,12 @@ from ace3.errors.job_outcomes import (
     StepOutOfMemoryError,
     TrainingPreemptedError,
 )
-from ace3.errors.refusals import ChecksumMismatchError, PackingError, UnsupportedFeatureError
+from ace3.errors.refusals import (
+    ChecksumMismatchError,
+    PackingError,
+    UnsupportedFeatureError,
+    WebhookSignatureError,
+)
 from ace3.errors.search_outcomes import FAILED_TRIALS_SHOWN as FAILED_TRIALS_SHOWN
 from ace3.errors.search_outcomes import SearchCancelledError, SearchFailedError
 
@@ -100,6 +107,7 @@ __all__ = [
     "TrainingPreemptedError",
     "UnsupportedFeatureError",
     "ValidationError",
+    "WebhookSignatureError",
     "status_error_class",
 ]
 

@@ -1,5 +1,5 @@
 """What the SDK refuses on the client side: an unsupported setting, a directory it cannot pack, a
-download whose checksum does not match."""
+download whose checksum does not match, a webhook body whose signature does not verify."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ from typing import Any
 
 from ace3.errors.base import ACE3Error
 
-__all__ = ["ChecksumMismatchError", "PackingError", "UnsupportedFeatureError"]
+__all__ = [
+    "ChecksumMismatchError",
+    "PackingError",
+    "UnsupportedFeatureError",
+    "WebhookSignatureError",
+]
 
 
 class UnsupportedFeatureError(ValueError, ACE3Error):
@@ -38,3 +43,13 @@ class ChecksumMismatchError(ACE3Error):
         self.path = path
         self.expected = expected
         self.actual = actual
+
+
+class WebhookSignatureError(ACE3Error):
+    """A webhook request's ``ACE3-Signature`` header is missing, malformed, does not match the
+    body and secret, or is older than the tolerance (a replay): do not trust the body.
+    ``reason`` says which."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"webhook signature rejected: {reason}")
+        self.reason = reason

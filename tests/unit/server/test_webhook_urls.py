@@ -1,0 +1,153 @@
+"""The webhook URL checks: form (scheme, credentials, length) and, unless private networks are
+allowed, the addresses the host resolves to (no loopback, private, link-local or metadata)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from ace3.webhooks import verify_signature
+from ace3_control.settings import Settings
+from ace3_server.webhooks import urls
+from ace3_server.webhooks.delivery import Claimed, Outcome, post, retry_delay
+from ace3_server.webhooks.events import subscribed, unknown_events
+
+
+def check(url: str, *, allow: bool = False) -> str | None:
+    return asyncio.run(urls.url_problem(url, allow_private_networks=allow))
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("ftp://example.com/hook", "http or https"),
+        ("file:///etc/passwd", "http or https"),
+        ("https://user:pw@example.com/hook", "credentials"),
+        ("https:///hook", "no host"),
+        ("https://example.com/" + "a" * 2100, "longer than 2048"),
+        ("https://exa mple.com/", "whitespace"),
+    ],
+)
+def test_malformed_urls_are_refused_even_on_private_networks(url: str, problem: str) -> None:
+    found = check(url, allow=True)
+    assert found is not None and problem in found
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("http://127.0.0.1:8080/hook", "loopback"),
+        ("http://localhost/hook", "loopback"),
+        ("http://[::1]/hook", "loopback"),
+        ("http://10.1.2.3/hook", "private"),
+        ("http://192.168.0.7/hook", "private"),
+        ("http://169.254.169.254/latest/meta-data", "link-local"),
+        ("http://[::ffff:127.0.0.1]/hook", "loopback"),
+        ("http://0.0.0.0/hook", "unspecified"),
+    ],
+)
+def test_private_addresses_are_refused_unless_allowed(url: str, kind: str) -> None:
+    problem = check(url)
+    assert problem is not None and kind in problem
+    assert "ACE3_WEBHOOK_ALLOW_PRIVATE_NETWORKS" in problem
+    assert check(url, allow=True) is None
+
+
+def test_a_public_address_is_accepted() -> None:
+    assert check("https://8.8.8.8/hook") is None
+
+
+def test_a_host_resolving_to_a_private_address_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def rebound(host: str, port: int) -> list[str]:
+        return ["93.184.216.34", "10.0.0.5"]
+
+    monkeypatch.setattr(urls, "resolve", rebound)
+    problem = check("https://hooks.example.com/x")
+    assert problem is not None and "a private address (10.0.0.5)" in problem
+
+
+def test_subscriptions_and_event_names() -> None:
+    assert subscribed(["job.*"], "job.failed") and not subscribed(["job.*"], "search.failed")
+    assert subscribed(["*"], "search.succeeded") and subscribed(["job.failed"], "ping")
+    assert not subscribed(["job.failed"], "job.succeeded")
+    assert unknown_events(["job.succeeded", "job.exploded", "search.*", "trial.*"]) == [
+        "job.exploded",
+        "trial.*",
+    ]
+
+
+def test_retry_delays_grow_exponentially_with_jitter() -> None:
+    delays = [retry_delay(attempt, 5.0) for attempt in (1, 2, 3)]
+    assert 4 <= delays[0] <= 6 and 24 <= delays[1] <= 36 and 144 <= delays[2] <= 216
+    assert retry_delay(40, 5.0) <= 6 * 3600 * 1.2
+
+
+def _claimed(url: str) -> Claimed:
+    return Claimed("d1", "w1", 1, url, "whsec_x", b'{"id":"d1"}')
+
+
+def _post(url: str, handler: Callable[[httpx.Request], httpx.Response]) -> Outcome:
+    settings = Settings(webhook_allow_private_networks=False)
+
+    async def run() -> Outcome:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await post(client, _claimed(url), settings)
+
+    return asyncio.run(run())
+
+
+def test_a_delivery_connects_to_the_checked_address_under_the_urls_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def public(host: str, port: int) -> list[str]:
+        return ["93.184.216.34"]
+
+    monkeypatch.setattr(urls, "resolve", public)
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, stream=httpx.ByteStream(b"x" * 200_000))
+
+    result = _post("https://hooks.example.com:8443/in?x=1", handler)
+    assert result.delivered and result.error is None
+    request = seen[0]
+    assert str(request.url) == "https://93.184.216.34:8443/in?x=1"
+    assert request.headers["host"] == "hooks.example.com:8443"
+    assert request.extensions["sni_hostname"] == "hooks.example.com"
+    assert request.headers["ace3-webhook-id"] == "w1"
+    assert verify_signature("whsec_x", request.content, request.headers["ace3-signature"])
+
+
+def test_a_host_that_now_resolves_privately_is_not_posted_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def rebound(host: str, port: int) -> list[str]:
+        return ["169.254.169.254"]
+
+    monkeypatch.setattr(urls, "resolve", rebound)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("no request may be sent")
+
+    result = _post("http://hooks.example.com/in", handler)
+    assert not result.delivered and result.status_code is None
+    assert result.error is not None and result.error.startswith(
+        "refused: the URL points at a link-local"
+    )
+
+
+def test_a_redirect_is_not_followed_and_counts_as_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            302, headers={"location": "http://169.254.169.254/"}, stream=httpx.ByteStream(b"")
+        )
+
+    result = _post("http://93.184.216.34/in", handler)
+    assert result.status_code == 302 and not result.delivered
+    assert result.error == "HTTP 302: redirects are not followed"
