@@ -101,12 +101,24 @@ def cmd_server(args: argparse.Namespace) -> int:
     except DatabaseNotMigratedError as exc:
         print(f"ace3: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=settings.log_level)
+    from ace3_control.log_format import uvicorn_log_config
+
+    log_config = uvicorn_log_config(settings.log_format, settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level,
+        **({"log_config": log_config} if log_config is not None else {}),
+    )
     return 0
 
 
 def worker_argv(settings: Any, concurrency: int | None = None) -> list[str]:
+    # JSON logs: no start-up banner on stdout either (every line a JSON object).
+    quiet = ["--quiet"] if settings.log_format == "json" else []
     return [
+        *quiet,
         "worker",
         "--loglevel",
         settings.log_level.upper(),
