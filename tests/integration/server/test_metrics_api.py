@@ -1,10 +1,14 @@
 """GET /metrics on the real stack: after one tiny job the counters and histograms moved (jobs
 succeeded, points ingested, the job route's requests by template, queue wait, time to first
-metric, the event stream the SDK followed), and no owner data shows in it."""
+metric, the event stream the SDK followed), and no owner data shows in it. The same job logs to
+MLflow from this machine (MLflowLogger on a remote job), read back from the local store."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import ace3
@@ -24,12 +28,18 @@ def scrape(stack: Stack) -> tuple[str, dict[tuple[str, tuple[tuple[str, str], ..
     return response.text, values
 
 
-def test_metrics_move_after_a_job(stack: Stack, digits_files: DigitsFiles) -> None:
+def test_metrics_move_after_a_job(
+    stack: Stack, digits_files: DigitsFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tracking_uri = (tmp_path / "mlruns").as_uri()
+    mlflow_logger = ace3.MLflowLogger(experiment_name="remote", tracking_uri=tracking_uri)
     key, owner_id = stack.create_key("metrics-owner")
     _, before = scrape(stack)
     with ace3.Client(api_key=key, base_url=stack.base_url) as client:
         config = ace3.TrainingConfig(num_gpus=1, batch_size=64, max_steps=2, log_interval=1)
-        result = ace3.Trainer(config).train(
+        result = ace3.Trainer(config, logger=mlflow_logger).train(
             model=client.load_model(digits_files.model),
             train_dataset=client.load_dataset(digits_files.train),
             epochs=1,
@@ -53,3 +63,12 @@ def test_metrics_move_after_a_job(stack: Stack, digits_files: DigitsFiles) -> No
     assert after[("ace3_worker_slots", ())] >= after[("ace3_worker_slots_free", ())] >= 0
     for private in (result.job_id, owner_id, "metrics-private-name"):
         assert private not in text
+
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(tracking_uri=tracking_uri)
+    [run] = mlflow.search_runs([mlflow.get_experiment_by_name("remote").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["ace3_job_id"] == result.job_id
+    assert run.data.params["max_steps"] == "2"
+    losses = mlflow.get_metric_history(run.info.run_id, "train_loss")
+    assert [m.step for m in losses] == [1, 2]
