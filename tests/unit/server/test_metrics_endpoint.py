@@ -3,12 +3,15 @@ database-derived histograms computed from the jobs' timestamps."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
@@ -18,7 +21,7 @@ from ace3_control.settings import Settings
 from ace3_server.app import create_app
 from ace3_server.migrations_check import upgrade
 from ace3_server.services.keys import create_key
-from tests.conftest import insert_job
+from tests.conftest import REPO_ROOT, insert_job
 
 TOKEN = "scrape-secret"
 
@@ -113,3 +116,27 @@ async def test_histograms_and_route_templates(
     assert got[("ace3_metric_points_ingested_total", ())] == 2
     assert got[("ace3_workers_live", ())] == 0
     assert got[("ace3_sse_streams_open", ())] == 0
+
+
+async def test_the_shipped_dashboard_and_scrape_config_use_the_served_names(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    # Every declared family's sample names (labelled families may have no sample yet).
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    served = {
+        family.name + suffix
+        for family in text_string_to_metric_families(response.text)
+        for suffix in suffixes[family.type]
+    }
+    dashboard = json.loads((REPO_ROOT / "deploy/grafana/ace3-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\bace3_\w+", expr)}
+    assert used and used <= served, used - served
+    for family in ("ace3_jobs", "ace3_job_queue_wait_seconds_bucket", "ace3_sse_streams_open",
+                   "ace3_job_time_to_first_metric_seconds_bucket", "ace3_workers_live",
+                   "ace3_worker_slots_free", "ace3_metric_points_ingested_total"):  # fmt: skip
+        assert family in used, family
+    scrape = yaml.safe_load((REPO_ROOT / "deploy/prometheus.yml").read_text())
+    [job] = scrape["scrape_configs"]
+    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"]
