@@ -8,7 +8,9 @@ import json
 import logging
 import logging.config
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -137,3 +139,26 @@ def test_use_formatter_replaces_every_handler_formatter() -> None:
     use_formatter(logger, formatter)
     assert all(handler.formatter is formatter for handler in logger.handlers)
     logger.handlers = []
+
+
+def test_ace3_server_hands_uvicorn_the_json_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import uvicorn
+
+    from ace3 import cli
+    from ace3_server import migrations_check
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(migrations_check, "ensure_migrated", lambda url: None)
+    for log_format in ("text", "json"):
+        settings = Settings(data_dir=tmp_path, log_format=log_format)
+        monkeypatch.setattr(cli, "_settings", lambda settings=settings: settings)
+        assert cli.cmd_server(SimpleNamespace(host="127.0.0.1", port=0)) == 0
+    text, as_json = calls
+    assert "log_config" not in text  # uvicorn's own text setup
+    assert as_json["log_config"]["root"]["handlers"] == ["json"]
+    # The worker prints no banner in JSON mode (Celery's global --quiet, before `worker`).
+    assert cli.worker_argv(Settings(log_format="json"))[:2] == ["--quiet", "worker"]
+    assert cli.worker_argv(Settings(log_format="text"))[0] == "worker"

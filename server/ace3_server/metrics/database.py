@@ -117,10 +117,10 @@ async def _read(session: AsyncSession, settings: Settings) -> DatabaseSnapshot:
         .correlate(Job)
         .scalar_subquery()
     )
-    first_metric = await _histogram(
+    first_metric = await _histogram(  # (jobs with no metric yet: NULL, neither counted nor summed)
         session,
         seconds_between(first_metric_at, Job.started_at, dialect),
-        [Job.started_at.is_not(None), first_metric_at.is_not(None)],
+        [Job.started_at.is_not(None)],
         FIRST_METRIC_BUCKETS,
     )
     metric_points = await session.scalar(select(func.coalesce(func.max(JobMetric.id), literal(0))))

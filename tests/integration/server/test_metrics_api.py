@@ -5,6 +5,7 @@ MLflow from this machine (MLflowLogger on a remote job), read back from the loca
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -51,18 +52,23 @@ def test_metrics_move_after_a_job(
     def moved(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
         return after[(name, labels)] - before.get((name, labels), 0.0)
 
-    assert moved("ace3_jobs", (("state", "succeeded"),)) == 1
+    # (>= 1: a job an earlier test of the session left behind may end meanwhile)
+    assert moved("ace3_jobs", (("state", "succeeded"),)) >= 1
     assert moved("ace3_metric_points_ingested_total") >= 2
     assert moved("ace3_http_request_duration_seconds_count", JOB_ROUTE) >= 1
-    assert moved("ace3_job_queue_wait_seconds_count") == 1
-    assert moved("ace3_job_time_to_first_metric_seconds_count") == 1
+    assert moved("ace3_job_queue_wait_seconds_count") >= 1
+    assert moved("ace3_job_time_to_first_metric_seconds_count") >= 1
     streams = (("route", "/v1/jobs/{job_id}/events"),)
     assert moved("ace3_sse_streams_opened_total", streams) >= 1
-    assert after[("ace3_sse_streams_open", ())] == 0
     assert after[("ace3_database_up", ())] == 1 and after[("ace3_workers_live", ())] >= 1
     assert after[("ace3_worker_slots", ())] >= after[("ace3_worker_slots_free", ())] >= 0
     for private in (result.job_id, owner_id, "metrics-private-name"):
         assert private not in text
+    # The SDK's stream ended with the job: the gauge comes back down.
+    deadline = time.monotonic() + 10
+    while scrape(stack)[1][("ace3_sse_streams_open", ())] > 0:
+        assert time.monotonic() < deadline, "an event stream stayed open after the job"
+        time.sleep(0.2)
 
     from mlflow.tracking import MlflowClient
 

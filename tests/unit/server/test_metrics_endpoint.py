@@ -7,7 +7,6 @@ import json
 import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 
 import httpx
 import pytest
@@ -34,9 +33,11 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    settings = Settings(data_dir=tmp_path, metrics_token=SecretStr(TOKEN))
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """One migrated SQLite database for the module: a finished job with two metric points
+    (queued 7 s before it started, first metric 3 s after) and a queued job."""
+    settings = Settings(data_dir=tmp_path_factory.mktemp("metrics"), metrics_token=SecretStr(TOKEN))
     upgrade(settings.resolved_database_url)
     engine = make_sync_engine(settings.resolved_database_url)
     now = utcnow()
