@@ -49,18 +49,20 @@ class DatabaseCollector(Collector):
         for state, count in sorted(snap.jobs_by_state.items()):
             jobs.add_metric([state], count)
         yield jobs
-        yield _histogram(
-            "ace3_job_queue_wait_seconds",
-            "From a job's (last) entry into queued to its attempt running, over the jobs that "
-            "started.",
-            snap.queue_wait,
-        )
-        yield _histogram(
-            "ace3_job_time_to_first_metric_seconds",
-            "From a job's attempt running to its first metric point stored, over the jobs that "
-            "reported one.",
-            snap.first_metric,
-        )
+        if snap.queue_wait is not None:
+            yield _histogram(
+                "ace3_job_queue_wait_seconds",
+                "From a job's (last) entry into queued to its attempt running, over the jobs "
+                "that started.",
+                snap.queue_wait,
+            )
+        if snap.first_metric is not None:
+            yield _histogram(
+                "ace3_job_time_to_first_metric_seconds",
+                "From a job's attempt running to its first metric point stored, over the jobs "
+                "that reported one.",
+                snap.first_metric,
+            )
         yield CounterMetricFamily(
             "ace3_metric_points_ingested",
             "Metric points the workers stored (the newest job_metrics id).",

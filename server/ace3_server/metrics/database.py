@@ -12,11 +12,13 @@ live workers with their slots. No label carries an owner, a job id or a job name
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, case, func, literal, select, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.models import (
@@ -30,6 +32,8 @@ from ace3_control.models import (
 )
 from ace3_control.settings import Settings
 from ace3_control.worker_registry import live_workers
+
+logger = logging.getLogger(__name__)
 
 QUEUE_WAIT_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
 FIRST_METRIC_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -50,8 +54,8 @@ class HistogramCounts:
 @dataclass(frozen=True)
 class DatabaseSnapshot:
     jobs_by_state: dict[str, int]
-    queue_wait: HistogramCounts
-    first_metric: HistogramCounts
+    queue_wait: HistogramCounts | None
+    first_metric: HistogramCounts | None
     metric_points: int
     log_lines: int
     live_workers: int
@@ -83,9 +87,18 @@ async def _histogram(
     seconds: ColumnElement[Any],
     where: Sequence[ColumnElement[bool]],
     bounds: Sequence[float],
-) -> HistogramCounts:
-    inner = select(seconds.label("seconds")).where(*where).subquery()
-    row = (await session.execute(select(*_histogram_row(inner.c.seconds, bounds)))).one()
+) -> HistogramCounts | None:
+    """None when the query failed or ran past the statement timeout (a huge jobs table): the
+    scrape goes on without this histogram (its own savepoint keeps the transaction usable)."""
+    # OFFSET 0 keeps Postgres from inlining the subquery, which would evaluate ``seconds`` (a
+    # correlated subquery for the first metric) once per bucket instead of once per job.
+    inner = select(seconds.label("seconds")).where(*where).offset(0).subquery()
+    try:
+        async with session.begin_nested():
+            row = (await session.execute(select(*_histogram_row(inner.c.seconds, bounds)))).one()
+    except SQLAlchemyError:
+        logger.warning("/metrics: a histogram query failed; it is left out", exc_info=True)
+        return None
     *buckets, count, total = row
     return HistogramCounts(
         bounds=tuple(bounds),

@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -141,3 +142,27 @@ async def test_the_shipped_dashboard_and_scrape_config_use_the_served_names(
     scrape = yaml.safe_load((REPO_ROOT / "deploy/prometheus.yml").read_text())
     [job] = scrape["scrape_configs"]
     assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"]
+
+
+async def test_a_failing_histogram_query_leaves_out_only_that_histogram(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(As a statement timeout on a huge jobs table would: the other values still come.)"""
+    from sqlalchemy import func
+
+    from ace3_server.metrics import database
+
+    real = database.seconds_between
+
+    def first_metric_fails(later: Any, earlier: Any, dialect: str) -> Any:
+        if later is not database.Job.started_at:  # the first metric's subquery
+            return func.no_such_function(later)
+        return real(later, earlier, dialect)
+
+    monkeypatch.setattr(database, "seconds_between", first_metric_fails)
+    response = await client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    got = samples(response.text)
+    assert got[("ace3_database_up", ())] == 1
+    assert got[("ace3_job_queue_wait_seconds_count", ())] == 1
+    assert got[("ace3_metric_points_ingested_total", ())] == 2
+    assert "ace3_job_time_to_first_metric_seconds" not in response.text
