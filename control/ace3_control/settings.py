@@ -11,8 +11,9 @@ import os
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -221,6 +222,18 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How often the API looks for webhook deliveries that are due."
     )
     log_level: str = Field("info")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="How the server and the worker write their own logs: text, or json (one "
+        "JSON object a line: timestamp, level, logger, message, request_id, exception). A "
+        "job's training log stored in the database is unaffected.",
+    )
+    metrics_token: SecretStr | None = Field(
+        None,
+        min_length=1,
+        description="When set, GET /metrics needs 'Authorization: Bearer <token>' (401 "
+        "otherwise); when unset, /metrics is open (it carries no owner data).",
+    )
 
     @property
     def resolved_storage_dir(self) -> Path:

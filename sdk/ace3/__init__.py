@@ -193,6 +193,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TrainingLogger": ("ace3.training.loggers.training_logger", "TrainingLogger"),
     "TensorBoardLogger": ("ace3.training.loggers.tensorboard_logger", "TensorBoardLogger"),
     "WandBLogger": ("ace3.training.loggers.wandb_logger", "WandBLogger"),
+    "MLflowLogger": ("ace3.training.loggers.mlflow_logger", "MLflowLogger"),
     "save_checkpoint": ("ace3.training.checkpoints", "save_checkpoint"),
     "load_checkpoint": ("ace3.training.checkpoints", "load_checkpoint"),
     "load_quantized_model": ("ace3.training.quantized", "load_quantized_model"),

@@ -23,6 +23,8 @@ from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.api.routes.webhooks import router as webhooks_router
 from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.api.routing import error_responses
+from ace3_server.metrics.endpoint import router as metrics_router
+from ace3_server.metrics.http import HttpMetrics, MetricsMiddleware
 from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.reconciler import run_reconciler
@@ -79,6 +81,8 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(queue_router)
     v1.include_router(webhooks_router)
     app.include_router(v1)
+    app.include_router(metrics_router)
+    app.state.http_metrics = HttpMetrics()
 
     @app.get("/healthz", tags=["health"], operation_id="health", responses=error_responses(503))
     async def health() -> dict[str, str]:
@@ -90,4 +94,5 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     install_error_handlers(app)
     app.add_middleware(UploadGuardMiddleware, max_upload_bytes=settings.max_upload_bytes)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.http_metrics)
     return app

@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
+from ace3_control.log_format import request_id_var
 from ace3_server.api.deps import UNAUTHORIZED, owner_of_key
 from ace3_server.api.error_handlers import (
     DATABASE_UNAVAILABLE_DETAIL,
@@ -42,7 +43,11 @@ class RequestIdMiddleware:
                 ]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        token = request_id_var.set(request_id)  # (the log lines of this request carry it)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
 
 
 class _BodyTooLarge(HTTPException):

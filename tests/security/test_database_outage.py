@@ -128,6 +128,10 @@ async def test_every_route_answers_a_json_503_while_the_database_is_gone(
     _assert_unavailable(await client.post("/v1/models", files=upload))
     body = {"model_id": "m", "dataset_id": "d"}
     _assert_unavailable(await client.post("/v1/jobs", json=body))
+    # /metrics still answers: this process's own metrics, and that the database is gone.
+    metrics = await client.get("/metrics")
+    assert metrics.status_code == 200 and "ace3_database_up 0.0" in metrics.text
+    assert "ace3_http_request_duration_seconds_count" in metrics.text
 
 
 async def test_a_live_stream_ends_cleanly_when_the_database_goes(

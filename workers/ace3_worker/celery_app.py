@@ -8,8 +8,10 @@ import logging
 from typing import Any
 
 from celery import signals
+from celery._state import get_current_task
 from sqlalchemy.exc import SQLAlchemyError
 
+from ace3_control.log_format import JsonFormatter, use_formatter
 from ace3_control.queue import make_celery
 from ace3_control.settings import get_settings
 from ace3_worker.device import local_capacity
@@ -31,6 +33,23 @@ def registered_worker_id() -> str | None:
     """The registry id of this Celery worker (registered in its main process before the pool
     forks, so all its slots share it); None before it registered."""
     return _registration.worker_id if _registration is not None else None
+
+
+def _task_fields() -> dict[str, Any]:
+    task = get_current_task()
+    if task is None or task.request is None or task.request.id is None:
+        return {}
+    return {"task_id": task.request.id, "task_name": task.name}
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _json_logs(logger: logging.Logger | None = None, **_: Any) -> None:
+    """ACE3_LOG_FORMAT=json: Celery's own handlers (worker and task loggers) write JSON lines,
+    with the task's id and name while one runs."""
+    if settings.log_format == "json" and logger is not None:
+        use_formatter(logger, JsonFormatter(extra_fields=_task_fields))
+        logging.captureWarnings(True)  # Python warnings become (JSON) log records too
 
 
 @signals.worker_init.connect

@@ -103,7 +103,16 @@ def cmd_server(args: argparse.Namespace) -> int:
     except DatabaseNotMigratedError as exc:
         print(f"ace3: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=settings.log_level)
+    from ace3_control.log_format import uvicorn_log_config
+
+    log_config = uvicorn_log_config(settings.log_format, settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level,
+        **({"log_config": log_config} if log_config is not None else {}),
+    )
     return 0
 
 
@@ -113,7 +122,10 @@ def worker_argv(
     """Celery's arguments for an ``ace3 worker``; ``node_name`` (e.g. ``w1@%h``) tells several
     workers on one machine apart (Celery's default, ``celery@<host>``, is the same for all)."""
     named = ["--hostname", node_name] if node_name else []
+    # JSON logs: no start-up banner on stdout either (every line a JSON object).
+    quiet = ["--quiet"] if settings.log_format == "json" else []
     return [
+        *quiet,
         "worker",
         "--loglevel",
         settings.log_level.upper(),

@@ -25,7 +25,7 @@ def test_several_up_workers_get_their_own_work_dirs_and_a_local_rendezvous() -> 
 
 
 def test_worker_node_names_and_production_defaults() -> None:
-    settings = SimpleNamespace(log_level="info", worker_slots=2, queue_name="q")
+    settings = SimpleNamespace(log_level="info", worker_slots=2, queue_name="q", log_format="text")
     argv = worker_argv(settings, None, "w2@%h")
     assert argv[argv.index("--hostname") + 1] == "w2@%h"
     assert "--hostname" not in worker_argv(settings)

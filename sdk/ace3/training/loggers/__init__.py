@@ -1,4 +1,4 @@
-"""Loggers: where a run's metrics go besides the service (files, TensorBoard, W&B).
+"""Loggers: where a run's metrics go besides the service (files, TensorBoard, W&B, MLflow).
 
 A logger is a client-side object; the same object serves an in-process run and a remote job::
 
@@ -22,13 +22,16 @@ Every logger implements :class:`Logger`; the SDK trainer uses it like this:
    the end (``"succeeded"``, ``"failed"`` or ``"cancelled"``).
 
 The package: :mod:`.base` (``Logger``, the errors), :mod:`.arguments`, and one module per
-logger (:mod:`.training_logger`, :mod:`.tensorboard_logger`, :mod:`.wandb_logger`).
+logger (:mod:`.training_logger`, :mod:`.tensorboard_logger`, :mod:`.wandb_logger`,
+:mod:`.mlflow_logger`).
 
 No torch import here: the engine-side pieces live in :mod:`ace3.runtime.logger_hooks` and
 :mod:`ace3.runtime.tensorboard_hook`.
 """
 
 from ace3.training.loggers.base import Logger, LoggerArgumentError, LoggerUnavailableError
+from ace3.training.loggers.mlflow_logger import MLFLOW_INSTALL_HINT as MLFLOW_INSTALL_HINT
+from ace3.training.loggers.mlflow_logger import MLflowLogger
 from ace3.training.loggers.tensorboard_logger import TensorBoardLogger
 from ace3.training.loggers.training_logger import TrainingLogger
 from ace3.training.loggers.wandb_logger import WANDB_INSTALL_HINT as WANDB_INSTALL_HINT
@@ -39,6 +42,7 @@ __all__ = [
     "Logger",
     "LoggerArgumentError",
     "LoggerUnavailableError",
+    "MLflowLogger",
     "TensorBoardLogger",
     "TrainingLogger",
     "WandBLogger",
