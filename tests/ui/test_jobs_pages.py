@@ -115,6 +115,14 @@ def test_a_job_page_follows_the_training_live(
     assert page.locator("#job-checkpoints .train-again").count() >= 1
     assert not page.locator("#job-cancel").is_visible()
 
+    checkpoint = ui_client.jobs.checkpoints(job.id)[-1]
+    with page.expect_download() as download:
+        page.locator("#job-checkpoints .download").last.click()
+    assert download.value.suggested_filename == checkpoint.name
+    saved = tmp_path / checkpoint.name
+    download.value.save_as(saved)
+    assert saved.stat().st_size == checkpoint.size_bytes
+
     page.select_option("#log-rank", "rank 0")
     assert page.locator("#job-logs .log-line").count() >= 1
     assert page.locator("#job-logs .log-line:not([data-rank='rank 0'])").count() == 0
@@ -199,3 +207,29 @@ def test_another_owners_job_is_not_found(
     page.goto(f"{stack.base_url}/ui/#/jobs")
     page.wait_for_selector("#jobs-table table")
     assert page.locator(f"tr[data-job-id='{theirs}']").count() == 0
+
+
+def test_a_job_is_trained_again_from_its_checkpoint(
+    page: Any,
+    stack: Stack,
+    ui_key: tuple[str, str],
+    ui_client: ace3.Client,
+    jobs: dict[str, ace3.Job],
+) -> None:
+    watch = jobs["watch"]
+    checkpoint = ui_client.jobs.checkpoints(watch.id)[-1]
+    sign_in(page, stack, ui_key[0], f"#/jobs/{watch.id}")
+    page.wait_for_selector("#job-checkpoints .train-again")
+    page.once("dialog", lambda dialog: dialog.accept("3"))
+    page.locator("#job-checkpoints .train-again").last.click()
+    page.wait_for_url(lambda url: "#/jobs/" in url and watch.id not in url)
+    again_id = page.url.rsplit("/", 1)[-1]
+    try:
+        again = ui_client.jobs.retrieve(again_id)
+        assert again.resume_from_checkpoint == checkpoint.id
+        assert again.config["epochs"] == 3 and again.config["batch_size"] == 32
+        assert again.model_id == watch.model_id and again.dataset_id == watch.dataset_id
+        page.wait_for_selector("h1 >> text=ui-watch (from")
+    finally:
+        ui_client.jobs.cancel(again_id)
+    assert page.page_errors == []
