@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,18 @@ def compute_loss(model, batch):
     logits = model(inputs)
     return nn.functional.cross_entropy(logits, targets), logits
 """
+
+
+@pytest.fixture(scope="module")
+def ui_key(stack: Stack) -> tuple[str, str]:
+    """This module's own owner (the other dashboard tests' jobs stay out of its lists)."""
+    return stack.create_key("ui-jobs")
+
+
+@pytest.fixture(scope="module")
+def ui_client(stack: Stack, ui_key: tuple[str, str]) -> Iterator[ace3.Client]:
+    with ace3.Client(api_key=ui_key[0], base_url=stack.base_url) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +180,7 @@ def test_the_list_filters_and_two_jobs_are_compared(
     page.fill("#jobs-search", "UI-WAT")
     page.wait_for_selector(f"tr[data-job-id='{long.id}']", state="detached")
     assert page.locator("#jobs-table tbody tr").count() == 1
+    assert page.url.endswith("#/jobs?q=UI-WAT"), "the filter is kept in the route"
     page.fill("#jobs-search", "")
     page.wait_for_selector(f"tr[data-job-id='{long.id}']")
     page.select_option("#jobs-state", "cancelled")
@@ -175,6 +189,17 @@ def test_the_list_filters_and_two_jobs_are_compared(
     page.select_option("#jobs-state", "")
     page.wait_for_selector(f"tr[data-job-id='{watch.id}']")
 
+    page.goto(f"{stack.base_url}/ui/#/jobs?limit=1")  # one job a page: the API's cursors
+    page.wait_for_selector(f"tr[data-job-id='{long.id}']")
+    assert page.locator("#jobs-table tbody tr").count() == 1
+    page.click("#jobs-next")
+    page.wait_for_selector(f"tr[data-job-id='{watch.id}']")
+    page.click("#jobs-previous")
+    page.wait_for_selector(f"tr[data-job-id='{long.id}']")
+    assert page.is_disabled("#jobs-previous")
+
+    page.goto(f"{stack.base_url}/ui/#/jobs")
+    page.wait_for_selector(f"tr[data-job-id='{watch.id}']")
     page.check(f"tr[data-job-id='{watch.id}'] input[type=checkbox]")
     page.check(f"tr[data-job-id='{long.id}'] input[type=checkbox]")
     page.click("#jobs-compare")

@@ -53,7 +53,8 @@ export function jobLabel(job) {
   return job.name || job.id;
 }
 
-export async function render(root, { api, navigate }) {
+export async function render(root, { api, query, navigate }) {
+  const pageSize = Math.min(200, Math.max(1, Number(query.get("limit")) || PAGE_SIZE));
   const selected = new Set();
   const cursors = [null]; // cursors[i] opens page i
   let pageIndex = 0;
@@ -68,6 +69,8 @@ export async function render(root, { api, navigate }) {
     STATES.map((state) => el("option", { value: state }, state)),
   );
   const search = el("input", { id: "jobs-search", type: "search", placeholder: "Name contains…", "aria-label": "Name contains" });
+  stateSelect.value = STATES.includes(query.get("state")) ? query.get("state") : "";
+  search.value = query.get("q") || "";
   const compare = el("button", { id: "jobs-compare", type: "button", class: "primary", disabled: true }, "Compare");
   const previous = el("button", { id: "jobs-previous", type: "button", disabled: true }, "← Newer");
   const next = el("button", { id: "jobs-next", type: "button", disabled: true }, "Older →");
@@ -91,7 +94,7 @@ export async function render(root, { api, navigate }) {
     let page;
     try {
       page = await api.get("/jobs", {
-        limit: PAGE_SIZE,
+        limit: pageSize,
         cursor: cursors[pageIndex],
         state: stateSelect.value,
         q: search.value.trim(),
@@ -133,6 +136,12 @@ export async function render(root, { api, navigate }) {
   function restart() {
     cursors.length = 1;
     pageIndex = 0;
+    // The filters live in the route (kept when coming back from a job), without a re-render.
+    const route = new URLSearchParams();
+    if (stateSelect.value) route.set("state", stateSelect.value);
+    if (search.value.trim()) route.set("q", search.value.trim());
+    if (query.get("limit")) route.set("limit", query.get("limit"));
+    history.replaceState(null, "", `#/jobs${route.toString() ? `?${route}` : ""}`);
     load();
   }
 
@@ -155,7 +164,11 @@ export async function render(root, { api, navigate }) {
   compare.addEventListener("click", () => navigate(`#/compare?ids=${[...selected].map(encodeURIComponent).join(",")}`));
 
   await load();
-  timer = setInterval(load, REFRESH_MS);
+  // The first page is refreshed (new jobs appear), others while a listed job can change.
+  timer = setInterval(() => {
+    const states = [...body.querySelectorAll("tr[data-state]")].map((row) => row.dataset.state);
+    if (pageIndex === 0 || states.some((state) => !TERMINAL.has(state))) load();
+  }, REFRESH_MS);
   return () => {
     clearInterval(timer);
     clearTimeout(typing);
