@@ -145,7 +145,7 @@ def test_a_job_page_follows_the_training_live(
     if os.environ.get("ACE3_UPDATE_SCREENSHOTS") == "1":
         README_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tmp_path / "job.png", README_SCREENSHOT)
-    assert page.page_errors == []
+    assert page.page_errors == [] and page.console_errors == []
 
 
 def test_a_running_job_is_cancelled_from_its_page(

@@ -269,6 +269,7 @@ export async function render(root, { api, params, navigate }) {
     logs,
     el("h2", {}, "Attempts"),
     attempts,
+    el("h3", {}, "Records"),
     records,
     el("h2", {}, "Checkpoints"),
     checkpoints,
