@@ -57,7 +57,10 @@ def test_jobs_are_filtered_by_name_and_carry_their_progress(
         assert _names(client, q="_alpha") == ["beta_ALPHA"]  # not "% alpha"
         assert _names(client, q="ALPHA", limit=1, cursor=job_ids["beta_ALPHA"]) == ["Alpha run"]
         assert _names(client, q="alpha", state="succeeded") == []
-        assert client.get("/v1/jobs", params={"q": "x" * 201}).status_code == 422
+        for bad in ("x" * 201, "a\x00"):
+            response = client.get("/v1/jobs", params={"q": bad})
+            assert response.status_code == 422
+            assert response.json()["detail"][0]["loc"] == ["query", "q"]
 
         listed = {job["name"]: job for job in client.get("/v1/jobs").json()["data"]}
         assert listed["Alpha run"]["progress"] == {"step": 30, "epoch": 2.0}
