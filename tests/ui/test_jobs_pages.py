@@ -157,7 +157,11 @@ def test_a_running_job_is_cancelled_from_its_page(
     tmp_path: Path,
 ) -> None:
     job = jobs["long"]
-    sign_in(page, stack, ui_key[0], f"#/jobs/{job.id}")
+    sign_in(page, stack, ui_key[0], f"#/compare?ids={job.id}")  # Compare follows it too
+    first = _wait_points(page, "train_loss", 0, timeout=90)
+    _wait_points(page, "train_loss", first, timeout=20)
+
+    page.goto(f"{stack.base_url}/ui/#/jobs/{job.id}")
     page.wait_for_selector("#job-state[data-state=running]", timeout=90_000)
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#job-cancel")

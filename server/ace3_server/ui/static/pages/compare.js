@@ -4,7 +4,7 @@
 import { chartControls, LineChart } from "../charts.js";
 import { el, errorBox, stateBadge } from "../util.js";
 import { CHARTS } from "./job.js";
-import { jobLabel } from "./jobs.js";
+import { jobLabel, TERMINAL } from "./jobs.js";
 
 export async function render(root, { api, query, navigate }) {
   const ids = [...new Set((query.get("ids") || "").split(",").map((id) => id.trim()).filter(Boolean))];
@@ -75,5 +75,35 @@ export async function render(root, { api, query, navigate }) {
   }
   root.append(chartControls(() => charts), grid);
   if (results.some(({ error }) => error)) root.append(errorBox(new Error("Some jobs could not be loaded (see above).")));
-  return () => charts.forEach((chart) => chart.destroy());
+
+  // Jobs still training: their new points every few seconds (since the newest step held).
+  const chartOf = new Map(CHARTS.map(({ metric }, index) => [metric, charts[index]]));
+  const live = results.filter(({ job }) => job && !TERMINAL.has(job.state));
+  for (const entry of live) entry.lastStep = Math.max(0, ...entry.metrics.map((point) => point.step));
+  let busy = false;
+  const timer = setInterval(async () => {
+    if (busy || !live.length) return;
+    busy = true;
+    try {
+      for (const entry of [...live]) {
+        const path = `/jobs/${encodeURIComponent(entry.id)}`;
+        const [job, metrics] = await Promise.all([api.get(path), api.get(`${path}/metrics`, { since_step: entry.lastStep })]);
+        for (const point of metrics.data) {
+          chartOf.get(point.name)?.add(seriesName(entry.job), point.step, point.value);
+          entry.lastStep = Math.max(entry.lastStep, point.step);
+        }
+        const badge = chips.querySelector(`.chip[data-job-id="${CSS.escape(entry.id)}"] .state`);
+        if (badge) badge.replaceWith(stateBadge(job.state));
+        if (TERMINAL.has(job.state)) live.splice(live.indexOf(entry), 1);
+      }
+    } catch {
+      /* the next tick tries again */
+    } finally {
+      busy = false;
+    }
+  }, 5000);
+  return () => {
+    clearInterval(timer);
+    charts.forEach((chart) => chart.destroy());
+  };
 }
