@@ -45,7 +45,9 @@ export async function render(root, { api, query, navigate }) {
       el(
         "span",
         { class: "chip", "data-job-id": id },
-        job ? [el("a", { href: `#/jobs/${encodeURIComponent(id)}` }, seriesName(job)), " ", stateBadge(job.state)] : el("span", { class: "error" }, `${id}: ${error.status === 404 ? "not found" : error.message}`),
+        job
+          ? [el("a", { href: `#/jobs/${encodeURIComponent(id)}` }, seriesName(job)), " ", stateBadge(job.state)]
+          : el("span", { class: "error" }, `${id}: ${error.status === 404 ? "not found" : error.message}`),
         " ",
         el("button", { type: "button", class: "chip-remove", "aria-label": `Remove ${id}`, onclick: () => go(ids.filter((other) => other !== id)) }, "×"),
       ),

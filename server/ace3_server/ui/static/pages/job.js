@@ -41,6 +41,12 @@ function card(label, value, attrs = {}) {
   return el("div", { class: "card", ...attrs }, el("div", { class: "label" }, label), el("div", { class: "value" }, value || "—"));
 }
 
+// What the job was submitted with (the config in full, as the service validated it).
+function submitted(job) {
+  const { model_id, dataset_id, validation_dataset_id, resume_from_checkpoint, model_kwargs, config } = job;
+  return { model_id, dataset_id, validation_dataset_id, resume_from_checkpoint, model_kwargs, config };
+}
+
 function rankLabel(log) {
   if (log.stream === "service") return "service";
   return log.rank === null || log.rank === undefined ? log.stream : `rank ${log.rank}`;
@@ -56,7 +62,11 @@ export async function render(root, { api, params, navigate }) {
     job = await api.get(path);
   } catch (error) {
     if (error.status === 404) {
-      root.append(el("h1", {}, "Job not found"), el("p", { class: "muted" }, `No job ${jobId} among your jobs.`), el("a", { href: "#/jobs" }, "Back to the jobs"));
+      root.append(
+        el("h1", {}, "Job not found"),
+        el("p", { class: "muted" }, `No job ${jobId} among your jobs.`),
+        el("a", { href: "#/jobs" }, "Back to the jobs"),
+      );
       return null;
     }
     throw error;
@@ -196,6 +206,12 @@ export async function render(root, { api, params, navigate }) {
     }
   }
 
+  // A file behind the bearer header: fetched, then handed to the browser.
+  function downloadButton(url, filename) {
+    const download = () => api.download(url, filename).catch((error) => problem.replaceChildren(errorBox(error)));
+    return el("button", { type: "button", class: "download", onclick: download }, "Download");
+  }
+
   async function loadFiles() {
     const [checkpointList, artifactList, recordList] = await Promise.all([
       api.get(`${path}/checkpoints`, undefined, abort.signal),
@@ -214,7 +230,7 @@ export async function render(root, { api, params, navigate }) {
           {
             label: "",
             value: (row) => [
-              el("button", { type: "button", class: "download", onclick: () => api.download(`${path}/checkpoints/${encodeURIComponent(row.id)}/content`, row.name).catch((error) => problem.replaceChildren(errorBox(error))) }, "Download"),
+              downloadButton(`${path}/checkpoints/${encodeURIComponent(row.id)}/content`, row.name),
               " ",
               el("button", { type: "button", class: "train-again", onclick: () => trainAgain(row) }, "Train again from this checkpoint"),
             ],
@@ -234,7 +250,7 @@ export async function render(root, { api, params, navigate }) {
           {
             label: "",
             value: (row) =>
-              el("button", { type: "button", class: "download", onclick: () => api.download(`${path}/artifacts/${row.path.split("/").map(encodeURIComponent).join("/")}`, row.path.split("/").pop()).catch((error) => problem.replaceChildren(errorBox(error))) }, "Download"),
+              downloadButton(`${path}/artifacts/${row.path.split("/").map(encodeURIComponent).join("/")}`, row.path.split("/").pop()),
           },
         ],
         artifactList.data,
@@ -276,7 +292,7 @@ export async function render(root, { api, params, navigate }) {
     el("h2", {}, "Artifacts"),
     artifacts,
     el("h2", {}, "Config"),
-    el("pre", { class: "config", id: "job-config" }, JSON.stringify({ config: job.config, model_kwargs: job.model_kwargs, model_id: job.model_id, dataset_id: job.dataset_id, validation_dataset_id: job.validation_dataset_id, resume_from_checkpoint: job.resume_from_checkpoint }, null, 2)),
+    el("pre", { class: "config", id: "job-config" }, JSON.stringify(submitted(job), null, 2)),
   );
   showJob(job);
 
