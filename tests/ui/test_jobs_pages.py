@@ -167,6 +167,10 @@ def test_a_running_job_is_cancelled_from_its_page(
     page.click("#job-cancel")
     page.wait_for_selector("#job-state[data-state=cancelled]", timeout=60_000)
     assert ui_client.jobs.retrieve(job.id).state == "cancelled"
+    attempt = page.locator("#job-attempts tbody tr")
+    expect(attempt).to_have_count(1)
+    expect(attempt.locator(".state")).to_have_text("cancelled")
+    expect(attempt.locator("code")).not_to_be_empty()  # the worker's last word on it
     assert not page.locator("#job-cancel").is_visible()
     page.screenshot(path=str(tmp_path / "cancelled.png"))
     assert page.page_errors == []

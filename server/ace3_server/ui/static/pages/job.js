@@ -109,17 +109,36 @@ export async function render(root, { api, params, navigate }) {
     }
     cards.replaceChildren(...cardList);
     jobError.replaceChildren(...(job.error ? [el("p", { class: "error", id: "job-error" }, job.error)] : []));
+    showAttempts();
+  }
+
+  // One row per attempt: the current one's outcome is the job's; an earlier one was preempted
+  // (a `preempted` record says at which step) or retried after a lost worker. Its last
+  // service line in the log says why.
+  const lastServiceLine = new Map(); // attempt -> line
+  let preemptedAt = new Map(); // attempt -> step
+  function showAttempts() {
+    const rows = [];
+    for (let attempt = 1; attempt <= Math.max(1, job.attempt); attempt += 1) rows.push(attempt);
     attempts.replaceChildren(
       table(
         [
-          { label: "Attempt", value: (row) => String(row.attempt) },
-          { label: "Preempted attempts", value: (row) => String(row.preemptions) },
-          { label: "Exit code", value: (row) => (row.exit_code === null ? "" : String(row.exit_code)) },
-          { label: "Outcome", value: (row) => stateBadge(row.state) },
-          { label: "Error", value: (row) => row.error || "" },
+          { label: "Attempt", value: (attempt) => String(attempt) },
+          {
+            label: "Outcome",
+            value: (attempt) => {
+              if (attempt === job.attempt) return stateBadge(job.state);
+              if (preemptedAt.has(attempt)) return `preempted after step ${preemptedAt.get(attempt)}`;
+              return "ended early; retried";
+            },
+          },
+          { label: "Exit code", value: (attempt) => (attempt === job.attempt && job.exit_code !== null ? String(job.exit_code) : "") },
+          { label: "Last service line", value: (attempt) => el("code", {}, lastServiceLine.get(attempt) || "") },
+          { label: "Error", value: (attempt) => (attempt === job.attempt ? job.error || "" : "") },
         ],
-        [job],
+        rows.reverse(),
       ),
+      el("p", { class: "muted" }, `${job.preemptions} preempted attempt(s) (a drained worker; not counted as retries).`),
     );
   }
 
@@ -162,6 +181,10 @@ export async function render(root, { api, params, navigate }) {
       const chosen = rankFilter.value;
       rankFilter.replaceChildren(el("option", { value: "" }, "All ranks"), ...options.map((name) => el("option", { value: name }, name)));
       rankFilter.value = chosen;
+    }
+    if (log.stream === "service") {
+      lastServiceLine.set(log.attempt, log.line);
+      showAttempts();
     }
     logLines.push(log);
     if (logLines.length > MAX_LOG_LINES) {
@@ -257,6 +280,8 @@ export async function render(root, { api, params, navigate }) {
         { empty: "No artifacts." },
       ),
     );
+    preemptedAt = new Map(recordList.data.filter((row) => row.type === "preempted").map((row) => [row.attempt, row.step]));
+    showAttempts();
     records.replaceChildren(
       table(
         [
