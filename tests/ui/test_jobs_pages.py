@@ -163,6 +163,12 @@ def test_a_running_job_is_cancelled_from_its_page(
 
     page.goto(f"{stack.base_url}/ui/#/jobs/{job.id}")
     page.wait_for_selector("#job-state[data-state=running]", timeout=90_000)
+    with page.expect_event(  # leaving the page closes its event stream
+        "requestfailed", predicate=lambda request: f"/v1/jobs/{job.id}/events" in request.url
+    ):
+        page.goto(f"{stack.base_url}/ui/#/jobs")
+    page.goto(f"{stack.base_url}/ui/#/jobs/{job.id}")
+    page.wait_for_selector("#job-state[data-state=running]")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#job-cancel")
     page.wait_for_selector("#job-state[data-state=cancelled]", timeout=60_000)
