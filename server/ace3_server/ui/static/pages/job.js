@@ -15,6 +15,7 @@ import {
   stateBadge,
   table,
 } from "../util.js";
+import { logPanel } from "./job_logs.js";
 import { jobLabel, TERMINAL } from "./jobs.js";
 
 export const CHARTS = [
@@ -23,7 +24,6 @@ export const CHARTS = [
   { metric: "val_accuracy", title: "Validation accuracy" },
   { metric: "learning_rate", title: "Learning rate" },
 ];
-const MAX_LOG_LINES = 5000;
 
 export function formatBytes(bytes) {
   if (bytes === null || bytes === undefined) return "";
@@ -45,11 +45,6 @@ function card(label, value, attrs = {}) {
 function submitted(job) {
   const { model_id, dataset_id, validation_dataset_id, resume_from_checkpoint, model_kwargs, config } = job;
   return { model_id, dataset_id, validation_dataset_id, resume_from_checkpoint, model_kwargs, config };
-}
-
-function rankLabel(log) {
-  if (log.stream === "service") return "service";
-  return log.rank === null || log.rank === undefined ? log.stream : `rank ${log.rank}`;
 }
 
 export async function render(root, { api, params, navigate }) {
@@ -161,43 +156,14 @@ export async function render(root, { api, params, navigate }) {
   }
 
   // -- logs ---------------------------------------------------------------------------------
-  const logs = el("pre", { class: "logs", id: "job-logs" });
-  const rankFilter = el("select", { id: "log-rank", "aria-label": "Rank" }, el("option", { value: "" }, "All ranks"));
-  const follow = el("input", { type: "checkbox", checked: true, "aria-label": "Auto-scroll" });
-  const ranksSeen = new Set();
-  const logLines = [];
-  function logVisible(log) {
-    return !rankFilter.value || rankFilter.value === rankLabel(log);
-  }
-  function logNode(log) {
-    const prefix = rankLabel(log);
-    return el("span", { class: `log-line log-${log.stream}`, "data-rank": prefix }, `[${prefix}] ${log.line}\n`);
-  }
+  const logs = logPanel();
   function addLog(log) {
-    const label = rankLabel(log);
-    if (!ranksSeen.has(label)) {
-      ranksSeen.add(label);
-      const options = [...ranksSeen].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
-      const chosen = rankFilter.value;
-      rankFilter.replaceChildren(el("option", { value: "" }, "All ranks"), ...options.map((name) => el("option", { value: name }, name)));
-      rankFilter.value = chosen;
-    }
     if (log.stream === "service") {
       lastServiceLine.set(log.attempt, log.line);
       showAttempts();
     }
-    logLines.push(log);
-    if (logLines.length > MAX_LOG_LINES) {
-      logLines.shift();
-      if (logs.firstChild) logs.firstChild.remove();
-    }
-    if (logVisible(log)) logs.append(logNode(log));
-    if (follow.checked) logs.scrollTop = logs.scrollHeight;
+    logs.add(log);
   }
-  rankFilter.addEventListener("change", () => {
-    logs.replaceChildren(...logLines.filter(logVisible).map(logNode));
-    logs.scrollTop = logs.scrollHeight;
-  });
 
   // -- attempts, records, checkpoints, artifacts --------------------------------------------
   const attempts = el("div", { id: "job-attempts" });
@@ -306,8 +272,7 @@ export async function render(root, { api, params, navigate }) {
     chartControls(() => charts.values()),
     chartGrid,
     el("h2", {}, "Logs"),
-    el("div", { class: "toolbar" }, rankFilter, el("label", {}, follow, " Auto-scroll")),
-    logs,
+    logs.node,
     el("h2", {}, "Attempts"),
     attempts,
     el("h3", {}, "Records"),
