@@ -91,6 +91,21 @@ class JobOut(_Out):
     finished_at: datetime | None
 
 
+class JobProgress(BaseModel):
+    """Where a job has got to: its newest reported metric's step and epoch (1-based)."""
+
+    step: int
+    epoch: float | None
+
+
+class JobListItem(JobOut):
+    progress: JobProgress | None = Field(
+        None,
+        description="The newest reported step and epoch (null before the first metric); "
+        "compare with config.epochs / config.max_steps.",
+    )
+
+
 class MetricOut(_Out):
     id: int
     step: int

@@ -19,13 +19,16 @@ from ace3_server.schemas import (
     ArtifactList,
     CheckpointList,
     JobCreate,
+    JobListItem,
     JobOut,
+    JobProgress,
     LogList,
     MetricList,
     Page,
     RecordList,
 )
 from ace3_server.services import events, job_artifacts, jobs
+from ace3_server.services.job_progress import latest_progress
 from ace3_server.services.pagination import paginate
 
 router = resource_router("/jobs", "jobs")
@@ -71,21 +74,32 @@ async def create_job(
     return job
 
 
-@router.get("", response_model=Page[JobOut], operation_id="list_jobs")
+@router.get("", response_model=Page[JobListItem], operation_id="list_jobs")
 async def list_jobs(
     session: SessionDep,
     owner_id: OwnerDep,
     state: JobState | None = None,
+    q: Annotated[
+        StoredText | None,
+        Query(max_length=200, description="Only jobs whose name contains this (any case)."),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: PageCursor = None,
 ) -> dict[str, object]:
     stmt = select(Job).where(Job.owner_id == owner_id)
     if state is not None:
         stmt = stmt.where(Job.state == state)
+    if q:
+        stmt = stmt.where(Job.name.icontains(q, autoescape=True))
     rows, next_cursor = await paginate(
         session, stmt, Job, owner_id=owner_id, cursor=cursor, limit=limit
     )
-    return {"data": rows, "next_cursor": next_cursor}
+    progress = await latest_progress(session, rows)
+    items = [JobListItem.model_validate(row) for row in rows]
+    for item in items:
+        if item.id in progress:
+            item.progress = JobProgress.model_validate(progress[item.id])
+    return {"data": items, "next_cursor": next_cursor}
 
 
 @router.get("/{job_id}", response_model=JobOut, operation_id="get_job", responses=NOT_FOUND)
