@@ -22,6 +22,13 @@ logger = logging.getLogger(__name__)
 settings = get_settings()
 app = make_celery(settings, main="ace3-worker")
 app.conf.worker_concurrency = settings.worker_slots
+# Take a message only when a slot is free to run it (Redis; Celery >= 5.6): a worker whose
+# slots all run long jobs would otherwise hold up to one queued job per slot that an idle
+# worker could start now. (A job that fits a free slot but not the free GPUs is handed back by
+# the supervisor: ace3_worker.gpu_sets.)
+app.conf.worker_disable_prefetch = settings.resolved_broker_url.startswith(
+    ("redis://", "rediss://")
+)
 app.conf.include = ["ace3_worker.tasks"]
 
 _registration: Registration | None = None
