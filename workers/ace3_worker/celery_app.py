@@ -12,7 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ace3_control.queue import make_celery
 from ace3_control.settings import get_settings
-from ace3_worker.device import local_capacity
+from ace3_worker.device import device_pool_problem, local_capacity
 from ace3_worker.drain import request_drain
 from ace3_worker.registration import Registration
 from ace3_worker.sandbox.plan import SandboxUnavailableError, sandbox_plan
@@ -51,6 +51,9 @@ def _register(sender: Any = None, **_: Any) -> None:
     except SandboxUnavailableError as exc:
         logger.critical("ace3 worker: %s", exc)
         raise SystemExit(f"ace3 worker: {exc}") from exc
+    if problem := device_pool_problem(settings):  # (a GPU the machine lacks: refuse now)
+        logger.critical("ace3 worker: %s", problem)
+        raise SystemExit(f"ace3 worker: {problem}")
     # `ace3 worker --concurrency N` overrides ACE3_WORKER_SLOTS.
     concurrency = getattr(sender, "concurrency", None)
     slots = concurrency if isinstance(concurrency, int) and concurrency > 0 else None

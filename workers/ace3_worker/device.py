@@ -7,9 +7,11 @@ import functools
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from ace3_control.capacity import Capacity
 from ace3_control.settings import Settings
+from ace3_worker.sandbox.gpus import DRIVER_TABLE, GpuSelectionError, gpu_device_nodes
 
 _PROBE = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 
@@ -52,6 +54,22 @@ def device_pool(settings: Settings) -> tuple[str, ...] | None:
         return configured
     if worker_device(settings.worker_device) == "cuda":
         return visible_cuda_devices()
+    return None
+
+
+def device_pool_problem(
+    settings: Settings, dev: Path = Path("/dev"), table: Path = DRIVER_TABLE
+) -> str | None:
+    """Why a CUDA worker's ``ACE3_WORKER_GPUS`` names a GPU this machine lacks (resolved as the
+    sandbox resolves a job's devices: :mod:`ace3_worker.sandbox.gpus`); None when it does not,
+    or on a CPU worker (where the list is only handed out)."""
+    listed = settings.worker_gpus
+    if listed is None or worker_device(settings.worker_device) != "cuda":
+        return None
+    try:
+        gpu_device_nodes(listed, dev, table)
+    except GpuSelectionError as exc:
+        return f"ACE3_WORKER_GPUS={listed}: {str(exc).removeprefix('CUDA_VISIBLE_DEVICES: ')}"
     return None
 
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from ace3_control.models import Job, utcnow
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_worker.device import device_pool, local_capacity
+from ace3_worker.device import device_pool, device_pool_problem, local_capacity
 from ace3_worker.gpu_sets import DeviceAllocator, DevicesBusyError
 from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job
@@ -104,6 +104,26 @@ def test_capacity_follows_the_device_list() -> None:
     listed = Settings(worker_device="cpu", worker_cpu_processes=8, worker_gpus="0,1,2")
     assert device_pool(listed) == ("0", "1", "2")
     assert local_capacity(listed).device_count == 3, "one device per rank: at most 3 ranks"
+
+
+def test_a_cuda_worker_listing_a_gpu_the_machine_lacks_is_refused(tmp_path: Path) -> None:
+    dev, table = tmp_path / "dev", tmp_path / "gpus"
+    dev.mkdir()
+    for name in ("nvidiactl", "nvidia0", "nvidia1"):
+        (dev / name).touch()
+    for minor, bus_id in enumerate(("0000:17:00.0", "0000:65:00.0")):
+        (table / bus_id).mkdir(parents=True)
+        (table / bus_id / "information").write_text(
+            f"GPU UUID: \t GPU-{minor}aaa-0000\nDevice Minor: \t {minor}\n"
+        )
+    cuda = Settings(worker_device="cuda", worker_gpus="0,1")
+    assert device_pool_problem(cuda, dev, table) is None
+    missing = Settings(worker_device="cuda", worker_gpus="1,2")
+    assert device_pool_problem(missing, dev, table) == (
+        "ACE3_WORKER_GPUS=1,2: no GPU 2 on this machine"
+    )
+    cpu = Settings(worker_device="cpu", worker_gpus="1,2")
+    assert device_pool_problem(cpu, dev, table) is None, "a CPU worker only hands the list out"
 
 
 @pytest.fixture()
