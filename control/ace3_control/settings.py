@@ -8,12 +8,14 @@ Defaults are the embedded single-machine setup (SQLite, a filesystem broker, sto
 from __future__ import annotations
 
 import os
+import re
 import socket
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -95,6 +97,22 @@ class Settings(BaseSettings):
         ge=1,
         description="Processes one job may run on a CPU worker (what it advertises as its "
         "capacity); default: the cores this process may use.",
+    )
+    worker_gpus: str | None = Field(
+        None,
+        description="The GPUs this worker hands to its jobs, comma-separated indices (PCI bus "
+        "order, as nvidia-smi numbers them) or GPU-<uuid> values, e.g. 0,1,2,3: each running "
+        "job (each node of a multi-node job) gets its own num_gpus of them as its "
+        "CUDA_VISIBLE_DEVICES, never a device another running job holds. Default (unset or "
+        "empty): on a CUDA worker, every GPU it sees (its own CUDA_VISIBLE_DEVICES, if set); on a "
+        "CPU worker, no device list (CPU jobs are not assigned devices).",
+    )
+    worker_gpu_lock_dir: Path | None = Field(
+        None,
+        description="Where the workers of this machine lock the GPUs their running jobs hold "
+        "(the same directory for every worker of the machine, so two workers sharing GPUs "
+        "never hand one to two jobs); default: sandbox_lock_dir/gpus for a root worker, else "
+        "<temporary directory>/ace3-gpus-<uid>.",
     )
     worker_stale_after_seconds: float | None = Field(
         None,
@@ -235,6 +253,29 @@ class Settings(BaseSettings):
         "otherwise); when unset, /metrics is open (it carries no owner data).",
     )
 
+    @field_validator("worker_gpus")
+    @classmethod
+    def _check_worker_gpus(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            return ",".join(parse_device_list(value))
+        except ValueError as exc:
+            raise ValueError(f"ACE3_WORKER_GPUS={value!r}: {exc}") from None
+
+    @property
+    def resolved_worker_gpus(self) -> tuple[str, ...] | None:
+        """ACE3_WORKER_GPUS as a tuple of device names; None when unset."""
+        return None if self.worker_gpus is None else tuple(self.worker_gpus.split(","))
+
+    @property
+    def resolved_worker_gpu_lock_dir(self) -> Path:
+        if self.worker_gpu_lock_dir is not None:
+            return self.worker_gpu_lock_dir
+        if os.geteuid() == 0:
+            return self.sandbox_lock_dir / "gpus"
+        return Path(tempfile.gettempdir()) / f"ace3-gpus-{os.geteuid()}"
+
     @property
     def resolved_storage_dir(self) -> Path:
         return (self.storage_dir or self.data_dir / "storage").resolve()
@@ -284,6 +325,26 @@ class Settings(BaseSettings):
     @property
     def resolved_broker_url(self) -> str:
         return self.broker_url or "filesystem://"
+
+
+_DEVICE_NAME = re.compile(r"^(\d+|(GPU|MIG)-[A-Za-z0-9-]+)$")
+
+
+def parse_device_list(value: str) -> tuple[str, ...]:
+    """``"0, 1,GPU-8f2a..."`` -> ``("0", "1", "GPU-8f2a...")``: distinct CUDA device indices or
+    UUIDs; a ValueError naming the bad entry otherwise."""
+    devices = tuple(part.strip() for part in value.split(","))
+    for device in devices:
+        if not _DEVICE_NAME.match(device):
+            raise ValueError(
+                f"{device!r} is not a GPU index or UUID: give comma-separated indices or "
+                "GPU-<uuid> values, e.g. 0,1,2,3"
+            )
+    normalised = tuple(str(int(d)) if d.isdigit() else d for d in devices)
+    repeated = sorted({d for d in normalised if normalised.count(d) > 1})
+    if repeated:
+        raise ValueError(f"GPU {', '.join(repeated)} is listed more than once")
+    return normalised
 
 
 def usable_cores() -> int:

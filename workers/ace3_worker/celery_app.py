@@ -14,7 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ace3_control.log_format import JsonFormatter, use_formatter
 from ace3_control.queue import make_celery
 from ace3_control.settings import get_settings
-from ace3_worker.device import local_capacity
+from ace3_worker.device import device_pool_problem, local_capacity
 from ace3_worker.drain import request_drain
 from ace3_worker.registration import Registration
 from ace3_worker.sandbox.plan import SandboxUnavailableError, sandbox_plan
@@ -24,6 +24,13 @@ logger = logging.getLogger(__name__)
 settings = get_settings()
 app = make_celery(settings, main="ace3-worker")
 app.conf.worker_concurrency = settings.worker_slots
+# Take a message only when a slot is free to run it (Redis; Celery >= 5.6): a worker whose
+# slots all run long jobs would otherwise hold up to one queued job per slot that an idle
+# worker could start now. (A job that fits a free slot but not the free GPUs is handed back by
+# the supervisor: ace3_worker.gpu_sets.)
+app.conf.worker_disable_prefetch = settings.resolved_broker_url.startswith(
+    ("redis://", "rediss://")
+)
 app.conf.include = ["ace3_worker.tasks"]
 
 _registration: Registration | None = None
@@ -63,6 +70,9 @@ def _register(sender: Any = None, **_: Any) -> None:
     except SandboxUnavailableError as exc:
         logger.critical("ace3 worker: %s", exc)
         raise SystemExit(f"ace3 worker: {exc}") from exc
+    if problem := device_pool_problem(settings):  # (a GPU the machine lacks: refuse now)
+        logger.critical("ace3 worker: %s", problem)
+        raise SystemExit(f"ace3 worker: {problem}")
     # `ace3 worker --concurrency N` overrides ACE3_WORKER_SLOTS.
     concurrency = getattr(sender, "concurrency", None)
     slots = concurrency if isinstance(concurrency, int) and concurrency > 0 else None

@@ -72,7 +72,11 @@ def start_torchrun(
     device: str,
     job_id: str,
     nproc: int,
+    visible_devices: str | None = None,
 ) -> RunningTorchrun:
+    """Start the node's torchrun in its sandbox; ``visible_devices`` (the attempt's own devices,
+    :mod:`ace3_worker.gpu_sets`) becomes the ranks' ``CUDA_VISIBLE_DEVICES``, which also
+    chooses the GPU device nodes the sandbox binds."""
     env = sandbox_environment(
         rank_environment(device, nproc, settings.worker_slots),
         directory,
@@ -80,6 +84,8 @@ def start_torchrun(
         job_id,
     )
     env.update(spec.env)
+    if visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices
     process = launch(
         plan,
         directory,

@@ -6,6 +6,7 @@ record the outcome. This module only composes the steps; each has its own module
   shapes: :class:`~ace3_worker.membership.SingleNode` (a gang of one) or a node of a
   multi-node gang (:mod:`ace3_worker.gang` assembles it, :mod:`ace3_worker.gang_node` runs it).
 - :mod:`ace3_worker.workspace`: the uid, the attempt's directory, the artifacts restored.
+- :mod:`ace3_worker.gpu_sets`: the devices the attempt holds (its ``CUDA_VISIBLE_DEVICES``).
 - :mod:`ace3_worker.launch`: the sandboxed torchrun and the threads reading its output.
 - :mod:`ace3_worker.watch`: the watch loop, heartbeats, max-runtime, database outages.
 - :mod:`ace3_worker.ingest`: log lines, events, checkpoints and artifacts into the database.
@@ -14,8 +15,8 @@ record the outcome. This module only composes the steps; each has its own module
 Every write of a job's state is a conditional update fenced by the attempt number
 (``ace3_control.job_transitions``), so a duplicate message or a worker that lost its lease
 changes nothing. Every attempt runs in the worker's sandbox (:mod:`ace3_worker.sandbox`): its
-own uid (leased before the claim, released after everything of the attempt is dead); its
-directory is removed on every path, and the sandbox is always killed before the attempt is
+own uid and its own devices (both leased before the claim, released after everything of the
+attempt is dead); its directory is removed on every path, and the sandbox is always killed before the attempt is
 recorded, so no process outlives its job.
 """
 
@@ -36,9 +37,10 @@ from ace3_control.storage import LocalArtifactStore
 from ace3_worker import reports
 from ace3_worker.admission import Admission
 from ace3_worker.attempt import AttemptWatch
-from ace3_worker.device import worker_device
+from ace3_worker.device import device_pool, worker_device
 from ace3_worker.gang import GangMember
 from ace3_worker.gang_node import GangNode
+from ace3_worker.gpu_sets import DeviceAllocator, DevicesBusyError, DeviceSet
 from ace3_worker.ingest import Ingest
 from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
 from ace3_worker.launch import start_torchrun
@@ -84,6 +86,10 @@ class Supervisor:
         self.gang = GangMember(
             settings, self.sessions, worker_id=node_id or self.worker_id, process=self.worker_id
         )
+        pool = device_pool(settings)
+        self.devices = (
+            None if pool is None else DeviceAllocator(pool, settings.resolved_worker_gpu_lock_dir)
+        )
 
     def run(self, job_id: str) -> None:
         shape = self.admission.shape(job_id)
@@ -104,13 +110,24 @@ class Supervisor:
         except NoFreeIdentityError as exc:
             decline(job_id, str(exc))
             return
+        devices = None
         try:
+            if self.devices is not None and shape is not None:
+                # (all of them now, or the job goes back to the queue: never held waiting)
+                devices = self.devices.acquire(shape.needs.processes)
+                logger.info("job %s: devices %s are its own", job_id, devices.visible_devices)
             membership = take(job_id)
             if membership is not None:
-                self._run_attempt(membership, identity)
+                self._run_attempt(membership, identity, devices)
+        except DevicesBusyError as exc:
+            decline(job_id, str(exc))
         finally:
-            if identity is not None:
-                identity.release()
+            try:
+                if identity is not None:
+                    identity.release()
+            finally:
+                if devices is not None:
+                    devices.release()
 
     def claim(self, job_id: str) -> int | None:
         """Claim the queued job (``queued -> starting``, with a lease): the new attempt's number,
@@ -140,7 +157,9 @@ class Supervisor:
             return None
         return GangNode(self.gang, seat, self.outcomes)
 
-    def _run_attempt(self, membership: Membership, identity: JobIdentity | None) -> None:
+    def _run_attempt(
+        self, membership: Membership, identity: JobIdentity | None, devices: DeviceSet | None
+    ) -> None:
         """Prepare, run and record this worker's part; its directory goes on every path."""
         job_id, attempt = membership.job_id, membership.attempt
         root = self.workspace.attempt_root(job_id, attempt, membership.node_rank)
@@ -156,7 +175,7 @@ class Supervisor:
                 membership.failed_outside_torchrun(f"could not prepare the job: {exc}")
                 return
             try:
-                self._launch_and_watch(membership, job, directory, device, identity)
+                self._launch_and_watch(membership, job, directory, device, identity, devices)
             except Exception as exc:
                 logger.exception("job %s: the supervisor failed during %s", job_id, membership.name)
                 membership.failed_outside_torchrun(f"the worker could not run the job: {exc}")
@@ -170,6 +189,7 @@ class Supervisor:
         directory: JobDirectory,
         device: str,
         identity: JobIdentity | None,
+        devices: DeviceSet | None = None,
     ) -> None:
         with membership.keep_alive():  # (restoring large artifacts takes a while)
             artifacts = self.workspace.artifact_sync(job, membership.attempt, directory, identity)
@@ -184,6 +204,7 @@ class Supervisor:
             device=device,
             job_id=job.id,
             nproc=nproc,
+            visible_devices=None if devices is None else devices.visible_devices,
         )
         watch = AttemptWatch(
             job.id,

@@ -72,10 +72,14 @@ def resolve_device_and_backend(
             f"torch.cuda.is_available()={has_cuda}); use backend='gloo' or 'auto' on CPU workers"
         )
     if use_cuda:
+        # A worker gives each job its own GPUs as CUDA_VISIBLE_DEVICES (ACE3_WORKER_GPUS): CUDA
+        # renumbers them 0..N-1 in this process, so local rank i uses the job's i-th GPU.
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(
                 f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA device(s) "
-                "are visible: start at most one process per GPU"
+                "are visible (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}): start at most one "
+                "process per GPU"
             )
         return torch.device("cuda", local_rank), backend
     return torch.device("cpu"), backend

@@ -1,0 +1,152 @@
+"""One GPU set per job on the real stack: a worker given ``ACE3_WORKER_GPUS=0,1,2,3`` and two
+slots runs two 2-process jobs at once, and each launch receives its own two devices as
+``CUDA_VISIBLE_DEVICES`` (read back from the ranks' own environment through the job's logs);
+while both slots are busy, a third job's message stays in Redis for any worker to take.
+
+This machine has no GPU: the worker is a CPU worker whose device list is honoured all the same
+(the ranks train with gloo on the CPU; the variable is set and harmless), so the assignment is
+the code path a CUDA worker runs."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy.orm import Session
+
+import ace3
+from ace3_control.db import make_sync_engine
+from ace3_control.models import Job, utcnow
+from ace3_control.queue import JobPublisher
+from ace3_control.settings import Settings
+from tests.conftest import DigitsFiles, Stack
+from tests.e2e.conftest import wait_for
+from tests.e2e.test_multi_node import _start_worker, _stop_worker
+
+pytestmark = pytest.mark.slow
+
+# Each rank prints the devices it was given; the pause keeps both jobs holding their devices
+# at the same time (asserted below from the jobs' rows, not assumed).
+MODEL_FILE = """
+import os
+import time
+
+from torch import nn
+
+
+def build_model():
+    print(f"devices: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+    time.sleep(2)
+    return nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+"""
+
+
+@pytest.fixture()
+def gpu_worker(stack: Stack, tmp_path: Path) -> Iterator[str]:
+    """A worker of four listed devices and two slots, on a queue of its own: its queue name."""
+    queue = f"ace3-gpus-{secrets.token_hex(4)}"
+    process = _start_worker(
+        stack,
+        "worker-gpus",
+        ACE3_QUEUE_NAME=queue,
+        ACE3_WORKER_SLOTS="2",
+        ACE3_WORKER_GPUS="0,1,2,3",
+        ACE3_WORKER_GPU_LOCK_DIR=str(tmp_path / "gpu-locks"),
+    )
+    try:
+        yield queue
+    finally:
+        _stop_worker(process)
+
+
+def _insert_jobs(database_url: str, owner_id: str, model_id: str, dataset_id: str) -> list[str]:
+    config = ace3.TrainingConfig(num_gpus=2, batch_size=64, max_steps=2, epochs=1)
+    engine = make_sync_engine(database_url, pooled=False)
+    with Session(engine) as session:
+        jobs = [
+            Job(
+                owner_id=owner_id,
+                model_id=model_id,
+                dataset_id=dataset_id,
+                config=config.model_dump(mode="json"),
+                model_kwargs={},
+                num_processes=2,
+                request_hash=f"gpu-sets-{index}",
+                max_retries=0,
+                # (the API's reconciler re-publishes a job queued this long on its own queue,
+                # which the stack's worker, without a device list, consumes)
+                enqueued_at=utcnow() + timedelta(hours=1),
+            )
+            for index in range(3)
+        ]
+        session.add_all(jobs)
+        session.commit()
+        job_ids = [job.id for job in jobs]
+    engine.dispose()
+    return job_ids
+
+
+def test_concurrent_jobs_each_get_their_own_devices_and_a_busy_worker_holds_no_message(
+    stack: Stack, gpu_worker: str, database_url: str, digits_files: DigitsFiles, tmp_path: Path
+) -> None:
+    """Two jobs run at once on 0,1 and 2,3; a third, published while both slots are busy, stays
+    in Redis (no prefetch: another worker could take it). (Reuse of a released set: the unit
+    tests.)"""
+    key, owner_id = stack.create_key("gpu-sets")
+    model_file = tmp_path / "devices_model.py"
+    model_file.write_text(MODEL_FILE)
+    broker = redis.Redis.from_url(stack.env["ACE3_BROKER_URL"])
+    publisher = JobPublisher(
+        Settings(broker_url=stack.env["ACE3_BROKER_URL"], queue_name=gpu_worker)
+    )
+    with ace3.Client(api_key=key, base_url=stack.base_url) as client:
+        model = client.load_model(model_file)
+        dataset = client.load_dataset(digits_files.train)
+        job_ids = _insert_jobs(database_url, owner_id, model.id, dataset.id)
+        pair, third = job_ids[:2], job_ids[2]
+        for job_id in pair:
+            publisher.publish(job_id)
+
+        def states(ids: list[str]) -> list[str]:
+            return [client.jobs.retrieve(job_id).state for job_id in ids]
+
+        wait_for(lambda: states(pair) == ["running", "running"], 120, "both jobs to run")
+        publisher.publish(third)
+        time.sleep(0.5)  # (a prefetching worker takes a message within milliseconds)
+        waiting = broker.llen(gpu_worker)
+        assert states(pair) == ["running", "running"], "(else the reading proves nothing)"
+        assert waiting == 1, "a worker whose slots are all busy took a queued job's message"
+        publisher.close()
+        client.jobs.cancel(third)  # (its message then finds nothing to run: no third training)
+
+        def finished() -> bool:
+            return all(state in ("succeeded", "failed") for state in states(pair))
+
+        wait_for(finished, 240, "the jobs to finish")  # (a loaded 2-core machine is slow)
+        done = [client.jobs.retrieve(job_id) for job_id in pair]
+        assert [job.state for job in done] == ["succeeded"] * 2, [
+            (job.error, client.jobs.logs(job.id, limit=50).data[-20:]) for job in done
+        ]
+        first, second = sorted(done, key=lambda job: str(job.started_at))
+        assert second.started_at < first.finished_at, (  # type: ignore[operator]
+            "the two jobs must have run at the same time for this test to mean anything"
+        )
+        seen: dict[str, dict[int, str]] = {}
+        for job_id in pair:
+            lines = client.jobs.logs(job_id, limit=5000).data
+            seen[job_id] = {
+                line.rank: line.line.split("=", 1)[1]
+                for line in lines
+                if line.rank is not None and line.line.startswith("devices: ")
+            }
+    broker.close()
+    sets = [seen[job_id] for job_id in pair]
+    assert all(set(ranks) == {0, 1} for ranks in sets), sets
+    # Both ranks of a job see the job's whole set (rank i uses cuda:i of it).
+    assert all(len(set(ranks.values())) == 1 for ranks in sets), sets
+    assert sorted(ranks[0] for ranks in sets) == ["0,1", "2,3"], f"two disjoint sets: {sets}"
