@@ -181,3 +181,24 @@ def test_an_unknown_id_exits_3(cli: CLI) -> None:
         code, out, err = cli.call(*verb, "job_doesnotexist")
         assert code == 3, (verb, out, err)
         assert err.startswith("ace3: not found") and out == ""
+
+
+def test_a_failing_job_exits_1_and_a_detached_search_is_cancelled(cli: CLI) -> None:
+    (cli.folder / "broken.py").write_text(
+        "def build_model():\n    raise RuntimeError('this model cannot be built')\n"
+    )
+    code, out, err = cli.call("train", "job.yaml", "model=broken.py", "name=cli-broken")
+    assert code == 1, (out, err)
+    failed = cli.json("jobs", "list", "--state", "failed")
+    assert "cli-broken" in [item["name"] for item in failed]
+
+    search_id = cli.run(
+        "search", "search.yaml", "name=cli-cancelled", "search.max_trials=20", "--detach"
+    ).strip()
+    assert search_id and len(search_id.splitlines()) == 1
+    cancelled = cli.json("searches", "cancel", search_id)
+    assert cancelled["id"] == search_id and cancelled["cancel_requested"] is True
+    deadline = time.monotonic() + 60
+    while cli.json("searches", "show", search_id)["state"] != "cancelled":
+        assert time.monotonic() < deadline, "the search was never cancelled"
+        time.sleep(0.5)
