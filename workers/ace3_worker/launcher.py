@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import os
-import sys
+
+from ace3.runtime.torchrun import COMMAND as TORCHRUN
 
 # Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
 # PATH, HOME and TMPDIR are set by the sandbox to what the job sees.
@@ -57,11 +58,11 @@ def _runtime(job_file: str) -> list[str]:
 def torchrun_command(
     job_file: str, nproc_per_node: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 ) -> list[str]:
-    """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself."""
+    """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself.
+    torchrun is the worker's (``ace3.runtime.torchrun``: it ends without the interpreter's
+    finalization, a second or more on a small machine)."""
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+        *TORCHRUN,
         "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={nproc_per_node}",
@@ -89,9 +90,7 @@ def multinode_torchrun_command(
     static backend); ``local_addr`` is the address the other nodes reach this one at."""
     conf = f"is_host={'true' if is_host else 'false'},join_timeout={max(1, round(join_timeout))}"
     return [
-        sys.executable,
-        "-m",
-        "ace3.runtime.torchrun",  # (torchrun, with node descriptors apart: ACE3_NODE_ID)
+        *TORCHRUN,  # (torchrun, with node descriptors apart: ACE3_NODE_ID)
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",

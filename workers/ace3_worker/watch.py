@@ -1,6 +1,7 @@
-"""Watching a running attempt: the loop that, every ``POLL_SECONDS`` until torchrun exits,
-heartbeats, enforces ``max_runtime_seconds``, escalates SIGTERM to SIGKILL, stores a batch of
-output and syncs the artifacts; and riding out a database outage meanwhile and afterwards.
+"""Watching a running attempt: the loop that, every ``POLL_SECONDS`` until torchrun exits (and at
+once when it does), heartbeats, enforces ``max_runtime_seconds``, escalates SIGTERM to SIGKILL,
+stores a batch of output and syncs the artifacts; and riding out a database outage meanwhile and
+afterwards.
 
 What a heartbeat does (renew the job's lease, or a node's row) is the attempt's membership's
 (:mod:`ace3_worker.membership`); what it learned is applied here, the same way for a single-node
@@ -12,7 +13,9 @@ the preemption grace instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -109,7 +112,9 @@ class Watcher:
                     next_artifact_sync = time.monotonic() + self.settings.artifact_sync_seconds
                 if exited:
                     break
-                time.sleep(POLL_SECONDS)
+                # (the next pass at once when torchrun exits: its outcome is not kept waiting)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=POLL_SECONDS)
         finally:
             # Whatever happened, nothing of this attempt may outlive it.
             returncode = running.stop()

@@ -71,3 +71,28 @@ def test_the_wrapper_refuses_to_start_if_its_parent_already_changed() -> None:
         [sys.executable, "-m", "ace3.runtime.parent_death", "1", "true"], capture_output=True
     )
     assert result.returncode == 137
+
+
+def test_the_worker_starts_it_by_its_path_without_the_sdk_package() -> None:
+    """The prefix the worker puts before torchrun (uid and none sandboxes) runs the module by
+    its path, importing nothing of the SDK, and becomes the command (exec: the same PID)."""
+    from ace3_worker.sandbox.launch import _parent_death_prefix
+
+    prefix = _parent_death_prefix()
+    assert prefix[2] == str(os.getpid())
+    load = f"import runpy, sys; runpy.run_path({prefix[1]!r}, run_name='x')"
+    probe = subprocess.run(
+        [sys.executable, "-c", f"{load}; print('ace3' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.stdout.strip() == "False", probe.stderr
+    child = subprocess.run(
+        [*prefix, sys.executable, "-c", "import os; print(os.getppid())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == str(os.getpid())

@@ -5,6 +5,7 @@ never completes fails the job with a clear message, never starting part of it.""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
+from ace3.runtime import torchrun as worker_torchrun
 from ace3_control import job_transitions
 from ace3_control.job_nodes import drop_silent_waiting, members
 from ace3_control.models import Job, JobNode, utcnow
@@ -22,6 +24,8 @@ from ace3_server.migrations_check import upgrade
 from ace3_worker.gang import GangMember, NodeSeat, rendezvous_endpoint
 from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job
+
+TORCHRUN_SCRIPT = os.path.abspath(worker_torchrun.__file__)
 
 
 @pytest.fixture()
@@ -198,7 +202,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
         )
 
     leader, follower = command(True), command(False)
-    run = leader.index("ace3.runtime.torchrun")
+    run = leader.index(str(TORCHRUN_SCRIPT))  # (ace3.runtime.torchrun, by its path)
     assert leader[run + 1 : run + 11] == [
         "--nnodes=2",
         "--nproc-per-node=4",

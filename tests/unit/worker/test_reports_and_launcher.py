@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from ace3.config.events import StartRecord
+from ace3.runtime import torchrun as worker_torchrun
 from ace3_worker.failures import failure_message
 from ace3_worker.launcher import rank_environment, torchrun_command
 from ace3_worker.reports import EventTail, parse_log_line
+
+TORCHRUN_SCRIPT = os.path.abspath(worker_torchrun.__file__)
 
 
 def test_rank_prefix_is_parsed_and_stripped() -> None:
@@ -67,7 +70,8 @@ def test_cpu_threads_are_shared_by_every_rank_of_every_slot(
 
 def test_torchrun_command_runs_one_process_per_gpu() -> None:
     command = torchrun_command("/job/job.json", 4)
-    assert command[:4] == [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    # (the worker's torchrun, started by its path: ace3.runtime.torchrun)
+    assert command[:3] == [sys.executable, str(TORCHRUN_SCRIPT), "--standalone"]
     assert "--nproc-per-node=4" in command and "--max-restarts=0" in command
     assert command[-3:] == ["ace3.runtime", "--job", "/job/job.json"]
 
