@@ -184,7 +184,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     children.insert(0, server)
     cpu = up_worker_env(env, data_dir, 1, args.workers)["ACE3_WORKER_CPU_PROCESSES"]
     print(
-        f"ACE3 is up: API on http://{args.host}:{args.port} (docs at /docs), data in {data_dir}\n"
+        f"ACE3 is up: API on http://{args.host}:{args.port} (dashboard at /ui/, docs at /docs), data in {data_dir}\n"
         f"{args.workers} worker(s), each taking jobs of up to {cpu} CPU processes "
         "(ACE3_WORKER_CPU_PROCESSES): on a CPU-only machine these processes are "
         "oversubscribed, fine for trying things out, not for speed",
