@@ -166,3 +166,24 @@ async def test_a_failing_histogram_query_leaves_out_only_that_histogram(
     assert got[("ace3_job_queue_wait_seconds_count", ())] == 1
     assert got[("ace3_metric_points_ingested_total", ())] == 2
     assert "ace3_job_time_to_first_metric_seconds" not in response.text
+
+
+async def test_labels_stay_bounded_whatever_the_client_sends(client: httpx.AsyncClient) -> None:
+    """Made-up methods are ``other``; odd paths are ``unmatched`` or a route's template."""
+    for method in ("FOO", "PROPFIND", "get", "X" * 40):
+        await client.request(method, f"/v1/jobs/{'c' * 32}")
+        await client.request(method, "/no/such/path")
+    for path in ("/ui/abc/ui", "/ui/x/y", f"/v1/jobs/{'d' * 32}/nope", "/v1/jobs//x", "/v1/"):
+        await client.get(path)
+    response = await client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    labels = [
+        dict(labels)
+        for (name, labels) in samples(response.text)
+        if name == "ace3_http_request_duration_seconds_count"
+    ]
+    assert {label["method"] for label in labels} == {"GET", "other"}
+    assert {label["route"] for label in labels} <= {
+        "unmatched", "/v1/jobs/{job_id}", "/ui/{path}", "/metrics"
+    }  # fmt: skip
+    assert {label["status"] for label in labels} <= {"2xx", "3xx", "4xx", "5xx"}
+    assert "PROPFIND" not in response.text and "abc" not in response.text
