@@ -250,7 +250,18 @@ class Settings(BaseSettings):
         None,
         min_length=1,
         description="When set, GET /metrics needs 'Authorization: Bearer <token>' (401 "
-        "otherwise); when unset, /metrics is open (it carries no owner data).",
+        "otherwise). When unset, /metrics is OPEN to anyone who can reach the API: it carries "
+        "no owner, job id or job name, but it does show cluster-wide counts (jobs by state "
+        "across all owners, workers, slots, ingest totals) and request rates. Set it on any "
+        "shared or internet-facing deployment.",
+    )
+    metrics_cache_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="How long an API process reuses the database figures of GET /metrics "
+        "before reading them again. One read runs at a time per process whatever this is: "
+        "concurrent scrapes wait for it and share its result, so scrapes cannot hold the "
+        "database connections the API needs.",
     )
 
     @field_validator("worker_gpus")

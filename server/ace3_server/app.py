@@ -23,6 +23,7 @@ from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.api.routes.webhooks import router as webhooks_router
 from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.api.routing import error_responses
+from ace3_server.metrics.cache import SnapshotCache
 from ace3_server.metrics.endpoint import router as metrics_router
 from ace3_server.metrics.http import HttpMetrics, MetricsMiddleware
 from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     app.include_router(v1)
     app.include_router(metrics_router)
     app.state.http_metrics = HttpMetrics()
+    app.state.metrics_snapshots = SnapshotCache(settings.metrics_cache_seconds)
 
     @app.get("/healthz", tags=["health"], operation_id="health", responses=error_responses(503))
     async def health() -> dict[str, str]:

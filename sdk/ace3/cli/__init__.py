@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from ace3.cli.errors import EXIT_CODES_HELP, exit_code_for
+from ace3.cli.output import printable
 from ace3.cli.service import worker_argv
 
 __all__ = ["build_parser", "main", "worker_argv"]
@@ -47,5 +48,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SystemExit):
             raise
         code, message = exit_code_for(exc)  # re-raises what it does not know: a bug's traceback
-        print(f"ace3: {message}", file=sys.stderr)
+        print(f"ace3: {printable(message)}", file=sys.stderr)  # (the service's words, too)
         return code

@@ -24,7 +24,10 @@ A search file is a job file plus ``search:`` (the fields of :class:`~ace3.HPConf
         model.hidden: {type: choice, options: [32, 64]}
 
 Relative paths in the file resolve against the file's directory; paths given as overrides
-resolve against the current directory. Every problem (an unknown key, a wrong type, a missing
+resolve against the current directory. A value may refer to another key (``${training.epochs}``)
+but may not call a resolver (``${oc.env:AWS_SECRET_ACCESS_KEY}``, ``${oc.decode:...}``, any
+``${name:...}``) or nest interpolations: a shared job file would otherwise copy this machine's
+environment (secrets) into the job the service stores and hands to the job's code. Every problem (an unknown key, a wrong type, a missing
 file) is a :class:`~ace3.cli.errors.CLIError` naming the key, with exit code 2.
 """
 
@@ -47,6 +50,9 @@ from ace3.hp import HPConfig
 
 OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*=")
 PATH_KEYS = ("model.path", "dataset", "validation_dataset")
+INTERPOLATION_RE = re.compile(r"\$\{")
+# ``${key}``, ``${a.b-c}``, ``${..sibling}``: a reference to another key of the file, nothing else.
+PLAIN_REFERENCE_RE = re.compile(r"\$\{\.*[\w-]+(?:\.[\w-]+)*\}")
 DIMENSION_TYPES = frozenset(
     ("uniform", "loguniform", "quniform", "qloguniform", "randint", "choice")
 )
@@ -108,6 +114,34 @@ def check_overrides(overrides: list[str]) -> None:
             )
 
 
+def calls_a_resolver(value: str) -> bool:
+    """Whether ``value`` holds an interpolation other than a plain reference to a key (a
+    resolver such as ``${oc.env:NAME}``, a nested ``${a.${b}}``)."""
+    return len(INTERPOLATION_RE.findall(value)) != len(PLAIN_REFERENCE_RE.findall(value))
+
+
+def _resolver_problem(where: str, key: str, value: str) -> CLIError:
+    return CLIError(
+        f"{where}{key}: {value!r} calls an interpolation resolver (${{name:...}}, such as "
+        "oc.env) or nests interpolations, which job files may not: it would copy values from "
+        "this machine (environment variables, secrets) into the job the service stores. Write "
+        "the value itself; only plain references to other keys (${training.epochs}) are allowed",
+        BAD_INPUT,
+    )
+
+
+def check_no_resolvers(source: Path, data: Any, key: str = "") -> None:
+    """Refuse every string in ``data`` (the parsed YAML) that :func:`calls_a_resolver`."""
+    if isinstance(data, dict):
+        for name, value in data.items():
+            check_no_resolvers(source, value, f"{key}.{name}" if key else str(name))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            check_no_resolvers(source, value, f"{key}[{index}]")
+    elif isinstance(data, str) and calls_a_resolver(data):
+        raise _resolver_problem(f"{source}: ", key, data)
+
+
 def load_merged(path: str | Path, overrides: list[str]) -> Loaded:
     """The YAML file at ``path`` with ``overrides`` merged in, as plain data."""
     from omegaconf import OmegaConf
@@ -138,6 +172,11 @@ def load_merged(path: str | Path, overrides: list[str]) -> Loaded:
         )
     if isinstance(raw.get("model"), str):
         raw["model"] = {"path": raw["model"]}
+    check_no_resolvers(source, raw)
+    for item in overrides:
+        key, value = item.split("=", 1)
+        if calls_a_resolver(value):
+            raise _resolver_problem("override ", key, value)
     try:
         merged = OmegaConf.merge(OmegaConf.create(raw), OmegaConf.from_dotlist(overrides))
         data = OmegaConf.to_container(merged, resolve=True)

@@ -87,7 +87,7 @@ def changed_fields(config: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def _log_text(line: Any) -> str:
     rank = f"[rank {line.rank}] " if line.rank is not None else ""
-    return f"{rank}{line.line}"
+    return output.printable(f"{rank}{line.line}")
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

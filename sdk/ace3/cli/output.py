@@ -1,15 +1,29 @@
 """What the user verbs print: rich tables for people, JSON for scripts (``--json``: valid JSON on
-stdout and nothing else; messages go to stderr)."""
+stdout and nothing else; messages go to stderr).
+
+Text from the service (job names, errors, log lines, parameters) is shown as it is, never read
+as rich markup (``[bold]``, ``[link=...]``), and its control characters (ANSI escapes, carriage
+returns, bidirectional overrides) are shown escaped (``\\x1b``), so nothing a job or another
+program stored can restyle, rewrite or hide what the terminal shows."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
+
+# C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides/isolates.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written as escapes (``\\x1b``, ``\\u202e``)."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -41,6 +55,7 @@ def _console() -> Any:
 
 
 def cell(value: Any) -> str:
+    """``value`` as one table cell or line of text, its control characters escaped."""
     if value is None:
         return "-"
     if isinstance(value, datetime):
@@ -48,18 +63,25 @@ def cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
-        return ", ".join(f"{key}={cell(item)}" for key, item in value.items()) or "-"
-    return str(value)
+        return ", ".join(f"{cell(key)}={cell(item)}" for key, item in value.items()) or "-"
+    return printable(str(value))
+
+
+def _text(value: Any) -> Any:
+    """A rich ``Text``: shown literally, never parsed as markup."""
+    from rich.text import Text
+
+    return Text(cell(value))
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=_text(title) if title else None, title_justify="left", header_style="bold")
     for column in columns:
-        table.add_column(column, overflow="fold")
+        table.add_column(_text(column), overflow="fold")
     for row in rows:
-        table.add_row(*(cell(value) for value in row))
+        table.add_row(*(_text(value) for value in row))
     _console().print(table)
 
 
@@ -67,11 +89,11 @@ def print_fields(title: str | None, fields: Sequence[tuple[str, Any]]) -> None:
     """A two-column table of ``name: value`` pairs (``show`` verbs)."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", show_header=False)
+    table = Table(title=_text(title) if title else None, title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for name, value in fields:
-        table.add_row(name, cell(value))
+        table.add_row(_text(name), _text(value))
     _console().print(table)
 
 
@@ -87,4 +109,4 @@ def duration(start: datetime | None, end: datetime | None) -> str:
 
 def note(message: str) -> None:
     """A message for people, on stderr (stdout stays for the command's output)."""
-    print(message, file=sys.stderr, flush=True)
+    print(printable(message), file=sys.stderr, flush=True)

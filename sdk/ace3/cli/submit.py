@@ -97,7 +97,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         output.print_json(client.searches.retrieve(result.search_id))
     else:
         print(f"search {result.search_id} finished")
-        print(f"best {result.objective}: {output.cell(result.best_value)}")
+        print(f"best {output.cell(result.objective)}: {output.cell(result.best_value)}")
         print(f"best parameters: {output.cell(result.best_params or {})}")
         if result.best_job_id:
             print(f"best trial's job: {result.best_job_id}")

@@ -1,7 +1,8 @@
 """Cluster-wide metrics read from the database at scrape time (the source of truth: the workers
 run in other processes, and several API processes may serve ``/metrics``).
 
-One short session per scrape, a few aggregate queries, bounded by a statement timeout
+One short session per read (at most one per ``ACE3_METRICS_CACHE_SECONDS``: see
+:mod:`ace3_server.metrics.cache`), a few aggregate queries, bounded by a statement timeout
 (Postgres) and an overall deadline: jobs by state (``ix_jobs_state_lease``), the queue-wait
 and time-to-first-metric histograms (one aggregate query each over the jobs that started; the
 first metric is found through ``uq_job_metrics_job_step_name``), the ingested metric points and

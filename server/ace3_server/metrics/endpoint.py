@@ -1,20 +1,21 @@
 """``GET /metrics``: this process's HTTP metrics and the database's cluster-wide metrics, in
-Prometheus' text format; behind a bearer token when ``ACE3_METRICS_TOKEN`` is set."""
+Prometheus' text format; behind a bearer token when ``ACE3_METRICS_TOKEN`` is set. The database
+part is read at most once per ``ACE3_METRICS_CACHE_SECONDS`` by this process
+(:class:`~ace3_server.metrics.cache.SnapshotCache`)."""
 
 from __future__ import annotations
 
 import hmac
-import logging
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from ace3_server.metrics.cache import SnapshotCache
 from ace3_server.metrics.collector import DatabaseCollector
-from ace3_server.metrics.database import DatabaseSnapshot, read_snapshot
+from ace3_server.metrics.database import read_snapshot
 from ace3_server.metrics.http import HttpMetrics
 
-logger = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -37,12 +38,10 @@ async def metrics(request: Request) -> Response:
             status_code=401,
             headers={"WWW-Authenticate": "Bearer"},
         )
-    snapshot: DatabaseSnapshot | None
-    try:
-        snapshot = await read_snapshot(request.app.state.session_factory, settings)
-    except Exception:  # a scrape still reports this process's metrics and database_up 0
-        logger.warning("/metrics could not read the database", exc_info=True)
-        snapshot = None
+    snapshots: SnapshotCache = request.app.state.metrics_snapshots
+    snapshot = await snapshots.get(
+        lambda: read_snapshot(request.app.state.session_factory, settings)
+    )
     database = CollectorRegistry(auto_describe=False)
     database.register(DatabaseCollector(snapshot))
     http: HttpMetrics = request.app.state.http_metrics

@@ -1,8 +1,10 @@
 """Per-process HTTP metrics: request latency by route template, and open event streams.
 
 A pure ASGI middleware (nothing is buffered: streamed responses pass through as they are
-sent). The route label is the matched route's template (``/v1/jobs/{job_id}``), never the raw
-path, so ids never become label values; requests no route matched are ``unmatched``. Responses
+sent). Every label has a bounded set of values, whatever a client sends: the route label is
+the matched route's template (``/v1/jobs/{job_id}``), never the raw path, so ids never become
+label values, and requests no route matched are ``unmatched``; the method is one of
+:data:`METHODS` or ``other``; the status is its class (``2xx``). Responses
 sent as ``text/event-stream`` are long by design: they are counted as open streams (a gauge)
 and as opened streams, not observed as request latency.
 """
@@ -17,8 +19,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 UNMATCHED_ROUTE = "unmatched"
-EVENT_STREAM = b"text/event-stream"
+METHODS = frozenset(("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"))
+OTHER = "other"
 _PARAM = re.compile(r"{(\w+)}")
+EVENT_STREAM = b"text/event-stream"
 
 
 class HttpMetrics:
@@ -64,8 +68,13 @@ def route_template(scope: Scope) -> str:
     return template
 
 
+def method_label(method: object) -> str:
+    """The request's method if it is a standard one, else ``other`` (``PROPFIND``, ``FOO``)."""
+    return method if isinstance(method, str) and method in METHODS else OTHER
+
+
 def status_class(status: int) -> str:
-    return f"{status // 100}xx"
+    return f"{status // 100}xx" if 100 <= status <= 599 else OTHER
 
 
 def _is_event_stream(message: Message) -> bool:
@@ -107,5 +116,5 @@ class MetricsMiddleware:
                 self.metrics.open_streams.dec()
             else:
                 self.metrics.request_seconds.labels(
-                    route_template(scope), scope["method"], status_class(status)
+                    route_template(scope), method_label(scope.get("method")), status_class(status)
                 ).observe(time.perf_counter() - started)

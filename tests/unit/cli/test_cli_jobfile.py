@@ -121,6 +121,35 @@ def test_missing_files_say_which(folder: Path) -> None:
     assert "model.path: file not found" in model and "command line" in model
 
 
+def test_resolvers_are_refused_so_a_shared_file_cannot_read_this_machines_secrets(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """${oc.env:...} and friends, in the file or in an override, are refused naming the key,
+    before anything is resolved; plain references to other keys still work."""
+    monkeypatch.setenv("ACE3_TEST_SECRET", "hunter2")
+    files = {
+        "name: ${oc.env:ACE3_TEST_SECRET}\n": "name",
+        "validation_dataset: '${oc.decode:${oc.env:ACE3_TEST_SECRET}}'\n": "validation_dataset",
+        "name: 'x-${ oc.env:ACE3_TEST_SECRET}'\n": "name",
+        "name: '${training.${oc.env:ACE3_TEST_SECRET}}'\n": "name",
+    }
+    for text, key in files.items():
+        (folder / "bad.yaml").write_text(JOB.replace("name: tiny\n", text))
+        message = _error(folder, [], "bad.yaml")
+        assert f"bad.yaml: {key}: " in message and "resolver" in message, message
+        assert "hunter2" not in message
+    (folder / "bad.yaml").write_text(
+        JOB.replace("model: model.py", "model: {path: model.py, kwargs: {a: [1, '${my:x}']}}")
+    )
+    assert "model.kwargs.a[1]: " in _error(folder, [], "bad.yaml")
+    for override in ("name=${oc.env:ACE3_TEST_SECRET}", "model.kwargs.k='${oc.create:{}}'"):
+        message = _error(folder, [override])
+        assert message.startswith(f"override {override.split('=')[0]}: "), message
+        assert "hunter2" not in message
+    spec = load_job_file(folder / "job.yaml", ["name=run-${training.epochs}-${.dataset}"])
+    assert spec.name == "run-1-data/train.npz"  # (resolved before the paths are made absolute)
+
+
 def test_limits_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["jobs", "list", "--limit", "0"])

@@ -166,3 +166,65 @@ async def test_a_failing_histogram_query_leaves_out_only_that_histogram(
     assert got[("ace3_job_queue_wait_seconds_count", ())] == 1
     assert got[("ace3_metric_points_ingested_total", ())] == 2
     assert "ace3_job_time_to_first_metric_seconds" not in response.text
+
+
+async def test_labels_stay_bounded_whatever_the_client_sends(client: httpx.AsyncClient) -> None:
+    """Made-up methods are ``other``; odd paths are ``unmatched`` or a route's template."""
+    for method in ("FOO", "PROPFIND", "get", "X" * 40):
+        await client.request(method, f"/v1/jobs/{'c' * 32}")
+        await client.request(method, "/no/such/path")
+    for path in ("/ui/abc/ui", "/ui/x/y", f"/v1/jobs/{'d' * 32}/nope", "/v1/jobs//x", "/v1/"):
+        await client.get(path)
+    response = await client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    labels = [
+        dict(labels)
+        for (name, labels) in samples(response.text)
+        if name == "ace3_http_request_duration_seconds_count"
+    ]
+    assert {label["method"] for label in labels} == {"GET", "other"}
+    assert {label["route"] for label in labels} <= {
+        "unmatched", "/v1/jobs/{job_id}", "/ui/{path}", "/metrics"
+    }  # fmt: skip
+    assert {label["status"] for label in labels} <= {"2xx", "3xx", "4xx", "5xx"}
+    assert "PROPFIND" not in response.text and "abc" not in response.text
+
+
+async def test_concurrent_scrapes_share_one_database_read(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open /metrics: 12 scrapes at once run the aggregates once; with no cache at all
+    (``metrics_cache_seconds=0``) still only one read runs at a time."""
+    import asyncio
+
+    from ace3_server.metrics import endpoint
+
+    real = endpoint.read_snapshot
+    reads = running = most_running = 0
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads, running, most_running
+        reads += 1
+        running += 1
+        most_running = max(most_running, running)
+        try:
+            await asyncio.sleep(0.05)  # a slow aggregate: the other scrapes arrive meanwhile
+            return await real(*args, **kwargs)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(endpoint, "read_snapshot", counted)
+    for cache_seconds, expected_reads in ((10.0, 1), (0.0, 12)):
+        reads = most_running = 0
+        open_settings = settings.model_copy(
+            update={"metrics_token": None, "metrics_cache_seconds": cache_seconds}
+        )
+        app = create_app(open_settings, run_background_loops=False)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+                responses = await asyncio.gather(*(client.get("/metrics") for _ in range(12)))
+        assert (reads, most_running) == (expected_reads, 1), cache_seconds
+        for response in responses:
+            got = samples(response.text)
+            assert got[("ace3_database_up", ())] == 1
+            assert got[("ace3_jobs", (("state", "queued"),))] == 1
