@@ -275,7 +275,7 @@ class RichSearchDisplay(SearchDisplay):
         table.add_column("#", justify="right", no_wrap=True)
         table.add_column("state", no_wrap=True)
         table.add_column("params", ratio=1, overflow="ellipsis", no_wrap=True)
-        table.add_column(self._objective(), justify="right", no_wrap=True)
+        table.add_column(Text(self._objective()), justify="right", no_wrap=True)
         table.add_column("epochs", justify="right", no_wrap=True)
         for trial in shown:
             marker = "*" if best is not None and best.number == trial.number else ""
