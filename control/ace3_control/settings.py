@@ -11,6 +11,7 @@ import os
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -193,6 +194,18 @@ class Settings(BaseSettings):
     )
     search_lease_seconds: float = Field(
         30.0, gt=0, description="A search driver's lease; another API process takes over after it."
+    )
+    stream_wake: Literal["notify", "poll"] = Field(
+        "notify",
+        description="How a live event stream learns of new rows on Postgres: 'notify' (one "
+        "LISTEN connection per API process wakes the streams of the job a NOTIFY names) or "
+        "'poll' (every stream re-reads every 0.25 s, the behaviour before). SQLite always polls.",
+    )
+    stream_safety_poll_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="With stream_wake=notify, how often a stream re-reads without a notification "
+        "(a notification lost while the listener reconnected only delays an event by this).",
     )
     log_level: str = Field("info")
 
