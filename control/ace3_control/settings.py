@@ -207,6 +207,15 @@ class Settings(BaseSettings):
         description="With stream_wake=notify, how often a stream re-reads without a notification "
         "(a notification lost while the listener reconnected only delays an event by this).",
     )
+    api_key_cache_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="How long an API process trusts a key it verified without asking the "
+        "database again (0: never); a revoked key works that much longer at most.",
+    )
+    api_workers: int = Field(
+        1, ge=1, description="Server processes `ace3 server` runs on its port (uvicorn workers)."
+    )
     log_level: str = Field("info")
 
     @property

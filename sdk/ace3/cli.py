@@ -101,6 +101,16 @@ def cmd_server(args: argparse.Namespace) -> int:
     except DatabaseNotMigratedError as exc:
         print(f"ace3: {exc}", file=sys.stderr)
         return 2
+    if settings.api_workers > 1:  # (each process builds its app from the same ACE3_* settings)
+        uvicorn.run(
+            "ace3_server.app:create_app",
+            factory=True,
+            workers=settings.api_workers,
+            host=args.host,
+            port=args.port,
+            log_level=settings.log_level,
+        )
+        return 0
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=settings.log_level)
     return 0
 

@@ -22,6 +22,7 @@ from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.api.routing import error_responses
+from ace3_server.key_cache import KeyCache
 from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.reconciler import run_reconciler
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
         app.state.session_factory = async_session_factory(engine)
         app.state.store = LocalArtifactStore(settings.resolved_storage_dir)
         app.state.publisher = JobPublisher(settings)
+        app.state.key_cache = KeyCache(settings.api_key_cache_seconds)
         hub = _stream_hub(settings)
         app.state.stream_wakes = events.Wakes(hub, settings.stream_safety_poll_seconds)
         loops = []

@@ -14,16 +14,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-import uvicorn
 
 from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.models import ApiKey, Job
+from ace3_control.models import Job
 from ace3_control.settings import Settings
-from ace3_server.app import create_app
-from ace3_server.auth import generate_key
 from ace3_server.services.stream_listener import LISTENER_APPLICATION_NAME
 from ace3_worker.reports import store_metrics
-from tests.conftest import free_port, insert_job
+from tests.conftest import insert_job
+from tests.integration.server.in_process_api import add_key, serve
 
 SAFETY_POLL_SECONDS = 30.0
 PROMPT_SECONDS = 1.0
@@ -33,8 +31,7 @@ PROMPT_SECONDS = 1.0
 def api(
     database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
-    """An API process of its own (in a thread) whose streams re-read only every 30 s unless
-    notified."""
+    """An API process of its own whose streams re-read only every 30 s unless notified."""
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("notify"),
         database_url=database_url,
@@ -42,22 +39,9 @@ def api(
         stream_wake="notify",
         stream_safety_poll_seconds=SAFETY_POLL_SECONDS,
     )
-    app = create_app(settings, run_background_loops=False)
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
-        time.sleep(0.05)
-    app.state.base_url = f"http://127.0.0.1:{port}"
-    yield app
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(settings) as (app, base_url):
+        app.state.base_url = base_url
+        yield app
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +55,7 @@ def session_factory(database_url: str) -> Iterator[Any]:
 def job_and_key(session_factory: Any) -> tuple[str, str]:
     with session_factory() as session:
         job: Job = insert_job(session, state="running", attempt=1)
-        key = generate_key()
-        session.add(ApiKey(owner_id=job.owner_id, name="notify", lookup_prefix=key.lookup_prefix,
-                           key_hash=key.key_hash))  # fmt: skip
-        session.commit()
-        return job.id, key.plaintext
+        return job.id, add_key(session, job.owner_id)[0]
 
 
 class Follower:
