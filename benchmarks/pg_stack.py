@@ -75,8 +75,14 @@ class Api:
 
 
 @contextlib.contextmanager
-def api(database_url: str, env: dict[str, str] | None = None) -> Iterator[Api]:
-    """The API (``ace3 server``'s app under uvicorn) with ``env`` on top of the benchmark's."""
+def api(
+    database_url: str,
+    env: dict[str, str] | None = None,
+    workers: int = 1,
+    script: str = "counting_server.py",
+) -> Iterator[Api]:
+    """The API (``ace3 server``'s app under uvicorn, ``workers`` processes) with ``env`` on top
+    of the benchmark's; ``script`` another server taking the same arguments."""
     with tempfile.TemporaryDirectory() as data_dir:
         port = free_port()
         count_file = Path(data_dir) / "queries"
@@ -93,7 +99,7 @@ def api(database_url: str, env: dict[str, str] | None = None) -> Iterator[Api]:
         }
         log = (Path(data_dir) / "api.log").open("wb")
         process = subprocess.Popen(
-            [sys.executable, str(HERE / "counting_server.py"), "--port", str(port)],
+            [sys.executable, str(HERE / script), "--port", str(port), "--workers", str(workers)],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,

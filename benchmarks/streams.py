@@ -11,7 +11,7 @@ the worker's ingest code (``ace3_worker.reports.store_metrics``, one row per ste
 - the delay from a metric row's ``created_at`` (set by the writer at its insert) to its
   arrival at a client (median, p99 over all clients and rows).
 
-The clients run in another process (one asyncio loop, httpx); a stream that ends without
+The clients run in another process (one asyncio loop, plain sockets); a stream that ends without
 ``end`` (say the pool timed out) reconnects with ``Last-Event-ID``. Writing starts once every
 client has its first event, or after 60 s with those that have ("in time": connected by then /
 saw the ``end`` within 60 s of it); "received" counts the rows that reached the clients.
@@ -35,8 +35,6 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pg_stack
@@ -58,55 +56,62 @@ def _row(r: dict[str, Any]) -> str:
 
 
 async def _follow(
-    client: httpx.AsyncClient, job_id: str, arrivals: dict[int, float], ready: asyncio.Event
+    address: tuple[str, int], path: str, key: str, arrivals: dict[int, float], ready: asyncio.Event
 ) -> int:
-    """Follows the job to its ``end``; returns how often it had to reconnect."""
+    """Follows the job to its ``end`` over a plain HTTP/1.1 connection (a lean client: the
+    delays measure the server, not a client library's parsing); returns its reconnects.
+
+    Each of the server's writes is one chunk that ends an event, so SSE lines never straddle
+    chunks and the chunk-size lines are simply lines that match nothing below."""
     last_id: str | None = None
     reconnects = -1
     while True:
         reconnects += 1
-        headers = {"Last-Event-ID": last_id} if last_id else {}
+        resume = f"Last-Event-ID: {last_id}\r\n" if last_id else ""
         event = ""
         try:
-            async with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as r:
-                async for line in r.aiter_lines():
-                    if line.startswith("id: "):
-                        last_id = line[4:]
-                    elif line.startswith("event: "):
-                        event = line[7:]
-                    elif line.startswith("data: "):
-                        if event == "state":
-                            ready.set()
-                        elif event == "metric":
-                            arrivals.setdefault(json.loads(line[6:])["step"], time.time())
-                        elif event == "end":
-                            return reconnects
-        except httpx.HTTPError:
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(
+                f"GET {path} HTTP/1.1\r\nHost: {address[0]}\r\nAuthorization: Bearer {key}\r\n"
+                f"Accept: text/event-stream\r\n{resume}\r\n".encode()
+            )
+            while line := await reader.readline():
+                if line.startswith(b"id: "):
+                    last_id = line[4:].strip().decode()
+                elif line.startswith(b"event: "):
+                    event = line[7:].strip().decode()
+                elif line.startswith(b"data: "):
+                    if event == "metric":
+                        arrivals.setdefault(json.loads(line[6:])["step"], time.time())
+                    elif event == "state":
+                        ready.set()
+                    elif event == "end":
+                        writer.close()
+                        return reconnects
+            writer.close()
+        except OSError:
             await asyncio.sleep(0.5)
 
 
 async def _clients_main(base_url: str, key: str, job_id: str, n: int, pipe: Any) -> None:
-    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
-    headers = {"Authorization": f"Bearer {key}"}
-    timeout = httpx.Timeout(10.0, read=None)
-    async with httpx.AsyncClient(
-        base_url=base_url, headers=headers, limits=limits, timeout=timeout
-    ) as client:
-        arrivals: list[dict[int, float]] = [{} for _ in range(n)]
-        readies = [asyncio.Event() for _ in range(n)]
-        tasks = [
-            asyncio.create_task(_follow(client, job_id, arrivals[i], readies[i])) for i in range(n)
-        ]
-        # (a server that cannot serve them all: start with those it did serve in time)
-        await asyncio.wait(
-            [asyncio.ensure_future(ready.wait()) for ready in readies], timeout=CONNECT_SECONDS
-        )
-        pipe.send(sum(ready.is_set() for ready in readies))
-        pipe.recv()  # (the end was written: the streams have END_SECONDS to deliver it)
-        done, pending = await asyncio.wait(tasks, timeout=END_SECONDS)
-        for task in pending:
-            task.cancel()
-        reconnects = sum(task.result() for task in done)
+    host, port = base_url.removeprefix("http://").split(":")
+    path = f"/v1/jobs/{job_id}/events"
+    arrivals: list[dict[int, float]] = [{} for _ in range(n)]
+    readies = [asyncio.Event() for _ in range(n)]
+    tasks = [
+        asyncio.create_task(_follow((host, int(port)), path, key, arrivals[i], readies[i]))
+        for i in range(n)
+    ]
+    # (a server that cannot serve them all: start with those it did serve in time)
+    await asyncio.wait(
+        [asyncio.ensure_future(ready.wait()) for ready in readies], timeout=CONNECT_SECONDS
+    )
+    pipe.send(sum(ready.is_set() for ready in readies))
+    await asyncio.to_thread(pipe.recv)  # (the end was written: END_SECONDS to deliver it)
+    done, pending = await asyncio.wait(tasks, timeout=END_SECONDS)
+    for task in pending:
+        task.cancel()
+    reconnects = sum(task.result() for task in done)
     pipe.send((arrivals, reconnects, len(done)))
 
 
@@ -156,7 +161,9 @@ def run(database_url: str, mode: str, n: int, rate: float, seconds: float) -> di
     with pg_stack.api(database_url, {"ACE3_STREAM_WAKE": mode}) as api:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        clients = context.Process(target=_clients, args=(api.base_url, key, job_id, n, child))
+        clients = context.Process(
+            target=_clients, args=(api.base_url, key, job_id, n, child), daemon=True
+        )
         clients.start()
         connected = parent.recv()
         time.sleep(1.0)  # (connections settled)
