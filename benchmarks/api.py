@@ -1,8 +1,8 @@
 """API throughput on this machine: ``GET /v1/jobs/{id}`` and metric ingestion.
 
-On the real API over Postgres (``pg_stack``), a load generator in another process (httpx,
-asyncio, ``--connections`` 16 connections kept busy for ``--seconds``) measures requests/s and
-p50/p99 latency of ``GET /v1/jobs/{id}`` in the configurations the issue names: one server
+On the real API over Postgres (``pg_stack``), a load generator in another process (asyncio
+over plain sockets, ``--connections`` 16 connections kept busy for ``--seconds``) measures
+requests/s and p50/p99 latency of ``GET /v1/jobs/{id}`` in the configurations the issue names: one server
 process with the key looked up on every request (the issue's baseline setup: two database round
 trips), one process with the short-lived key cache (``ACE3_API_KEY_CACHE_SECONDS``), and
 ``--workers`` processes with it (``ACE3_API_WORKERS``); ``/healthz`` (one ``SELECT 1``); and, as
@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pg_stack
@@ -32,26 +30,42 @@ import pg_stack
 WARMUP_SECONDS = 1.0
 
 
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> int:
+    """One keep-alive HTTP/1.1 GET; returns the status."""
+    writer.write(request)
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return status
+
+
 async def _load(url: str, key: str, connections: int, seconds: float) -> tuple[int, list[float]]:
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    headers = {"Authorization": f"Bearer {key}"}
+    """``connections`` keep-alive connections, each sending its next request when the last
+    answer is in (plain sockets: a lean generator, so the figures are the server's)."""
+    address, _, path = url.removeprefix("http://").partition("/")
+    host, port = address.split(":")
+    request = (
+        f"GET /{path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n"
+    ).encode()
     latencies: list[float] = []
     errors = 0
-    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=30) as client:
 
-        async def one_connection(until: float, record: bool) -> None:
-            nonlocal errors
-            while time.monotonic() < until:
-                started = time.monotonic()
-                response = await client.get(url)
-                if record:
-                    latencies.append(time.monotonic() - started)
-                    errors += response.status_code != 200
+    async def one_connection(warm: float, until: float) -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection(host, int(port))
+        while (started := time.monotonic()) < until:
+            status = await _get(reader, writer, request)
+            if started >= warm:
+                latencies.append(time.monotonic() - started)
+                errors += status != 200
+        writer.close()
 
-        warm = time.monotonic() + WARMUP_SECONDS
-        await asyncio.gather(*(one_connection(warm, False) for _ in range(connections)))
-        end = time.monotonic() + seconds
-        await asyncio.gather(*(one_connection(end, True) for _ in range(connections)))
+    warm = time.monotonic() + WARMUP_SECONDS
+    await asyncio.gather(*(one_connection(warm, warm + seconds) for _ in range(connections)))
     return errors, latencies
 
 
