@@ -1,7 +1,7 @@
 """Pushed streams over the real API and Postgres: with the safety poll at 30 s, a metric the
 worker's code inserts, and a job's end, reach a following client in well under a second (the
 NOTIFY of migration 0013 woke the stream); after the listener's connection is killed it
-reconnects and wakes the streams again."""
+reconnects and wakes the streams again; with ACE3_STREAM_WAKE=poll they poll as before."""
 
 from __future__ import annotations
 
@@ -167,3 +167,27 @@ def test_the_migration_notifies_only_for_streamed_changes(
         assert [n.payload for n in listener.notifies(timeout=0.3)] == []
         _insert_metric(session_factory, job_id, 7)
         assert [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)] == [job_id]
+
+
+def test_with_stream_wake_poll_the_streams_poll_as_before(
+    database_url: str,
+    redis_url: str,
+    tmp_path: Any,
+    session_factory: Any,
+    job_and_key: tuple[str, str],
+) -> None:
+    job_id, key = job_and_key
+    settings = Settings(
+        data_dir=tmp_path, database_url=database_url, broker_url=redis_url, stream_wake="poll"
+    )
+    with serve(settings) as (app, base_url):
+        assert app.state.stream_wakes.hub is None
+        follower = Follower(base_url, key, job_id)
+        try:
+            follower.next("state", timeout=10)
+            inserted = _insert_metric(session_factory, job_id, 1)
+            assert follower.next("metric", timeout=5) - inserted < PROMPT_SECONDS
+            finished = _finish(session_factory, job_id)
+            assert follower.next("end", timeout=5) - finished < PROMPT_SECONDS
+        finally:
+            follower.close()
