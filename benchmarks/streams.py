@@ -156,9 +156,11 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def run(database_url: str, mode: str, n: int, rate: float, seconds: float) -> dict[str, Any]:
+def run(
+    database_url: str, mode: str, n: int, rate: float, seconds: float, workers: int = 1
+) -> dict[str, Any]:
     key, job_id = pg_stack.owner_key_and_job(database_url)
-    with pg_stack.api(database_url, {"ACE3_STREAM_WAKE": mode}) as api:
+    with pg_stack.api(database_url, {"ACE3_STREAM_WAKE": mode}, workers=workers) as api:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         clients = context.Process(
@@ -202,14 +204,16 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="metric rows per second")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--modes", nargs="+", default=["poll", "notify"])
+    parser.add_argument("--workers", type=int, default=1, help="API processes (ACE3_API_WORKERS)")
     args = parser.parse_args()
     results = []
-    print(f"{args.rate:g} metric rows/s for {args.seconds:g} s, one job", flush=True)
+    print(f"{args.rate:g} metric rows/s for {args.seconds:g} s, one job, "
+          f"{args.workers} API process(es)", flush=True)  # fmt: skip
     print(HEADER, flush=True)
     with pg_stack.database() as database_url:
         for n in args.clients:
             for mode in args.modes:
-                results.append(run(database_url, mode, n, args.rate, args.seconds))
+                results.append(run(database_url, mode, n, args.rate, args.seconds, args.workers))
                 print(_row(results[-1]), flush=True)
 
 
