@@ -41,6 +41,14 @@ def _driver_url(url: str, *, is_async: bool) -> str:
     )
 
 
+def libpq_url(url: str) -> str:
+    """A Postgres URL as libpq (psycopg's own connect) reads it, without a driver name."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        raise ValueError(f"not a Postgres URL: {parsed.drivername!r}")
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def async_url(url: str) -> str:
     return _driver_url(url, is_async=True)
 

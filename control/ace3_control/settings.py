@@ -239,6 +239,27 @@ class Settings(BaseSettings):
     webhook_poll_seconds: float = Field(
         1.0, gt=0, description="How often the API looks for webhook deliveries that are due."
     )
+    stream_wake: Literal["notify", "poll"] = Field(
+        "notify",
+        description="How a live event stream learns of new rows on Postgres: 'notify' (one "
+        "LISTEN connection per API process wakes the streams of the job a NOTIFY names) or "
+        "'poll' (every stream re-reads every 0.25 s, the behaviour before). SQLite always polls.",
+    )
+    stream_safety_poll_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="With stream_wake=notify, how often a stream re-reads without a notification "
+        "(a notification lost while the listener reconnected only delays an event by this).",
+    )
+    api_key_cache_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="How long an API process trusts a key it verified without asking the "
+        "database again (0: never); a revoked key works that much longer at most.",
+    )
+    api_workers: int = Field(
+        1, ge=1, description="Server processes `ace3 server` runs on its port (uvicorn workers)."
+    )
     log_level: str = Field("info")
     log_format: Literal["text", "json"] = Field(
         "text",

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from ace3_control.db import async_session_factory, make_async_engine
 from ace3_control.queue import JobPublisher
@@ -23,6 +24,7 @@ from ace3_server.api.routes.searches import router as searches_router
 from ace3_server.api.routes.webhooks import router as webhooks_router
 from ace3_server.api.routes.workers import router as workers_router
 from ace3_server.api.routing import error_responses
+from ace3_server.key_cache import KeyCache
 from ace3_server.metrics.cache import SnapshotCache
 from ace3_server.metrics.endpoint import router as metrics_router
 from ace3_server.metrics.http import HttpMetrics, MetricsMiddleware
@@ -30,11 +32,24 @@ from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.reconciler import run_reconciler
 from ace3_server.searches.driver import run_search_driver
+from ace3_server.services import events
+from ace3_server.services.stream_listener import run_stream_listener
+from ace3_server.services.stream_wake import StreamHub
 from ace3_server.ui import install_ui
 from ace3_server.webhooks.delivery import run_webhook_deliveries
 
 API_APPLICATION_NAME = "ace3-api"
 """How the API's database connections name themselves (Postgres ``pg_stat_activity``)."""
+
+
+def _stream_hub(settings: Settings) -> StreamHub | None:
+    """The hub that wakes live streams on Postgres notifications; None where they poll
+    (SQLite, or ACE3_STREAM_WAKE=poll)."""
+    if settings.stream_wake != "notify":
+        return None
+    if make_url(settings.resolved_database_url).get_backend_name() != "postgresql":
+        return None
+    return StreamHub()
 
 
 def create_app(settings: Settings | None = None, *, run_background_loops: bool = True) -> FastAPI:
@@ -50,9 +65,16 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
         app.state.session_factory = async_session_factory(engine)
         app.state.store = LocalArtifactStore(settings.resolved_storage_dir)
         app.state.publisher = JobPublisher(settings)
+        app.state.key_cache = KeyCache(settings.api_key_cache_seconds)
+        hub = _stream_hub(settings)
+        app.state.stream_wakes = events.Wakes(hub, settings.stream_safety_poll_seconds)
         loops = []
+        if hub is not None:
+            loops.append(
+                asyncio.create_task(run_stream_listener(settings.resolved_database_url, hub))
+            )
         if run_background_loops:
-            loops = [
+            loops += [
                 asyncio.create_task(loop(app.state.session_factory, app.state.publisher, settings))
                 for loop in (run_reconciler, run_search_driver, run_webhook_deliveries)
             ]

@@ -106,12 +106,24 @@ def cmd_server(args: argparse.Namespace) -> int:
     from ace3_control.log_format import uvicorn_log_config
 
     log_config = uvicorn_log_config(settings.log_format, settings.log_level)
+    logging = {"log_config": log_config} if log_config is not None else {}
+    if settings.api_workers > 1:  # (each process builds its app from the same ACE3_* settings)
+        uvicorn.run(
+            "ace3_server.app:create_app",
+            factory=True,
+            workers=settings.api_workers,
+            host=args.host,
+            port=args.port,
+            log_level=settings.log_level,
+            **logging,
+        )
+        return 0
     uvicorn.run(
         create_app(settings),
         host=args.host,
         port=args.port,
         log_level=settings.log_level,
-        **({"log_config": log_config} if log_config is not None else {}),
+        **logging,
     )
     return 0
 

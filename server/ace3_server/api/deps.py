@@ -2,7 +2,8 @@
 
 No session outlives the route function: ``SessionDep`` is closed when the function returns,
 before a streamed response starts, and authentication uses a session of its own that is closed
-as soon as the key is checked. A long stream or a slow upload therefore holds no connection
+as soon as the key is checked (or none: a key verified in the last few seconds is cached,
+``key_cache``). A long stream or a slow upload therefore holds no connection
 (and no transaction) while it waits.
 """
 
@@ -20,7 +21,8 @@ from ace3_control.models import ApiKey
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
-from ace3_server.auth import key_matches, parse_lookup_prefix
+from ace3_server.auth import hash_key, key_matches, parse_lookup_prefix
+from ace3_server.key_cache import KeyCache
 
 _bearer = HTTPBearer(
     auto_error=False, description="An ACE3 API key: `ace3 keys create --name NAME`."
@@ -76,9 +78,15 @@ async def get_owner_id(
 ) -> str:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise UNAUTHORIZED
+    cache: KeyCache = request.app.state.key_cache
+    key_hash = hash_key(credentials.credentials)
+    owner_id = cache.owner(key_hash)
+    if owner_id is not None:
+        return owner_id
     owner_id = await owner_of_key(request.app.state.session_factory, credentials.credentials)
     if owner_id is None:
         raise UNAUTHORIZED
+    cache.remember(key_hash, owner_id)
     return owner_id
 
 

@@ -6,15 +6,19 @@ can serve any client and a reconnecting client resumes exactly from its last eve
 (``"<metrics_after>:<logs_after>"``, with ``":<records_after>"`` once a record was sent; an id
 without it resumes from the first record, which is what a stream that sent none had sent).
 
-Each poll opens a session and closes it before the stream waits: a follower holds no database
-connection between polls. If the database becomes unreachable the stream ends (with a
-``retry:`` hint) and the client reconnects, to a 503 until it is back.
+Each read opens a session and closes it before the stream waits: a follower holds no database
+connection between reads. On Postgres a stream waits for its job's notification
+(``stream_wake``, ``stream_listener``) or the slow safety poll, and the streams of one job at
+the same cursor share one read; on SQLite, or with ACE3_STREAM_WAKE=poll, every stream reads
+every POLL_SECONDS. If the database becomes unreachable the stream ends (with a ``retry:``
+hint) and the client reconnects, to a 503 until it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -28,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
 from ace3_control.models import TERMINAL_STATES, Job, JobLog, JobMetric, JobRecord
 from ace3_server.schemas import JobOut, LogOut, MetricOut, RecordOut
+from ace3_server.services.stream_wake import JobWakes, StreamHub
 from ace3_server.storable import INT64_MAX
 
 logger = logging.getLogger(__name__)
@@ -114,67 +119,140 @@ async def _new_rows(
     )
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of a job for its stream from ``cursor``: the events it yields, formatted.
+
+    Every stream at the same cursor yields the same events, so streams of one job share a
+    snapshot (``stream_wake``); ``state`` goes out only to a stream whose last state differs.
+    """
+
+    signature: tuple[Any, ...]
+    state: str
+    rows: str
+    end: str | None
+    cursor: Cursor
+    drained: bool
+
+
+async def read_snapshot(
+    session_factory: async_sessionmaker[AsyncSession], job_id: str, start: Cursor
+) -> Snapshot | None:
+    """The job's state and next rows after ``start`` (left as it is), or None if it is gone."""
+    cursor = Cursor(start.metrics_after, start.logs_after, start.records_after)
+    async with session_factory() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            return None
+        finished = job.state in TERMINAL_STATES
+        metrics, logs, records = await _new_rows(session, job_id, cursor)
+        if metrics and job.plan is None:
+            # The worker stores the plan before (or with) the first metrics: read after
+            # them, it goes out no later than the first metric (the progress bar's total).
+            await session.refresh(job, attribute_names=["plan"])
+        state = format_event("state", _job_payload(job), cursor.event_id())
+        chunks: list[str] = []
+        for metric in metrics:
+            cursor.metrics_after = metric.id
+            chunks.append(
+                format_event(
+                    "metric",
+                    MetricOut.model_validate(metric).model_dump(mode="json"),
+                    cursor.event_id(),
+                )
+            )
+        for log in logs:
+            cursor.logs_after = log.id
+            chunks.append(
+                format_event(
+                    "log", LogOut.model_validate(log).model_dump(mode="json"), cursor.event_id()
+                )
+            )
+        for record in records:
+            cursor.records_after = record.id
+            chunks.append(
+                format_event(
+                    "record",
+                    RecordOut.model_validate(record).model_dump(mode="json"),
+                    cursor.event_id(),
+                )
+            )
+        drained = max(len(metrics), len(logs), len(records)) < BATCH_ROWS
+        end = None
+        if finished and drained:
+            end = format_event("end", _job_payload(job), cursor.event_id())
+        return Snapshot(_state_signature(job), state, "".join(chunks), end, cursor, drained)
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """How a stream waits for new rows: on ``hub``'s notifications, re-reading at least every
+    ``safety_poll_seconds``; without a hub (SQLite, or ACE3_STREAM_WAKE=poll) it polls every
+    POLL_SECONDS."""
+
+    hub: StreamHub | None = None
+    safety_poll_seconds: float = 5.0
+
+
 async def job_events(
     session_factory: async_sessionmaker[AsyncSession],
     job_id: str,
     cursor: Cursor,
     is_disconnected: Callable[[], Any],
+    wakes: Wakes | None = None,
+) -> AsyncGenerator[str, None]:
+    hub = wakes.hub if wakes else None
+    with hub.follow(job_id) if hub else contextlib.nullcontext() as followed:
+        async for chunk in _job_events(
+            session_factory, job_id, cursor, is_disconnected, followed, wakes or Wakes()
+        ):
+            yield chunk
+
+
+async def _job_events(
+    session_factory: async_sessionmaker[AsyncSession],
+    job_id: str,
+    cursor: Cursor,
+    is_disconnected: Callable[[], Any],
+    followed: JobWakes | None,
+    wakes: Wakes,
 ) -> AsyncGenerator[str, None]:
     last_signature: tuple[Any, ...] | None = None
     last_sent = time.monotonic()
+    seen = 0
     while True:
-        async with session_factory() as session:
-            job = await session.get(Job, job_id)
-            if job is None:
-                return
-            finished = job.state in TERMINAL_STATES
-            metrics, logs, records = await _new_rows(session, job_id, cursor)
-            if metrics and job.plan is None:
-                # The worker stores the plan before (or with) the first metrics: read after
-                # them, it goes out no later than the first metric (the progress bar's total).
-                await session.refresh(job, attribute_names=["plan"])
-            chunks: list[str] = []
-            signature = _state_signature(job)
-            if signature != last_signature:
-                last_signature = signature
-                chunks.append(format_event("state", _job_payload(job), cursor.event_id()))
-            for metric in metrics:
-                cursor.metrics_after = metric.id
-                chunks.append(
-                    format_event(
-                        "metric",
-                        MetricOut.model_validate(metric).model_dump(mode="json"),
-                        cursor.event_id(),
-                    )
-                )
-            for log in logs:
-                cursor.logs_after = log.id
-                chunks.append(
-                    format_event(
-                        "log", LogOut.model_validate(log).model_dump(mode="json"), cursor.event_id()
-                    )
-                )
-            for record in records:
-                cursor.records_after = record.id
-                chunks.append(
-                    format_event(
-                        "record",
-                        RecordOut.model_validate(record).model_dump(mode="json"),
-                        cursor.event_id(),
-                    )
-                )
-            drained = max(len(metrics), len(logs), len(records)) < BATCH_ROWS
-            if finished and drained:
-                chunks.append(format_event("end", _job_payload(job), cursor.event_id()))
-        if chunks:
+        if followed is None:
+            snapshot = await read_snapshot(session_factory, job_id, cursor)
+        else:
+            seen, snapshot = await followed.shared(
+                (cursor.metrics_after, cursor.logs_after, cursor.records_after),
+                functools.partial(read_snapshot, session_factory, job_id, cursor),
+            )
+        if snapshot is None:
+            return
+        chunks: list[str] = []
+        if snapshot.signature != last_signature:
+            last_signature = snapshot.signature
+            chunks.append(snapshot.state)
+        chunks.append(snapshot.rows)
+        if snapshot.end is not None:
+            chunks.append(snapshot.end)
+        cursor = snapshot.cursor
+        text = "".join(chunks)
+        if text:
             last_sent = time.monotonic()
-            yield "".join(chunks)
-        if finished and drained:
+            yield text
+        if snapshot.end is not None:
             return
         if await is_disconnected():
             return
         if time.monotonic() - last_sent > KEEPALIVE_SECONDS:
             last_sent = time.monotonic()
             yield ": keep-alive\n\n"
-        if drained:
+        if not snapshot.drained:
+            continue
+        if followed is None:
             await asyncio.sleep(POLL_SECONDS)
+        else:
+            keepalive_due = KEEPALIVE_SECONDS - (time.monotonic() - last_sent)
+            await followed.wait_past(seen, max(0.05, min(wakes.safety_poll_seconds, keepalive_due)))

@@ -293,7 +293,8 @@ async def stream_events(
 ) -> StreamingResponse:
     """Server-sent events: ``state``, ``metric``, ``log``, ``record`` (a typed record:
     instability, preempted) and a final ``end``. The stream holds no database connection
-    while it waits (each poll uses a short session of its own)."""
+    while it waits (each read uses a short session of its own); on Postgres it is woken by a
+    notification when the job's rows change."""
     await jobs.get_owned_job(session, owner_id, job_id)
     cursor = events.Cursor(metrics_after, logs_after, records_after)
     if last_event_id is not None:
@@ -307,7 +308,11 @@ async def stream_events(
         cursor = resumed
     stream = events.until_database_outage(
         events.job_events(
-            request.app.state.session_factory, job_id, cursor, request.is_disconnected
+            request.app.state.session_factory,
+            job_id,
+            cursor,
+            request.is_disconnected,
+            request.app.state.stream_wakes,
         )
     )
     return StreamingResponse(

@@ -1,0 +1,50 @@
+"""An API of its own for a test module: the real app under uvicorn in a thread, with settings
+the session's stack does not have (over the session's database)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from ace3_control.models import ApiKey
+from ace3_control.settings import Settings
+from ace3_server.app import create_app
+from ace3_server.auth import generate_key
+from tests.conftest import free_port
+
+
+@contextlib.contextmanager
+def serve(settings: Settings) -> Iterator[tuple[Any, str]]:
+    """(the app, its base URL) while it runs; background loops off."""
+    app = create_app(settings, run_background_loops=False)
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
+        time.sleep(0.05)
+    try:
+        yield app, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def add_key(session: Any, owner_id: str) -> tuple[str, str]:
+    """(plaintext, key id) of a new key of ``owner_id`` (committed)."""
+    key = generate_key()
+    row = ApiKey(owner_id=owner_id, name="test", lookup_prefix=key.lookup_prefix,
+                 key_hash=key.key_hash)  # fmt: skip
+    session.add(row)
+    session.commit()
+    return key.plaintext, row.id
