@@ -27,7 +27,7 @@ class Webhook(_APIObject):
     events: list[str] = Field(default_factory=list)
     disabled: bool = False
     created_at: datetime | None = None
-    secret: str | None = None
+    secret: str | None = Field(default=None, repr=False)  # never in logs or tracebacks
 
 
 class WebhookDeliveryAttempt(_APIObject):
