@@ -207,6 +207,9 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(
         10.0, gt=0, le=60, description="How long one webhook POST may take."
     )
+    webhook_dns_timeout_seconds: float = Field(
+        3.0, gt=0, le=30, description="How long resolving a webhook URL's host may take."
+    )
     webhook_allow_private_networks: bool = Field(
         False,
         description="Allow webhook URLs that resolve to loopback, private, link-local or "

@@ -153,7 +153,9 @@ async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) 
         return Outcome(status_code, error, round((time.monotonic() - started) * 1000, 1))
 
     target = await check_target(
-        claimed.url, allow_private_networks=settings.webhook_allow_private_networks
+        claimed.url,
+        allow_private_networks=settings.webhook_allow_private_networks,
+        dns_timeout=settings.webhook_dns_timeout_seconds,
     )
     if target.problem is not None:
         return outcome(None, f"refused: the URL {target.problem}")

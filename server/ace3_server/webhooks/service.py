@@ -27,7 +27,9 @@ async def create_webhook(
             f"unknown event names {unknown}: use {sorted(SUBSCRIBABLE)}",
         )
     problem = await url_problem(
-        body.url, allow_private_networks=settings.webhook_allow_private_networks
+        body.url,
+        allow_private_networks=settings.webhook_allow_private_networks,
+        dns_timeout=settings.webhook_dns_timeout_seconds,
     )
     if problem is not None:
         raise field_error(["body", "url"], f"the URL {problem}")
