@@ -63,9 +63,7 @@ def address_problem(address: str) -> str | None:
 def unresolvable(host: str) -> str:
     """One message whether ``host`` does not resolve or resolves to a non-public address, so
     that the answer is no oracle of the cluster's internal DNS."""
-    return (
-        f"host {host!r} does not resolve, or resolves to a non-public address; {PRIVATE_HINT}"
-    )
+    return f"host {host!r} does not resolve, or resolves to a non-public address; {PRIVATE_HINT}"
 
 
 async def resolve(host: str, port: int) -> list[str]:

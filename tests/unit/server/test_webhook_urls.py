@@ -4,7 +4,9 @@ allowed, the addresses the host resolves to (no loopback, private, link-local or
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import httpx
 import pytest
@@ -188,3 +190,56 @@ def test_a_redirect_is_not_followed_and_counts_as_a_failure(
     result = _post("http://93.184.216.34/in", handler)
     assert result.status_code == 302 and not result.delivered
     assert result.error == "HTTP 302: redirects are not followed"
+
+
+def test_a_receiver_trickling_its_answer_is_cut_off_at_the_total_timeout() -> None:
+    async def trickle() -> AsyncIterator[bytes]:
+        for _ in range(100):  # each chunk well within any per-read timeout
+            await asyncio.sleep(0.05)
+            yield b"."
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=cast(httpx.AsyncByteStream, _Stream(trickle())))
+
+    settings = Settings(webhook_allow_private_networks=True, webhook_timeout_seconds=0.3)
+
+    async def run() -> Outcome:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await post(client, _claimed("http://hooks.example.com/in"), settings)
+
+    started = time.monotonic()
+    result = asyncio.run(run())
+    assert time.monotonic() - started < 2
+    assert not result.delivered and result.status_code is None
+    assert result.error == "timed out after 0.3 s (ACE3_WEBHOOK_TIMEOUT_SECONDS)"
+
+
+def test_a_slow_dns_answer_counts_against_the_attempts_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def slow(host: str, port: int) -> list[str]:
+        await asyncio.sleep(0.25)
+        return ["93.184.216.34"]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.25)
+        return httpx.Response(204)
+
+    monkeypatch.setattr(urls, "resolve", slow)
+    settings = Settings(webhook_timeout_seconds=0.4, webhook_dns_timeout_seconds=5)
+
+    async def run() -> Outcome:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await post(client, _claimed("http://hooks.example.com/in"), settings)
+
+    result = asyncio.run(run())
+    assert result.error is not None and result.error.startswith("timed out after 0.4 s")
+
+
+class _Stream(httpx.AsyncByteStream):
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.chunks:
+            yield chunk
