@@ -55,8 +55,15 @@ def encode(payload: dict[str, Any]) -> bytes:
 
 
 def delivery_client() -> httpx.AsyncClient:
-    """The client of the delivery loop."""
-    return httpx.AsyncClient(follow_redirects=False, trust_env=False)
+    """The client of the delivery loop. No kept-alive connections: httpcore pools connections
+    by scheme, IP and port, and the POSTs go to pinned IPs, so a kept HTTPS connection would be
+    reused for another host name on the same IP, whose TLS handshake (SNI, certificate check)
+    named the first host. Each POST opens its own connection."""
+    return httpx.AsyncClient(
+        follow_redirects=False,
+        trust_env=False,
+        limits=httpx.Limits(max_keepalive_connections=0),
+    )
 
 
 def pinned(

@@ -16,6 +16,7 @@ from ace3_control.settings import Settings
 from ace3_server.webhooks import urls
 from ace3_server.webhooks.delivery import Claimed, Outcome, post, retry_delay
 from ace3_server.webhooks.events import subscribed, unknown_events
+from ace3_server.webhooks.sender import delivery_client
 
 
 def check(url: str, *, allow: bool = False) -> str | None:
@@ -234,6 +235,17 @@ def test_a_slow_dns_answer_counts_against_the_attempts_timeout(
 
     result = asyncio.run(run())
     assert result.error is not None and result.error.startswith("timed out after 0.4 s")
+
+
+def test_the_delivery_client_keeps_no_connection_alive() -> None:
+    async def run() -> int:
+        async with delivery_client() as client:
+            transport = cast(httpx.AsyncHTTPTransport, client._transport)
+            return transport._pool._max_keepalive_connections
+
+    # A kept connection would be reused for another host name pinned to the same IP, whose TLS
+    # handshake named the first host.
+    assert asyncio.run(run()) == 0
 
 
 class _Stream(httpx.AsyncByteStream):
