@@ -7,7 +7,7 @@ import secrets
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from ace3_control.models import Webhook, new_id, utcnow
+from ace3_control.models import Owner, Webhook, new_id, utcnow
 from ace3_control.settings import Settings
 from ace3_server.errors import field_error, not_found
 from ace3_server.webhooks.events import SUBSCRIBABLE, unknown_events
@@ -33,6 +33,9 @@ async def create_webhook(
     )
     if problem is not None:
         raise field_error(["body", "url"], f"the URL {problem}")
+    # Lock the owner's row first: concurrent creates then count one after the other, so none
+    # gets past the cap on a count taken before another's insert committed.
+    await session.execute(select(Owner.id).where(Owner.id == owner_id).with_for_update())
     count = await session.scalar(
         select(func.count()).select_from(Webhook).where(Webhook.owner_id == owner_id)
     )
