@@ -87,6 +87,7 @@ class Webhooks(_Resource):
         return self._list(path, WebhookDelivery, {"limit": limit}, cursor)
 
     def test(self, webhook_id: str) -> WebhookDelivery:
-        """Queue a ``ping`` delivery to the webhook."""
+        """Queue a ``ping`` delivery to the webhook. :class:`ace3.errors.ConflictError` (409)
+        while an earlier ping to it is still pending."""
         response = self._http.request("POST", f"{self._path}/{webhook_id}/test")
         return WebhookDelivery.model_validate(response.json())
