@@ -80,7 +80,7 @@ async def claim_due(
                 Webhook.disabled.is_(False),
                 not_busy,
             )
-            .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+            .order_by(WebhookDelivery.created_at, WebhookDelivery.id)  # the events' order
             .limit(BATCH)
             .with_for_update(skip_locked=True, of=WebhookDelivery)
         )
