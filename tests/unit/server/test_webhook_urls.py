@@ -255,3 +255,24 @@ class _Stream(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self.chunks:
             yield chunk
+
+
+def test_dns_lookups_run_at_most_a_few_at_once() -> None:
+    running = 0
+    most = 0
+
+    async def getaddrinfo(*args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        return [(0, 0, 0, "", ("93.184.216.34", 443))]
+
+    async def run() -> list[list[str]]:
+        loop = asyncio.get_running_loop()
+        loop.getaddrinfo = getaddrinfo  # type: ignore[method-assign,assignment]
+        return await asyncio.gather(*(urls.resolve(f"h{n}.test", 443) for n in range(30)))
+
+    assert asyncio.run(run()) == [["93.184.216.34"]] * 30
+    assert most == urls.MAX_CONCURRENT_LOOKUPS
