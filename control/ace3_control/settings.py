@@ -223,7 +223,14 @@ class Settings(BaseSettings):
         "(5 s, 30 s, 3 min, ...), with jitter, capped at 6 hours.",
     )
     webhook_timeout_seconds: float = Field(
-        10.0, gt=0, le=60, description="How long one webhook POST may take."
+        10.0,
+        gt=0,
+        le=60,
+        description="How long one webhook delivery attempt may take in all: resolving and "
+        "checking the host, connecting, sending and reading the answer.",
+    )
+    webhook_dns_timeout_seconds: float = Field(
+        3.0, gt=0, le=30, description="How long resolving a webhook URL's host may take."
     )
     webhook_allow_private_networks: bool = Field(
         False,

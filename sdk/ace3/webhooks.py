@@ -87,7 +87,13 @@ def verify_signature(
     raw = body.encode() if isinstance(body, str) else bytes(body)
     timestamp, signatures = _parse(header)
     expected = sign(secret, timestamp, raw)
-    if not any(hmac.compare_digest(expected, candidate) for candidate in signatures):
+    wanted = expected.encode("ascii")
+    # Compare bytes: compare_digest raises TypeError on a non-ASCII str, and a header is
+    # whatever the sender put there.
+    if not any(
+        hmac.compare_digest(wanted, candidate.encode("utf-8", "surrogateescape"))
+        for candidate in signatures
+    ):
         raise WebhookSignatureError("no signature matches this body and secret")
     current = time.time() if now is None else now
     if abs(current - timestamp) > tolerance:

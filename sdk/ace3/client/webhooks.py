@@ -27,7 +27,7 @@ class Webhook(_APIObject):
     events: list[str] = Field(default_factory=list)
     disabled: bool = False
     created_at: datetime | None = None
-    secret: str | None = None
+    secret: str | None = Field(default=None, repr=False)  # never in logs or tracebacks
 
 
 class WebhookDeliveryAttempt(_APIObject):
@@ -87,6 +87,7 @@ class Webhooks(_Resource):
         return self._list(path, WebhookDelivery, {"limit": limit}, cursor)
 
     def test(self, webhook_id: str) -> WebhookDelivery:
-        """Queue a ``ping`` delivery to the webhook."""
+        """Queue a ``ping`` delivery to the webhook. :class:`ace3.errors.ConflictError` (409)
+        while an earlier ping to it is still pending."""
         response = self._http.request("POST", f"{self._path}/{webhook_id}/test")
         return WebhookDelivery.model_validate(response.json())

@@ -102,7 +102,8 @@ class NotFoundError(APIStatusError):
 
 
 class ConflictError(APIStatusError):
-    """409: an Idempotency-Key reused with another body, or deleting something in use."""
+    """409: an Idempotency-Key reused with another body, deleting something in use, or testing
+    a webhook whose last ping is still pending."""
 
 
 class PayloadTooLargeError(APIStatusError):

@@ -3,34 +3,28 @@ POSTed, signed, outside any transaction, and retried with exponential backoff.
 
 Several API processes may run it: each pass claims outbox rows and due deliveries with
 ``FOR UPDATE SKIP LOCKED`` and, before POSTing, moves a claimed delivery's ``next_attempt_at``
-past the request's timeout, so a process that dies mid-POST leaves it to be retried by another
+past the attempts' time limits (``ACE3_WEBHOOK_TIMEOUT_SECONDS`` bounds each whole attempt, DNS
+lookup included), so a process that dies mid-POST leaves it to be retried by another
 (delivery is at least once; the body's ``id`` lets receivers drop repeats). Each webhook's
 deliveries are POSTed in order by one task of this process; a slow receiver holds up only its own.
+A process POSTs to at most ``MAX_WEBHOOKS_IN_FLIGHT`` webhooks at once, and to at most
+``MAX_IN_FLIGHT_PER_OWNER`` of one owner's, so one owner's slow receivers cannot take every slot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from datetime import timedelta
-from typing import Any
 
 import httpx
 from sqlalchemy import select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ace3.webhooks import (
-    DELIVERY_ID_HEADER,
-    SIGNATURE_HEADER,
-    WEBHOOK_ID_HEADER,
-    signature_header,
-)
 from ace3_control.models import (
     DeliveryState,
     Webhook,
@@ -40,16 +34,17 @@ from ace3_control.models import (
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_server.webhooks.outbox import BATCH, fan_out, prune
-from ace3_server.webhooks.urls import check_target
+from ace3_server.webhooks.sender import Claimed, Outcome, delivery_client, encode, post
+
+__all__ = ["Claimed", "DeliveryLoop", "Outcome", "claim_due", "post", "record", "retry_delay"]
 
 logger = logging.getLogger(__name__)
 
-MAX_RESPONSE_BYTES = 64 * 1024
 MAX_HISTORY = 50
 MAX_DELAY_SECONDS = 6 * 3600.0
-USER_AGENT = "ACE3-Webhooks/1"
 PRUNE_INTERVAL_SECONDS = 600.0
 MAX_WEBHOOKS_IN_FLIGHT = 200
+MAX_IN_FLIGHT_PER_OWNER = 5
 
 
 def retry_delay(attempts: int, base_seconds: float) -> float:
@@ -60,37 +55,19 @@ def retry_delay(attempts: int, base_seconds: float) -> float:
     return delay * random.uniform(0.8, 1.2)
 
 
-@dataclass(frozen=True)
-class Claimed:
-    delivery_id: str
-    webhook_id: str
-    attempt: int
-    url: str
-    secret: str
-    body: bytes
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status_code: int | None
-    error: str | None
-    duration_ms: float
-
-    @property
-    def delivered(self) -> bool:
-        return self.status_code is not None and 200 <= self.status_code < 300
-
-
-def encode(payload: dict[str, Any]) -> bytes:
-    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-
-
 async def claim_due(
-    session: AsyncSession, settings: Settings, busy: Collection[str] = ()
+    session: AsyncSession,
+    settings: Settings,
+    busy: Collection[str] = (),
+    *,
+    owners_busy: Mapping[str, int] | None = None,
+    room: int = MAX_WEBHOOKS_IN_FLIGHT,
 ) -> list[Claimed]:
     """Take due deliveries (of webhooks not in ``busy``, those this process is POSTing to):
-    count the attempt and push ``next_attempt_at`` past the POSTs' timeouts, so no other
-    process takes them meanwhile."""
+    count the attempt and push ``next_attempt_at`` past the attempts' time limits, so no other
+    process takes them meanwhile. At most ``room`` more webhooks are taken, and none of an
+    owner who already has ``MAX_IN_FLIGHT_PER_OWNER`` in flight (``owners_busy``, counted
+    with the ones taken here); the rows left are not touched and stay due."""
     now = utcnow()
     not_busy = WebhookDelivery.webhook_id.not_in(list(busy)) if busy else true()
     rows = (
@@ -103,12 +80,24 @@ async def claim_due(
                 Webhook.disabled.is_(False),
                 not_busy,
             )
-            .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+            .order_by(WebhookDelivery.created_at, WebhookDelivery.id)  # the events' order
             .limit(BATCH)
             .with_for_update(skip_locked=True, of=WebhookDelivery)
         )
     ).all()
-    # One webhook's deliveries are POSTed one after the other: hold them all that long.
+    per_owner = Counter(owners_busy or {})
+    taken: set[str] = set()
+    admitted = []
+    for delivery, url, secret in rows:
+        if delivery.webhook_id not in taken:
+            if len(taken) >= room or per_owner[delivery.owner_id] >= MAX_IN_FLIGHT_PER_OWNER:
+                continue
+            taken.add(delivery.webhook_id)
+            per_owner[delivery.owner_id] += 1
+        admitted.append((delivery, url, secret))
+    rows = admitted
+    # One webhook's deliveries are POSTed one after the other, each attempt (DNS lookup
+    # included) within the timeout: hold them all that long.
     most = max(Counter(delivery.webhook_id for delivery, _, _ in rows).values(), default=0)
     hold = (most + 1) * settings.webhook_timeout_seconds + 30
     held_until = now + timedelta(seconds=hold)
@@ -124,69 +113,10 @@ async def claim_due(
                 url,
                 secret,
                 encode(delivery.payload),
+                delivery.owner_id,
             )
         )
     return claimed
-
-
-def pinned(
-    url: str, address: str | None, headers: dict[str, str]
-) -> tuple[httpx.URL, dict[str, Any]]:
-    """The URL to request and its httpx extensions. With a checked ``address``, connect to it
-    rather than to what DNS answers next; the Host header and TLS (SNI and the certificate
-    check) still name the URL's host."""
-    parsed = httpx.URL(url)
-    if address is None:
-        return parsed, {}
-    headers["host"] = parsed.netloc.decode("ascii")
-    extensions = (
-        {"sni_hostname": parsed.raw_host.decode("ascii")} if parsed.scheme == "https" else {}
-    )
-    return parsed.copy_with(host=address), extensions
-
-
-async def post(client: httpx.AsyncClient, claimed: Claimed, settings: Settings) -> Outcome:
-    """One signed POST; no redirects followed, at most ``MAX_RESPONSE_BYTES`` of the answer read."""
-    started = time.monotonic()
-
-    def outcome(status_code: int | None, error: str | None) -> Outcome:
-        return Outcome(status_code, error, round((time.monotonic() - started) * 1000, 1))
-
-    target = await check_target(
-        claimed.url, allow_private_networks=settings.webhook_allow_private_networks
-    )
-    if target.problem is not None:
-        return outcome(None, f"refused: the URL {target.problem}")
-    headers = {
-        "content-type": "application/json",
-        "user-agent": USER_AGENT,
-        WEBHOOK_ID_HEADER: claimed.webhook_id,
-        DELIVERY_ID_HEADER: claimed.delivery_id,
-        SIGNATURE_HEADER: signature_header(claimed.secret, claimed.body),
-    }
-    try:
-        url, extensions = pinned(claimed.url, target.address, headers)
-        async with client.stream(
-            "POST",
-            url,
-            content=claimed.body,
-            headers=headers,
-            timeout=settings.webhook_timeout_seconds,
-            extensions=extensions,
-        ) as response:
-            read = 0
-            async for chunk in response.aiter_raw():
-                read += len(chunk)
-                if read >= MAX_RESPONSE_BYTES:
-                    break
-            status = response.status_code
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
-        return outcome(None, f"{type(exc).__name__}: {exc}"[:500])
-    if 200 <= status < 300:
-        return outcome(status, None)
-    if 300 <= status < 400:
-        return outcome(status, f"HTTP {status}: redirects are not followed")
-    return outcome(status, f"HTTP {status}")
 
 
 async def record(
@@ -260,21 +190,30 @@ class DeliveryLoop:
         self.client = client
         self.settings = settings
         self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self.owner_of: dict[str, str] = {}  # webhook id -> owner id, for those in flight
 
     async def pass_once(self) -> int:
         """Fan out, then start POSTing what is due; returns the deliveries claimed."""
         async with self.session_factory() as session:
             await fan_out(session)
             await session.commit()
-        if len(self.in_flight) >= MAX_WEBHOOKS_IN_FLIGHT:
+        room = MAX_WEBHOOKS_IN_FLIGHT - len(self.in_flight)
+        if room <= 0:
             return 0
         async with self.session_factory() as session:
-            claimed = await claim_due(session, self.settings, busy=set(self.in_flight))
+            claimed = await claim_due(
+                session,
+                self.settings,
+                busy=set(self.in_flight),
+                owners_busy=Counter(self.owner_of.values()),
+                room=room,
+            )
             await session.commit()
         by_webhook: dict[str, list[Claimed]] = defaultdict(list)
         for item in claimed:
             by_webhook[item.webhook_id].append(item)
         for webhook_id, items in by_webhook.items():
+            self.owner_of[webhook_id] = items[0].owner_id
             self.in_flight[webhook_id] = asyncio.create_task(self._send(webhook_id, items))
         return len(claimed)
 
@@ -285,6 +224,7 @@ class DeliveryLoop:
             logger.exception("webhook %s: recording a delivery failed; it is retried", webhook_id)
         finally:
             self.in_flight.pop(webhook_id, None)
+            self.owner_of.pop(webhook_id, None)
 
     async def drain(self) -> None:
         """Wait for the POSTs under way (tests; the loop cancels them on shutdown)."""
@@ -304,7 +244,7 @@ async def run_webhook_deliveries(
     """The API's background loop (``publisher`` is unused: the signature of every loop)."""
     del publisher
     next_prune = 0.0
-    async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+    async with delivery_client() as client:
         loop = DeliveryLoop(session_factory, client, settings)
         try:
             while True:

@@ -80,6 +80,8 @@ def add_delivery(
 ) -> WebhookDelivery:
     delivery_id = new_id()
     now = utcnow()
+    # ``created_at`` is the event's time, not this fan-out's: claims go in ``created_at`` order,
+    # and two API processes may fan out (and commit) a webhook's events in either order.
     delivery = WebhookDelivery(
         id=delivery_id,
         webhook_id=hook.id,
@@ -90,7 +92,7 @@ def add_delivery(
         attempts=0,
         next_attempt_at=now,
         history=[],
-        created_at=now,
+        created_at=created_at or now,
         updated_at=now,
     )
     session.add(delivery)

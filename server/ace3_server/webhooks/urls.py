@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import weakref
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from ace3_server.webhooks.addresses import kind_of
 
 MAX_URL_LENGTH = 2048
 
@@ -36,33 +39,40 @@ def syntax_problem(url: str) -> str | None:
     return None
 
 
+PRIVATE_HINT = (
+    "set ACE3_WEBHOOK_ALLOW_PRIVATE_NETWORKS=true on a self-hosted cluster that posts inside "
+    "its own network"
+)
+# Concurrent DNS lookups of this process (each holds a thread of the loop's executor).
+MAX_CONCURRENT_LOOKUPS = 8
+_lookups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def address_problem(address: str) -> str | None:
-    """Why this IP address may not receive webhooks, or None for a public one."""
+    """Why this IP address may not receive webhooks, or None for a public one. Names the
+    address: only for one the user typed (an IP literal URL), never one DNS answered."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_global and not ip.is_multicast:
+    kind = kind_of(ip)
+    if kind is None:
         return None
-    if ip.is_unspecified:
-        kind = "an unspecified (this host)"
-    elif ip.is_loopback:
-        kind = "a loopback"
-    elif ip.is_link_local:
-        kind = "a link-local (cloud metadata)"
-    elif ip.is_private:
-        kind = "a private"
-    else:
-        kind = "a non-public"
-    return (
-        f"points at {kind} address ({ip}); set ACE3_WEBHOOK_ALLOW_PRIVATE_NETWORKS=true on a "
-        "self-hosted cluster that posts inside its own network"
-    )
+    return f"points at {kind} address ({ip}); {PRIVATE_HINT}"
+
+
+def unresolvable(host: str) -> str:
+    """One message whether ``host`` does not resolve or resolves to a non-public address, so
+    that the answer is no oracle of the cluster's internal DNS."""
+    return f"host {host!r} does not resolve, or resolves to a non-public address; {PRIVATE_HINT}"
 
 
 async def resolve(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    )
+    loop = asyncio.get_running_loop()
+    semaphore = _lookups.setdefault(loop, asyncio.Semaphore(MAX_CONCURRENT_LOOKUPS))
+    async with semaphore:
+        infos = await loop.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
     return sorted({str(info[4][0]) for info in infos})
 
 
@@ -75,10 +85,12 @@ class Target:
     address: str | None = None
 
 
-async def check_target(url: str, *, allow_private_networks: bool) -> Target:
+async def check_target(
+    url: str, *, allow_private_networks: bool, dns_timeout: float = 3.0
+) -> Target:
     """Check ``url`` and, unless private networks are allowed, every address its host resolves
-    to; the first is the one to connect to (so a DNS answer that changes after the check is
-    never used)."""
+    to (within ``dns_timeout`` seconds, waiting for a lookup slot included); the first is the
+    one to connect to (so a DNS answer that changes after the check is never used)."""
     problem = syntax_problem(url)
     if problem is not None or allow_private_networks:
         return Target(problem)
@@ -86,21 +98,27 @@ async def check_target(url: str, *, allow_private_networks: bool) -> Target:
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        addresses = [str(ipaddress.ip_address(host))]
+        literal = str(ipaddress.ip_address(host))
     except ValueError:
-        try:
+        pass
+    else:  # the user typed this address: say what is wrong with it
+        problem = address_problem(literal)
+        return Target(problem, None if problem else literal)
+    try:
+        async with asyncio.timeout(dns_timeout):
             addresses = await resolve(host, port)
-        except (OSError, UnicodeError) as exc:
-            return Target(f"host {host!r} does not resolve ({exc})")
-    if not addresses:
-        return Target(f"host {host!r} does not resolve")
-    for address in addresses:
-        problem = address_problem(address)
-        if problem is not None:
-            return Target(problem)
+    except (OSError, UnicodeError, TimeoutError):
+        return Target(unresolvable(host))
+    if not addresses or any(address_problem(address) for address in addresses):
+        return Target(unresolvable(host))
     return Target(address=addresses[0])
 
 
-async def url_problem(url: str, *, allow_private_networks: bool) -> str | None:
+async def url_problem(
+    url: str, *, allow_private_networks: bool, dns_timeout: float = 3.0
+) -> str | None:
     """What keeps ACE3 from POSTing to ``url`` now, or None."""
-    return (await check_target(url, allow_private_networks=allow_private_networks)).problem
+    target = await check_target(
+        url, allow_private_networks=allow_private_networks, dns_timeout=dns_timeout
+    )
+    return target.problem

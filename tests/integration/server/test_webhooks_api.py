@@ -189,6 +189,8 @@ def test_a_failing_receiver_is_retried_and_every_attempt_is_logged(
     try:
         queued = client.webhooks.test(hook.id)
         assert queued.event_type == "ping" and queued.state == "pending"
+        with pytest.raises(ace3.ConflictError, match="still pending"):
+            client.webhooks.test(hook.id)  # one ping at a time
 
         def delivered() -> ace3.client.webhooks.WebhookDelivery | None:
             log = client.webhooks.deliveries(hook.id).data

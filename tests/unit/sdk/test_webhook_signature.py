@@ -53,3 +53,18 @@ def test_a_wrong_secret_an_altered_body_or_a_stale_timestamp_is_refused(
 def test_a_missing_or_malformed_header_is_refused(header: str | None, reason: str) -> None:
     with pytest.raises(WebhookSignatureError, match=reason):
         verify_signature(SECRET, BODY, header, now=NOW)
+
+
+@pytest.mark.parametrize("signature", ["é" * 64, "\udcff", "ü"])
+def test_a_non_ascii_signature_is_refused_not_a_type_error(signature: str) -> None:
+    header = f"t={NOW},v1={signature}"
+    with pytest.raises(WebhookSignatureError, match="no signature matches"):
+        verify_signature(SECRET, BODY, header, now=NOW)
+
+
+def test_a_webhooks_secret_stays_out_of_its_repr() -> None:
+    from ace3.client.webhooks import Webhook
+
+    hook = Webhook(id="w1", url="https://h/", secret="whsec_topsecret")
+    assert hook.secret == "whsec_topsecret"
+    assert "whsec_topsecret" not in repr(hook) and "whsec_topsecret" not in str(hook)

@@ -5,6 +5,7 @@ failed, and the outcome of a claim another process took over is dropped."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,14 @@ from ace3_control.db import (
 from ace3_control.models import Webhook, WebhookDelivery, new_id, utcnow
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_server.webhooks.delivery import Claimed, DeliveryLoop, Outcome, claim_due, record
+from ace3_server.webhooks.delivery import (
+    MAX_IN_FLIGHT_PER_OWNER,
+    Claimed,
+    DeliveryLoop,
+    Outcome,
+    claim_due,
+    record,
+)
 from tests.conftest import insert_job
 
 SETTINGS = Settings(webhook_max_attempts=2, webhook_retry_base_seconds=60)
@@ -131,6 +139,56 @@ def test_a_slow_receiver_holds_up_only_its_own_deliveries(tmp_path: Path) -> Non
             states = {row.id: row.state for row in await session.scalars(select(WebhookDelivery))}
         assert states == {"fast-1": "delivered", "slow-1": "delivered", "slow-2": "delivered"}
         assert sorted(seen) == ["fast.test", "slow.test", "slow.test"]
+        await async_engine.dispose()
+
+    asyncio.run(run())
+
+
+def test_one_owner_gets_at_most_its_share_of_webhooks_in_flight(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ace3.db'}"
+    upgrade(url)
+    engine = make_sync_engine(url)
+    with sync_session_factory(engine)() as session:
+        owners = [insert_job(session).owner_id for _ in range(2)]
+        for owner_id, count in zip(owners, (MAX_IN_FLIGHT_PER_OWNER + 3, 1), strict=True):
+            for n in range(count):
+                hook_id = f"{owner_id[:8]}-{n}"
+                session.add(Webhook(id=hook_id, owner_id=owner_id, url=f"http://{hook_id}.test/",
+                                    events=["*"], secret="whsec_s", created_at=utcnow()))  # fmt: skip
+                session.flush()
+                session.add(WebhookDelivery(id=f"d-{hook_id}", webhook_id=hook_id,
+                                            owner_id=owner_id, event_type="ping", payload={},
+                                            history=[]))  # fmt: skip
+        session.commit()
+    engine.dispose()
+    settings = Settings(webhook_allow_private_networks=True)
+
+    async def run() -> None:
+        release = asyncio.Event()
+
+        async def handler(request: httpx.Request) -> httpx.Response:
+            await release.wait()
+            return httpx.Response(204, stream=httpx.ByteStream(b""))
+
+        async_engine = make_async_engine(url)
+        factory = async_session_factory(async_engine)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            loop = DeliveryLoop(factory, client, settings)
+            assert await loop.pass_once() == MAX_IN_FLIGHT_PER_OWNER + 1
+            assert await loop.pass_once() == 0  # the cap holds on the next pass too
+            in_flight = Counter(loop.owner_of.values())
+            assert in_flight == {owners[0]: MAX_IN_FLIGHT_PER_OWNER, owners[1]: 1}
+            async with factory() as session:
+                untouched = (
+                    await session.scalars(
+                        select(WebhookDelivery).where(WebhookDelivery.attempts == 0)
+                    )
+                ).all()
+            assert len(untouched) == 3  # left due, not claimed
+            release.set()
+            await loop.drain()
+            assert await loop.pass_once() == 3
+            await loop.drain()
         await async_engine.dispose()
 
     asyncio.run(run())

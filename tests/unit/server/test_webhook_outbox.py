@@ -5,7 +5,8 @@ per subscribed webhook, with the body receivers get."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import select, update
@@ -19,6 +20,7 @@ from ace3_control.db import (
 from ace3_control.models import Job, Webhook, WebhookDelivery, WebhookEvent, new_id, utcnow
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
+from ace3_server.webhooks.delivery import claim_due
 from ace3_server.webhooks.outbox import fan_out, prune
 from tests.conftest import insert_job
 
@@ -102,3 +104,42 @@ def test_finished_deliveries_past_the_retention_are_pruned(tmp_path: Path) -> No
         return sorted((row.state, (now - row.updated_at).days) for row in rows)
 
     assert asyncio.run(run()) == [("delivered", 1), ("pending", 31)]
+
+
+def test_deliveries_are_claimed_in_the_events_order_whatever_the_fan_out_order(
+    tmp_path: Path,
+) -> None:
+    """Two API processes fan out a webhook's events in either order: the later event's
+    delivery, written first, must still be claimed after the earlier one's."""
+    url = f"sqlite:///{tmp_path / 'ace3.db'}"
+    upgrade(url)
+    engine = make_sync_engine(url)
+    with sync_session_factory(engine)() as session:
+        owner_id = insert_job(session).owner_id
+        session.add(Webhook(id="w", owner_id=owner_id, url="http://h/", events=["*"],
+                            secret="s", created_at=utcnow()))  # fmt: skip
+        session.commit()
+    engine.dispose()
+    earlier = utcnow() - timedelta(seconds=5)
+
+    def event(state: str, at: datetime) -> WebhookEvent:
+        return WebhookEvent(owner_id=owner_id, kind="job", subject_id="j", state=state,
+                            previous_state=None, created_at=at)  # fmt: skip
+
+    async def run() -> list[str]:
+        async_engine = make_async_engine(url)
+        factory = async_session_factory(async_engine)
+        for state, at in (("failed", earlier + timedelta(seconds=1)), ("running", earlier)):
+            async with factory() as session:
+                session.add(event(state, at))
+                await session.commit()
+            async with factory() as session:
+                assert await fan_out(session) == 1
+                await session.commit()
+        async with factory() as session:
+            claimed = await claim_due(session, Settings())
+            await session.commit()
+        await async_engine.dispose()
+        return [json.loads(item.body)["type"] for item in claimed]
+
+    assert asyncio.run(run()) == ["job.running", "job.failed"]

@@ -14,7 +14,7 @@ from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.schemas import Page
 from ace3_server.services.pagination import paginate
-from ace3_server.webhooks import events, outbox, service
+from ace3_server.webhooks import service
 from ace3_server.webhooks.schemas import (
     WebhookCreate,
     WebhookCreated,
@@ -98,13 +98,11 @@ async def list_deliveries(
     response_model=WebhookDeliveryOut,
     status_code=202,
     operation_id="test_webhook",
-    responses=NOT_FOUND,
+    responses=error_responses(404, 409),
 )
 async def test_webhook(
     webhook_id: StoredText, session: SessionDep, owner_id: OwnerDep
 ) -> WebhookDelivery:
-    """Queue a ``ping`` delivery to this webhook (follow it in the delivery log)."""
-    webhook = await service.get_owned_webhook(session, owner_id, webhook_id)
-    row = outbox.add_delivery(session, webhook, events.PING, {"webhook_id": webhook.id})
-    await session.commit()
-    return row
+    """Queue a ``ping`` delivery to this webhook (follow it in the delivery log); 409 while an
+    earlier ping to it is still pending."""
+    return await service.queue_ping(session, owner_id, webhook_id)
