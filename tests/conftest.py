@@ -213,6 +213,8 @@ def stack(
         "ACE3_SEARCH_LEASE_SECONDS": "4",
         # The sandbox's limits, small enough for the hostile-job tests to meet them.
         "ACE3_JOB_MAX_PROCESSES": "512",
+        # /metrics reads the database at every scrape here (the cache has its own unit test).
+        "ACE3_METRICS_CACHE_SECONDS": "0",
         # Webhooks: the tests' receivers listen on 127.0.0.1; retries come fast.
         "ACE3_WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
         "ACE3_WEBHOOK_RETRY_BASE_SECONDS": "0.3",
