@@ -140,7 +140,9 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
             "WHERE datname = current_database() AND application_name = %s) AS killed",
             (LISTENER_APPLICATION_NAME,),
         ).fetchone()
-    assert killed == (1,)
+    # (this test's API and, when the session's stack runs, the stack API's listener too: every
+    # API process on this database has one; each reconnects on its own)
+    assert killed is not None and killed[0] >= 1
     deadline = time.monotonic() + 10
     while hub.connects == connects:
         assert time.monotonic() < deadline, "the listener did not reconnect"
