@@ -28,8 +28,11 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """Chromium for this package's tests. Package-scoped: Playwright's sync API runs an event
+    loop in the main thread while it is started, and every later test that calls
+    ``asyncio.run`` would fail on it ("cannot be called from a running event loop")."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
