@@ -157,7 +157,18 @@ class GangNode:
         events: reports.EventTail,
         beat: Callable[[], None],
     ) -> None:
-        """Report how this node's torchrun ended (the leader reads it)."""
+        """Report how this node's torchrun ended (the leader reads it). A torchrun that failed
+        before any heartbeat saw a reason reads the cancel flag once more: when a cancel stops
+        one node, the ranks of the others may die of the broken connection first, and they were
+        stopped by that cancel, not failed on their own. (Only the cancel flag: a peer that
+        failed meanwhile may have failed *because* of this node, whose error is then the cause.)"""
+        if returncode != 0 and not watch.stopping:
+            try:
+                last = self.beat()
+            except Exception:
+                logger.warning("job %s: reading the cancel flag at exit failed", self.seat.job_id)
+            else:
+                watch.cancel_requested = last.owned and last.cancel_requested
         node = self.outcomes.node_exit(watch, returncode)
         self._report_exit(
             exit_code=node.exit_code,

@@ -218,3 +218,39 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
     assert "--rdzv-conf=is_host=false,join_timeout=300" in follower
     assert leader[-3:] == ["ace3.runtime", "--job", "/job/job.json"]
     assert not any(arg.startswith(("--standalone", "--node-rank")) for arg in leader)
+
+
+def test_a_node_whose_ranks_died_of_a_cancel_reports_it_was_stopped(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A cancel stops one node; the other node's ranks may die of the broken connection before
+    its heartbeat saw the flag. Its exit reads the flag once more: stopped, not failed."""
+    from ace3_worker import reports
+    from ace3_worker.attempt import AttemptWatch
+    from ace3_worker.gang_node import GangNode
+
+    job_id = _job(settings, 2)
+    leader, follower = Supervisor(settings, node_id="worker-a"), _member(settings, "b")
+    lead = leader.gang.take(job_id)
+    thread = threading.Thread(target=lambda: leader.gang.assemble(lead))  # type: ignore[arg-type]
+    thread.start()
+    seat = follower.take(job_id)
+    assert lead is not None and seat is not None and follower.assemble(seat)
+    thread.join(timeout=10)
+    node = GangNode(follower, seat, leader.outcomes)
+    events = reports.EventTail(tmp_path)
+
+    # Failing on its own (no cancel): reported as a failure of this node.
+    watch = AttemptWatch(job_id, seat.attempt)
+    watch.rank_stderr_tail.append((1, "RuntimeError: Connection closed by peer"))
+    node.report(_job_row(settings, job_id), watch, 1, events, lambda: None)
+    (_, mine) = _nodes(settings, job_id)
+    assert mine.exit_code == 1 and mine.stopped is None
+
+    with Supervisor(settings).sessions() as session:
+        session.execute(job_transitions.request_cancel(job_id))
+        session.commit()
+    watch = AttemptWatch(job_id, seat.attempt)
+    node.report(_job_row(settings, job_id), watch, 1, events, lambda: None)
+    (_, mine) = _nodes(settings, job_id)
+    assert mine.stopped == "the job was cancelled"
