@@ -4,6 +4,7 @@ stack (API server and Celery worker subprocesses, which launch torchrun) started
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -46,9 +47,9 @@ def _admin_connection():  # type: ignore[no-untyped-def]
         )
 
 
-@pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
-    """A fresh database for this test run, migrated to head, dropped afterwards."""
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new database, migrated to head, dropped afterwards."""
     name = f"ace3_test_{secrets.token_hex(6)}"
     with _admin_connection() as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -56,13 +57,22 @@ def database_url() -> Iterator[str]:
     from ace3_server.migrations_check import upgrade
 
     upgrade(url)
-    yield url
-    with _admin_connection() as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    try:
+        yield url
+    finally:
+        with _admin_connection() as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh database for this test run, migrated to head, dropped afterwards."""
+    with fresh_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -186,13 +196,36 @@ MAX_UPLOAD_BYTES = 3 * 1024 * 1024
 
 
 @pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-compatible server (SeaweedFS), once per session: an ``ObjectStore``."""
+    from tests.object_store import seaweedfs
+
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as store:
+        yield store
+
+
+@pytest.fixture(scope="session")
 def stack(
     database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     """The real API and a real Celery worker (2 slots) over Postgres and Redis, once per session."""
     root = tmp_path_factory.mktemp("stack")
     port = free_port()
-    env = {
+    env = stack_env(root, database_url, redis_url)
+    stack = Stack(base_url=f"http://127.0.0.1:{port}", port=port, env=env, root=root)
+    stack.start_worker()
+    try:
+        stack.start_api()
+        yield stack
+    finally:
+        for process in stack.processes.values():
+            _stop(process)
+        shutil.rmtree(root / "jobs", ignore_errors=True)
+
+
+def stack_env(root: Path, database_url: str, redis_url: str) -> dict[str, str]:
+    """The test stack's settings: data under ``root``, a queue of its own, short periods."""
+    return {
         **os.environ,
         "ACE3_DATA_DIR": str(root),
         "ACE3_DATABASE_URL": database_url,
@@ -220,15 +253,6 @@ def stack(
         "ACE3_WEBHOOK_RETRY_BASE_SECONDS": "0.3",
         "ACE3_WEBHOOK_POLL_SECONDS": "0.2",
     }
-    stack = Stack(base_url=f"http://127.0.0.1:{port}", port=port, env=env, root=root)
-    stack.start_worker()
-    try:
-        stack.start_api()
-        yield stack
-    finally:
-        for process in stack.processes.values():
-            _stop(process)
-        shutil.rmtree(root / "jobs", ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -48,6 +48,14 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.CANCELLING})
 
 
+class JobPriority(enum.StrEnum):
+    """The order in which queued jobs are claimed (``ace3_control.scheduling``)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on every backend (SQLite hands back naive values)."""
 
@@ -75,6 +83,14 @@ class Owner(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Quotas (``ace3 owners set-quota``; None: no limit): jobs holding a worker at once, and
+    # processes (GPUs, or processes on CPU workers) those jobs run together. A job over quota
+    # waits in the queue.
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    # When a worker last claimed one of the owner's jobs: owners served longest ago go first
+    # among equals (fair share).
+    last_claimed_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class ApiKey(Base):
@@ -161,11 +177,16 @@ class Job(Base):
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
         Index("ix_jobs_owner_created", "owner_id", "created_at", "id"),
         Index("ix_jobs_state_lease", "state", "lease_expires_at"),
+        Index("ix_jobs_state_owner", "state", "owner_id"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     owner_id: Mapped[str] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"))
     name: Mapped[str | None] = mapped_column(String(200))
+    # high | normal | low: claims go by priority first (``ace3_control.scheduling``).
+    priority: Mapped[str] = mapped_column(
+        String(8), default=JobPriority.NORMAL, server_default=JobPriority.NORMAL.value
+    )
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id"))
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     validation_dataset_id: Mapped[str | None] = mapped_column(ForeignKey("datasets.id"))
@@ -213,6 +234,10 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Retention (``ace3_server.retention``): when the finished job's log lines were archived to
+    # the store and deleted, and when its metric points were deleted.
+    logs_archived_at: Mapped[datetime | None] = mapped_column(default=None)
+    metrics_pruned_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Worker(Base):

@@ -31,7 +31,28 @@ class Settings(BaseSettings):
     )
     queue_name: str = Field("ace3.jobs", description="Celery queue the jobs are published on.")
     storage_dir: Path | None = Field(
-        None, description="Artifact store root; default data_dir/storage."
+        None,
+        description="Artifact store root; default data_dir/storage. With storage_url set, only "
+        "staging files (uploads being checked) go here.",
+    )
+    storage_url: str | None = Field(
+        None,
+        description="s3://bucket/prefix: an S3-compatible object store holds the artifacts "
+        "(credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, region from AWS_REGION); "
+        "unset: the local storage_dir.",
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="The S3 endpoint of a non-AWS store (MinIO, SeaweedFS, R2...)."
+    )
+    s3_public_endpoint_url: str | None = Field(
+        None,
+        description="The endpoint clients reach the store at, for presigned download URLs "
+        "(default: s3_endpoint_url).",
+    )
+    s3_presigned_downloads: bool = Field(
+        False,
+        description="Downloads answer 307 to a presigned URL of the object store instead of "
+        "streaming through the API.",
     )
     work_dir: Path | None = Field(
         None, description="Where a worker prepares job directories; default data_dir/jobs."
@@ -130,6 +151,25 @@ class Settings(BaseSettings):
         gt=0,
         description="A worker that cannot run a queued job hands it back to the queue, delayed by "
         "this long.",
+    )
+    log_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Archive the log lines of jobs finished this long ago to the store (a "
+        "gzipped JSONL artifact of the job, ace3-retention/logs.jsonl.gz) and delete their rows; "
+        "unset: keep them forever.",
+    )
+    metric_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Delete the metric points of jobs finished this long ago (the job's "
+        "final_metrics stay); unset: keep them forever.",
+    )
+    retention_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the API applies the retention settings."
+    )
+    retention_batch_jobs: int = Field(
+        20, ge=1, description="Jobs archived or pruned per retention pass (bounded work)."
     )
     gang_wait_seconds: float = Field(
         300.0,

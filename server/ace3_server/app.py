@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from ace3_control.db import async_session_factory, make_async_engine
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings, get_settings
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import open_store
 from ace3_server import __version__
 from ace3_server.api.error_handlers import install_error_handlers
 from ace3_server.api.routes.artifacts import datasets_router, models_router
@@ -31,6 +31,7 @@ from ace3_server.metrics.http import HttpMetrics, MetricsMiddleware
 from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.reconciler import run_reconciler
+from ace3_server.retention import run_retention
 from ace3_server.searches.driver import run_search_driver
 from ace3_server.services import events
 from ace3_server.services.stream_listener import run_stream_listener
@@ -63,7 +64,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
         )
         app.state.settings = settings
         app.state.session_factory = async_session_factory(engine)
-        app.state.store = LocalArtifactStore(settings.resolved_storage_dir)
+        app.state.store = open_store(settings)
         app.state.publisher = JobPublisher(settings)
         app.state.key_cache = KeyCache(settings.api_key_cache_seconds)
         hub = _stream_hub(settings)
@@ -78,6 +79,11 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
                 asyncio.create_task(loop(app.state.session_factory, app.state.publisher, settings))
                 for loop in (run_reconciler, run_search_driver, run_webhook_deliveries)
             ]
+            if settings.log_retention_days or settings.metric_retention_days:
+                store = app.state.store
+                loops.append(
+                    asyncio.create_task(run_retention(app.state.session_factory, store, settings))
+                )
         try:
             yield
         finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,6 +12,9 @@ from ace3.config.events import RunPlan
 from ace3.hp import HPConfig
 
 Item = TypeVar("Item")
+
+
+Priority = Literal["high", "normal", "low"]
 
 
 class _Out(BaseModel):
@@ -57,6 +60,10 @@ class JobCreate(BaseModel):
         default_factory=dict, description="Keyword arguments of the model factory."
     )
     name: str | None = Field(None, max_length=200)
+    priority: Priority = Field(
+        "normal",
+        description="Claim order: high before normal before low; owners take turns within one.",
+    )
     resume_from_checkpoint: str | None = Field(
         None,
         min_length=1,
@@ -69,7 +76,18 @@ class JobCreate(BaseModel):
 class JobOut(_Out):
     id: str
     name: str | None
+    priority: Priority = "normal"
     state: str
+    queue_position: int | None = Field(
+        None,
+        description="A queued job's place in claim order (1 = next; GET /v1/queue); else null.",
+    )
+    waiting_reason: Literal["quota", "capacity", "priority"] | None = Field(
+        None,
+        description="Why a queued job waits: quota (its owner is at max_running_jobs or "
+        "max_gpus), priority (jobs that may run are ahead of it), capacity (it is next and waits "
+        "for a free worker that fits it); null when not queued.",
+    )
     attempt: int
     preemptions: int = Field(
         0, description="Attempts that were preempted (worker drained); not counted as retries."
@@ -283,6 +301,8 @@ class WorkerList(BaseModel):
 class QueuedJobOut(BaseModel):
     id: str
     name: str | None
+    priority: Priority
+    waiting_reason: Literal["quota", "capacity", "priority"]
     position: int = Field(
         description="1 = the next job a worker takes: 1 + the queued jobs of all owners ahead of "
         "it in claim order."

@@ -1,7 +1,9 @@
 """One GPU set per job on the real stack: a worker given ``ACE3_WORKER_GPUS=0,1,2,3`` and two
 slots runs two 2-process jobs at once, and each launch receives its own two devices as
 ``CUDA_VISIBLE_DEVICES`` (read back from the ranks' own environment through the job's logs);
-while both slots are busy, a third job's message stays in Redis for any worker to take.
+while both slots are busy, a third job's message stays in Redis for any worker to take. The
+API and that worker have a database of their own: with the fair queue a worker that gets any
+message claims the next job it fits, so the shared stack's worker must never see these jobs.
 
 This machine has no GPU: the worker is a CPU worker whose device list is honoured all the same
 (the ranks train with gloo on the CPU; the variable is set and harmless), so the assignment is
@@ -9,10 +11,8 @@ the code path a CUDA worker runs."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,11 @@ from sqlalchemy.orm import Session
 
 import ace3
 from ace3_control.db import make_sync_engine
-from ace3_control.models import Job, utcnow
+from ace3_control.models import Job
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
-from tests.conftest import DigitsFiles, Stack
+from tests.conftest import DigitsFiles, Stack, _stop, free_port, fresh_database, stack_env
 from tests.e2e.conftest import wait_for
-from tests.e2e.test_multi_node import _start_worker, _stop_worker
 
 pytestmark = pytest.mark.slow
 
@@ -47,21 +46,37 @@ def build_model():
 
 
 @pytest.fixture()
-def gpu_worker(stack: Stack, tmp_path: Path) -> Iterator[str]:
-    """A worker of four listed devices and two slots, on a queue of its own: its queue name."""
-    queue = f"ace3-gpus-{secrets.token_hex(4)}"
-    process = _start_worker(
-        stack,
-        "worker-gpus",
-        ACE3_QUEUE_NAME=queue,
-        ACE3_WORKER_SLOTS="2",
-        ACE3_WORKER_GPUS="0,1,2,3",
-        ACE3_WORKER_GPU_LOCK_DIR=str(tmp_path / "gpu-locks"),
-    )
-    try:
-        yield queue
-    finally:
-        _stop_worker(process)
+def gpu_stack(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Stack, str]]:
+    """(an API, its database URL) with one worker of four listed devices and two slots, on a
+    database and a queue of their own."""
+    with fresh_database() as database_url:
+        stacks = []
+        for name in ("gpus-api", "gpus-worker"):
+            root = tmp_path_factory.mktemp(name)
+            port = free_port()
+            stacks.append(
+                Stack(
+                    f"http://127.0.0.1:{port}", port, stack_env(root, database_url, redis_url), root
+                )
+            )
+        api, worker = stacks
+        worker.env.update(
+            ACE3_QUEUE_NAME=api.env["ACE3_QUEUE_NAME"],
+            ACE3_WORKER_SLOTS="2",
+            ACE3_WORKER_GPUS="0,1,2,3",
+            ACE3_WORKER_GPU_LOCK_DIR=str(worker.root / "gpu-locks"),
+            ACE3_STORAGE_DIR=str(api.root / "storage"),  # (one machine: the API's files)
+        )
+        worker.start_worker()
+        try:
+            api.start_api()
+            yield api, database_url
+        finally:
+            for stack in stacks:
+                for process in stack.processes.values():
+                    _stop(process)
 
 
 def _insert_jobs(database_url: str, owner_id: str, model_id: str, dataset_id: str) -> list[str]:
@@ -78,9 +93,6 @@ def _insert_jobs(database_url: str, owner_id: str, model_id: str, dataset_id: st
                 num_processes=2,
                 request_hash=f"gpu-sets-{index}",
                 max_retries=0,
-                # (the API's reconciler re-publishes a job queued this long on its own queue,
-                # which the stack's worker, without a device list, consumes)
-                enqueued_at=utcnow() + timedelta(hours=1),
             )
             for index in range(3)
         ]
@@ -92,18 +104,18 @@ def _insert_jobs(database_url: str, owner_id: str, model_id: str, dataset_id: st
 
 
 def test_concurrent_jobs_each_get_their_own_devices_and_a_busy_worker_holds_no_message(
-    stack: Stack, gpu_worker: str, database_url: str, digits_files: DigitsFiles, tmp_path: Path
+    gpu_stack: tuple[Stack, str], digits_files: DigitsFiles, tmp_path: Path
 ) -> None:
     """Two jobs run at once on 0,1 and 2,3; a third, published while both slots are busy, stays
     in Redis (no prefetch: another worker could take it). (Reuse of a released set: the unit
     tests.)"""
+    stack, database_url = gpu_stack
+    queue = stack.env["ACE3_QUEUE_NAME"]
     key, owner_id = stack.create_key("gpu-sets")
     model_file = tmp_path / "devices_model.py"
     model_file.write_text(MODEL_FILE)
     broker = redis.Redis.from_url(stack.env["ACE3_BROKER_URL"])
-    publisher = JobPublisher(
-        Settings(broker_url=stack.env["ACE3_BROKER_URL"], queue_name=gpu_worker)
-    )
+    publisher = JobPublisher(Settings(broker_url=stack.env["ACE3_BROKER_URL"], queue_name=queue))
     with ace3.Client(api_key=key, base_url=stack.base_url) as client:
         model = client.load_model(model_file)
         dataset = client.load_dataset(digits_files.train)
@@ -118,7 +130,7 @@ def test_concurrent_jobs_each_get_their_own_devices_and_a_busy_worker_holds_no_m
         wait_for(lambda: states(pair) == ["running", "running"], 120, "both jobs to run")
         publisher.publish(third)
         time.sleep(0.5)  # (a prefetching worker takes a message within milliseconds)
-        waiting = broker.llen(gpu_worker)
+        waiting = broker.llen(queue)
         assert states(pair) == ["running", "running"], "(else the reading proves nothing)"
         assert waiting == 1, "a worker whose slots are all busy took a queued job's message"
         publisher.close()

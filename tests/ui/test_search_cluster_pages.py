@@ -126,14 +126,17 @@ def test_the_cluster_page_lists_the_worker_and_the_queue(
     uploaded: dict[str, str], database_url: str, tmp_path: Path,
 ) -> None:  # fmt: skip
     [worker] = [w for w in ui_client.workers.list() if w.queue == stack.env["ACE3_QUEUE_NAME"]]
-    # A queued job of the page's owner that no worker is told about (published "in an hour":
-    # the reconciler leaves it alone), so it waits, last in line, while the page shows it.
+    # A queued job of the page's owner that no worker claims (larger than the stack's worker)
+    # nor is told about (published "in an hour": the reconciler leaves it alone), so it waits,
+    # last in line (low priority, queued "in an hour"), while the page shows it.
     engine = make_sync_engine(database_url)
     sessions = sync_session_factory(engine)
+    later = utcnow() + timedelta(hours=1)
     with sessions() as session:
-        job = Job(owner_id=ui_key[1], name="ui-waiting", config={}, model_kwargs={},
-                  num_processes=1, request_hash="h", enqueued_at=utcnow() + timedelta(hours=1),
-                  model_id=uploaded["model_id"], dataset_id=uploaded["dataset_id"])  # fmt: skip
+        job = Job(owner_id=ui_key[1], name="ui-waiting", config={"num_gpus": 64}, model_kwargs={},
+                  num_processes=64, priority="low", request_hash="h", enqueued_at=later,
+                  queued_at=later, model_id=uploaded["model_id"],
+                  dataset_id=uploaded["dataset_id"])  # fmt: skip
         session.add(job)
         session.commit()
         job_id = job.id
@@ -147,6 +150,7 @@ def test_the_cluster_page_lists_the_worker_and_the_queue(
         queued.wait_for()
         position = int(page.locator("#card-queued .value").inner_text())
         assert "ui-waiting" in queued.inner_text() and f"#{position}" in queued.inner_text()
+        assert "low" in queued.inner_text()
         assert queued.locator("a").get_attribute("href") == f"#/jobs/{job_id}"
         page.screenshot(path=str(tmp_path / "cluster.png"), full_page=True)
         assert page.page_errors == []

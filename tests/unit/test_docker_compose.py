@@ -19,17 +19,39 @@ def compose() -> dict:
 
 def test_services_and_their_dependencies(compose: dict) -> None:
     services = compose["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker"} <= set(services)
-    assert "healthcheck" in services["postgres"] and "healthcheck" in services["redis"]
+    assert {"postgres", "redis", "objectstore", "migrate", "api", "worker"} <= set(services)
+    for name in ("postgres", "redis", "objectstore"):
+        assert "healthcheck" in services[name], name
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name in ("api", "worker"):
-        assert (
-            services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-        )
-        assert any(str(volume).startswith("storage:") for volume in services[name]["volumes"])
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+        assert depends["objectstore"]["condition"] == "service_healthy"
     devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
-    assert "storage" in compose["volumes"]
+
+
+def test_the_api_and_workers_share_an_object_store_not_a_volume(compose: dict) -> None:
+    services = compose["services"]
+    api_volumes = {str(volume).split(":")[0] for volume in services["api"].get("volumes", [])}
+    worker_volumes = {str(v).split(":")[0] for v in services["worker"].get("volumes", [])}
+    assert not api_volumes & worker_volumes, "workers do not mount the API's volume"
+    settings = {
+        name: {
+            key: services[name]["environment"].get(key)
+            for key in ("ACE3_STORAGE_URL", "ACE3_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID")
+        }
+        for name in ("migrate", "api", "worker")
+    }
+    assert settings["api"] == settings["worker"] == settings["migrate"]
+    assert settings["api"]["ACE3_STORAGE_URL"].startswith("s3://")
+    assert settings["api"]["ACE3_S3_ENDPOINT_URL"] == "http://objectstore:9000"
+    secret = services["api"]["environment"]["AWS_SECRET_ACCESS_KEY"]
+    assert secret.startswith("${ACE3_S3_SECRET_KEY:?"), "no default secret"
+    store = services["objectstore"]
+    assert store["environment"]["MINIO_ROOT_PASSWORD"] == secret
+    assert "ports" not in store, "reachable by the services, not published"
+    assert any(str(volume).startswith("objects:") for volume in store["volumes"])
 
 
 def test_every_ace3_command_is_a_real_cli_command(compose: dict) -> None:

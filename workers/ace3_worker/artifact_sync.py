@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from ace3_control import job_transitions
 from ace3_control.models import JobArtifact, utcnow
-from ace3_control.storage import LocalArtifactStore, StoredBlob
+from ace3_control.storage import ArtifactStore, StoredBlob
 from ace3_worker.job_files import UnsafeJobPathError, open_job_file
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class ArtifactSync:
     job_id: str
     attempt: int
     root: Path
-    store: LocalArtifactStore
+    store: ArtifactStore
     max_total_bytes: int
     recorded: dict[str, RecordedArtifact] = field(default_factory=dict)
     synced_state: dict[str, FileState] = field(default_factory=dict)

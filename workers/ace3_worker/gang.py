@@ -23,9 +23,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ace3_control import job_nodes, job_transitions
+from ace3_control import job_nodes, job_transitions, scheduling
+from ace3_control.capacity import Capacity
 from ace3_control.models import Job, JobNode, JobState, utcnow
 from ace3_control.settings import Settings
+from ace3_worker.device import local_capacity
 from ace3_worker.messages import RecentCopies, publish
 
 logger = logging.getLogger(__name__)
@@ -114,21 +116,34 @@ class GangMember:
         if job.state == JobState.QUEUED:
             return self._lead(job_id, nodes)
         if job.state == JobState.STARTING and not job.cancel_requested:
+            # Gangs fill in a fixed order: the oldest one still assembling first.
+            oldest = self.oldest_open_gang()
+            if oldest is not None and oldest[0] != job_id:
+                logger.info("job %s: joining the older gang of job %s first", job_id, oldest[0])
+                return self._join(*oldest)
             return self._join(job_id, int(job.attempt), nodes)
         logger.info("job %s is %s: a spare copy of its message; nothing to do", job_id, job.state)
         return None
 
-    def _lead(self, job_id: str, nodes: int) -> NodeSeat | None:
+    def oldest_open_gang(self, capacity: Capacity | None = None) -> tuple[str, int, int] | None:
+        """The oldest gang still assembling that this worker fits (``capacity``: what it has
+        free now, default all of it) and is not part of."""
         with self.sessions() as session:
-            row = session.execute(
-                job_transitions.claim(job_id, self.process, self.settings.lease_seconds)
-            ).first()
-            if row is None:
-                session.rollback()
-                return None
-            attempt = int(row.attempt)
-            session.execute(self._add(session, job_id, attempt, 0))
-            session.commit()
+            return scheduling.oldest_open_gang(
+                session, capacity or local_capacity(self.settings), self.worker_id
+            )
+
+    def join_oldest(self, capacity: Capacity | None = None) -> NodeSeat | None:
+        """Join the oldest gang still assembling that this worker can (None: none)."""
+        oldest = self.oldest_open_gang(capacity)
+        return None if oldest is None else self._join(*oldest)
+
+    def add_leader(self, session: Session, job_id: str, attempt: int) -> None:
+        """Node 0's row of an attempt this worker claimed (in the claim's transaction)."""
+        session.execute(self._add(session, job_id, attempt, 0))
+
+    def led(self, job_id: str, attempt: int, nodes: int) -> NodeSeat:
+        """The leader's seat of a claimed attempt (node 0 added): ask for the other nodes."""
         logger.info(
             "job %s attempt %d: leading a gang of %d nodes; waiting up to %g s for %d more "
             "worker(s)",
@@ -140,6 +155,19 @@ class GangMember:
         )
         self.publish_copies(job_id, nodes - 1)
         return NodeSeat(job_id, attempt, 0, nodes)
+
+    def _lead(self, job_id: str, nodes: int) -> NodeSeat | None:
+        with self.sessions() as session:
+            row = session.execute(
+                job_transitions.claim(job_id, self.process, self.settings.lease_seconds)
+            ).first()
+            if row is None:
+                session.rollback()
+                return None
+            attempt = int(row.attempt)
+            self.add_leader(session, job_id, attempt)
+            session.commit()
+        return self.led(job_id, attempt, nodes)
 
     def _join(self, job_id: str, attempt: int, nodes: int) -> NodeSeat | None:
         with self.sessions() as session:

@@ -50,6 +50,16 @@ class DeviceSet:
         while self._fds:
             os.close(self._fds.pop())
 
+    def keep(self, count: int) -> None:
+        """Hold only the first ``count`` devices; the others go back at once."""
+        if count > len(self.devices):
+            raise DevicesBusyError(
+                f"the job needs {count} GPUs and {len(self.devices)} were free when it was claimed"
+            )
+        while len(self._fds) > count:
+            os.close(self._fds.pop())
+        self.devices = self.devices[:count]
+
 
 class DeviceAllocator:
     """Hands out disjoint sets of ``pool`` (the worker's devices), machine-wide through the lock
@@ -86,6 +96,26 @@ class DeviceAllocator:
                 )
         held.devices = tuple(taken)
         return held
+
+    @contextlib.contextmanager
+    def reserving_free(self) -> Iterator[DeviceSet]:
+        """Every device of the pool that is free now (possibly none), in the pool's order, held
+        under the allocation lock while the caller decides what to keep (:meth:`DeviceSet.keep`
+        or :meth:`DeviceSet.release`): other allocations on this machine wait meanwhile."""
+        held = DeviceSet(())
+        taken: list[str] = []
+        with self._allocating():
+            try:
+                for device in self.pool:
+                    fd = self._try_lock(device)
+                    if fd is not None:
+                        held._fds.append(fd)
+                        taken.append(device)
+                held.devices = tuple(taken)
+                yield held
+            except BaseException:
+                held.release()
+                raise
 
     def _try_lock(self, device: str) -> int | None:
         fd = os.open(

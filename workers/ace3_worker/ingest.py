@@ -30,7 +30,7 @@ from ace3.config.events import (
 from ace3_control import job_transitions
 from ace3_control.models import Job, JobRecord, utcnow
 from ace3_control.settings import Settings
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import ArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.attempt import (
@@ -94,7 +94,7 @@ class Ingest:
     """Stores one attempt's output into the database and the artifact store."""
 
     def __init__(
-        self, settings: Settings, sessions: sessionmaker[Session], store: LocalArtifactStore
+        self, settings: Settings, sessions: sessionmaker[Session], store: ArtifactStore
     ) -> None:
         self.settings = settings
         self.sessions = sessions

@@ -16,7 +16,6 @@ belong to its uid. The layout is documented in docs/runtime.md::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -25,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ace3.files import CHUNK_BYTES
 from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import ArtifactStore, StoredDigestError, is_tree_key
 from ace3_control.stored_weights import StoredWeights
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
 from ace3_worker.teacher_inputs import TeacherRows, copy_teacher
@@ -94,31 +92,15 @@ class JobDirectory:
         return self.visible_root / path.relative_to(self.root).as_posix()
 
 
-def _copy_verified(store: LocalArtifactStore, key: str, target: Path, sha256: str) -> None:
-    """Copy a stored file, hashing the bytes as they are copied; refuse a mismatch."""
-    digest = hashlib.sha256()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with store.open(key) as source, target.open("xb") as copy:
-        for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
-            copy.write(chunk)
-    if digest.hexdigest() != sha256:
+def _copy_stored(store: ArtifactStore, key: str, target: Path, sha256: str) -> Path:
+    """A stored file (verified while it is copied) or an extracted directory tree, fetched from
+    the store into the job's directory; a mismatch with the recorded sha256 is refused."""
+    try:
+        return store.fetch(key, target, None if is_tree_key(key) else sha256)
+    except StoredDigestError as exc:
         raise InputCorruptedError(
-            f"stored bytes of {key} do not match their recorded sha256 {sha256[:12]}: the "
-            "artifact store is corrupted; upload the file again"
-        )
-
-
-def _copy_stored(store: LocalArtifactStore, key: str, target: Path, sha256: str) -> Path:
-    """A stored file (verified) or an extracted directory tree (links copied as links)."""
-    source = store.path_for(key)
-    if source.is_dir():
-        shutil.copytree(source, target, symlinks=True)
-    elif source.is_file():
-        _copy_verified(store, key, target, sha256)
-    else:
-        raise FileNotFoundError(f"{key} is missing from the artifact store")
-    return target
+            f"{exc}: the artifact store is corrupted; upload the file again"
+        ) from exc
 
 
 def _freeze(path: Path) -> None:
@@ -154,14 +136,14 @@ def _traversable_dir(path: Path) -> None:
 
 
 def _dataset_spec(
-    store: LocalArtifactStore, directory: JobDirectory, dataset: StoredDataset, into: Path
+    store: ArtifactStore, directory: JobDirectory, dataset: StoredDataset, into: Path
 ) -> dict[str, Any]:
-    source = store.path_for(dataset.storage_key)
-    if not source.exists():
+    if not store.exists(dataset.storage_key):
         raise FileNotFoundError(
             f"dataset {dataset.id} ({dataset.filename}) is missing from storage"
         )
-    name = "tree" if dataset.kind == "directory" else f"data{source.suffix}"
+    suffix = PurePosixPath(dataset.storage_key).suffix
+    name = "tree" if dataset.kind == "directory" else f"data{suffix}"
     copy = _copy_stored(store, dataset.storage_key, into / name, dataset.sha256)
     return {"path": str(directory.visible(copy))}
 
@@ -187,7 +169,7 @@ def needs_initial_weights(job: Job, resume_from: JobCheckpoint | None) -> bool:
 
 def prepare_job_directory(
     work_dir: Path,
-    store: LocalArtifactStore,
+    store: ArtifactStore,
     job: Job,
     attempt: int,
     model: StoredModel,
@@ -218,8 +200,7 @@ def prepare_job_directory(
         os.chown(root, os.geteuid(), owner.gid)
     root.chmod(0o750)
 
-    model_source = store.path_for(model.storage_key)
-    if not model_source.exists():
+    if not store.exists(model.storage_key):
         raise FileNotFoundError(f"model {model.id} ({model.filename}) is missing from storage")
     code_name = "model.py" if model.kind == "file" else "package"
     code_path = _copy_stored(store, model.storage_key, root / "code" / code_name, model.sha256)

@@ -42,7 +42,7 @@ from ace3_control.models import (
     new_id,
     utcnow,
 )
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import ArtifactStore
 from ace3_worker.job_files import open_job_file
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ def checkpoint_problem(
 
 
 def stage_checkpoint(
-    store: LocalArtifactStore,
+    store: ArtifactStore,
     job_id: str,
     record: CheckpointRecord,
     output_dir: Path,
@@ -321,7 +321,7 @@ def checkpoint_key(job_id: str, sha256: str, name: str) -> str:
 
 def record_checkpoint(
     session: Session,
-    store: LocalArtifactStore,
+    store: ArtifactStore,
     job_id: str,
     attempt: int,
     staged: StagedCheckpoint,

@@ -1,5 +1,8 @@
-"""Runs one attempt of a job on this worker: admit, take, prepare, launch torchrun, watch it,
-record the outcome. This module only composes the steps; each has its own module:
+"""Runs one attempt of a job on this worker: take the next job, prepare, launch torchrun, watch
+it, record the outcome. This module only composes the steps; each has its own module:
+
+- :mod:`ace3_control.scheduling`: which job a message lets this worker take (the fair queue:
+  priority, owners' turns, quotas; the oldest assembling gang first).
 
 - :mod:`ace3_worker.admission`: whether the job fits this worker; handing back one that does not.
 - :mod:`ace3_worker.membership`: this worker's part in the attempt, one interface for both
@@ -27,24 +30,27 @@ import logging
 import os
 import socket
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ace3_control import job_transitions
+from ace3_control import job_transitions, scheduling
+from ace3_control.capacity import Capacity
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.models import Job
 from ace3_control.settings import Settings, get_settings
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import open_store
 from ace3_worker import reports
 from ace3_worker.admission import Admission
 from ace3_worker.attempt import AttemptWatch
-from ace3_worker.device import device_pool, worker_device
-from ace3_worker.gang import GangMember
+from ace3_worker.device import device_pool, local_capacity, worker_device
+from ace3_worker.gang import GangMember, NodeSeat
 from ace3_worker.gang_node import GangNode
-from ace3_worker.gpu_sets import DeviceAllocator, DevicesBusyError, DeviceSet
+from ace3_worker.gpu_sets import DeviceAllocator, DeviceSet
 from ace3_worker.ingest import Ingest
 from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
 from ace3_worker.launch import start_torchrun
 from ace3_worker.membership import Membership, SingleNode
+from ace3_worker.messages import publish
 from ace3_worker.outcome import Outcomes
 from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError
 from ace3_worker.sandbox.limits import JobLimits
@@ -75,7 +81,7 @@ class Supervisor:
         the worker's registry id, shared by its slots (by default, this process's identity)."""
         self.settings = settings
         self.sessions = _sessions(settings.resolved_database_url)
-        self.store = LocalArtifactStore(settings.resolved_storage_dir)
+        self.store = open_store(settings)
         self.worker_id = worker_identity()
         self.limits = JobLimits.from_settings(settings)
         self.admission = Admission(settings, self.sessions)
@@ -92,35 +98,22 @@ class Supervisor:
         )
 
     def run(self, job_id: str) -> None:
-        shape = self.admission.shape(job_id)
-        reason = self.admission.unfit(shape)
-        if reason is not None:
-            # Never run a job with fewer processes than it asked for, nor nccl without a GPU.
-            if shape is not None and shape.assembling:
-                self.gang.pass_on(job_id, f"a node of it does not fit this worker ({reason})")
-            else:
-                self.admission.hand_back(job_id, reason)
-            return
-        # The one place the job's number of nodes matters: how this worker takes its part.
-        multi_node = shape is not None and shape.multi_node
-        decline = self.gang.pass_on if multi_node else self.admission.hand_back
-        take = self._take_node if multi_node else self._take_job
+        """A message says there is work (``job_id``'s): take the job the fair queue says is
+        next for this worker (:mod:`ace3_control.scheduling`), which need not be the message's:
+        the message of the job taken serves the one passed over."""
         try:
             identity = self.workspace.lease_identity()
         except NoFreeIdentityError as exc:
-            decline(job_id, str(exc))
+            self._decline(job_id, str(exc))
             return
         devices = None
         try:
-            if self.devices is not None and shape is not None:
-                # (all of them now, or the job goes back to the queue: never held waiting)
-                devices = self.devices.acquire(shape.needs.processes)
-                logger.info("job %s: devices %s are its own", job_id, devices.visible_devices)
-            membership = take(job_id)
+            membership, devices = self._take_next(job_id)
             if membership is not None:
-                self._run_attempt(membership, identity, devices)
-        except DevicesBusyError as exc:
-            decline(job_id, str(exc))
+                try:
+                    self._run_attempt(membership, identity, devices)
+                finally:
+                    self._wake_owner_queue(membership.job_id)
         finally:
             try:
                 if identity is not None:
@@ -128,6 +121,119 @@ class Supervisor:
             finally:
                 if devices is not None:
                     devices.release()
+
+    def _decline(self, job_id: str, reason: str) -> None:
+        """Hand the message's job back for another worker (a gang's copy is passed on)."""
+        shape = self.admission.shape(job_id)
+        if shape is not None and shape.assembling:
+            self.gang.pass_on(job_id, reason)
+        else:
+            self.admission.hand_back(job_id, reason)
+
+    def _take_next(self, job_id: str) -> tuple[Membership | None, DeviceSet | None]:
+        """What this worker runs for a message: its part of a job (see :meth:`_claim_next`) and,
+        on a worker with a device list, the devices that part holds. The claim runs under the
+        machine's device allocation lock, holding every device free then: it takes the next job
+        that fits those, keeps what that job needs and gives the rest back before the lock goes
+        (the other slots wait for it, so two slots never pick jobs for the same devices). A
+        gang assembles after the lock, with its devices held."""
+        if self.devices is None:
+            return self._joined(self._claim_next(job_id, local_capacity(self.settings))), None
+        full = local_capacity(self.settings)
+        with self.devices.reserving_free() as free:
+            capacity = Capacity(full.device_kind, min(full.device_count, len(free.devices)))
+            claim = self._claim_next(job_id, capacity, busy_devices=capacity != full)
+            if claim is None:
+                free.release()
+                return None, None
+            shape = self.admission.shape(claim.job_id)
+            free.keep(shape.needs.processes if shape is not None else capacity.device_count)
+        logger.info("job %s: devices %s are its own", claim.job_id, free.visible_devices)
+        try:
+            membership = self._joined(claim)
+        except BaseException:
+            free.release()
+            raise
+        if membership is None:
+            free.release()
+            return None, None
+        return membership, free
+
+    def _joined(self, claim: Membership | NodeSeat | None) -> Membership | None:
+        """A claimed part ready to run: a gang's seat once the whole gang is there."""
+        if not isinstance(claim, NodeSeat):
+            return claim
+        if not self.gang.assemble(claim):
+            return None
+        return GangNode(self.gang, claim, self.outcomes)
+
+    def _claim_next(
+        self, job_id: str, capacity: Capacity, busy_devices: bool = False
+    ) -> Membership | NodeSeat | None:
+        """Join the oldest gang still assembling, or claim the next job of the fair order that
+        fits ``capacity`` (a multi-node one as its leader: its seat, to assemble); None when
+        there is none."""
+        seat = self.gang.join_oldest(capacity)
+        if seat is not None:
+            return seat
+        with self.sessions() as session:
+            claimed = scheduling.claim_next(
+                session,
+                capacity,
+                self.worker_id,
+                self.settings.lease_seconds,
+                node_id=self.gang.worker_id,
+                message_job_id=job_id,
+            )
+            if claimed is not None and claimed.nodes > 1:
+                self.gang.add_leader(session, claimed.job_id, claimed.attempt)
+            session.commit()
+        if claimed is None:
+            self._nothing_to_claim(job_id, busy_devices)
+            return None
+        if claimed.nodes == 1:
+            return SingleNode(
+                claimed.job_id,
+                claimed.attempt,
+                self.settings,
+                self.sessions,
+                self.outcomes,
+                self.watcher,
+            )
+        return self.gang.led(claimed.job_id, claimed.attempt, claimed.nodes)
+
+    def _nothing_to_claim(self, job_id: str, busy_devices: bool = False) -> None:
+        """No queued job fits this worker within its owner's quota: a message's job that does
+        not fit here goes back for another worker (also one that fits only once this worker's
+        busy devices are free: it is never held waiting); one that waits for its owner's quota
+        stays queued (a job of the owner that ends, or the reconciler, publishes it again)."""
+        reason = self.admission.unfit(self.admission.shape(job_id))
+        if reason is None and busy_devices:
+            reason = "this worker's free devices are fewer than it needs now (others run jobs)"
+        if reason is not None:
+            self._decline(job_id, reason)
+            return
+        logger.info(
+            "message of job %s: no queued job this worker can claim now (taken, cancelled, or "
+            "waiting for its owner's quota)",
+            job_id,
+        )
+
+    def _wake_owner_queue(self, job_id: str) -> None:
+        """A job ended: its owner's quota may let their next queued job run; say so."""
+        try:
+            with self.sessions() as session:
+                owner_id = session.scalar(select(Job.owner_id).where(Job.id == job_id))
+                waiting = (
+                    None
+                    if owner_id is None
+                    else session.scalar(scheduling.first_queued_of(owner_id))
+                )
+        except Exception:
+            logger.exception("job %s: could not look for its owner's next job", job_id)
+            return
+        if waiting is not None:
+            publish(self.settings, waiting, on_failure="the reconciler will publish it")
 
     def claim(self, job_id: str) -> int | None:
         """Claim the queued job (``queued -> starting``, with a lease): the new attempt's number,
@@ -138,24 +244,6 @@ class Supervisor:
             ).first()
             session.commit()
         return None if row is None else int(row.attempt)
-
-    def _take_job(self, job_id: str) -> Membership | None:
-        attempt = self.claim(job_id)
-        if attempt is None:
-            logger.info(
-                "job %s is not queued (a duplicate message, or cancelled): nothing to do", job_id
-            )
-            return None
-        return SingleNode(
-            job_id, attempt, self.settings, self.sessions, self.outcomes, self.watcher
-        )
-
-    def _take_node(self, job_id: str) -> Membership | None:
-        """A node slot of the multi-node job, once its whole gang is there."""
-        seat = self.gang.take(job_id)
-        if seat is None or not self.gang.assemble(seat):
-            return None
-        return GangNode(self.gang, seat, self.outcomes)
 
     def _run_attempt(
         self, membership: Membership, identity: JobIdentity | None, devices: DeviceSet | None

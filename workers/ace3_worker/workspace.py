@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.settings import Settings
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import ArtifactStore
 from ace3_control.stored_weights import StoredWeights, required_weights
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
@@ -72,7 +72,7 @@ class Workspace:
     """Prepares attempts' directories under the worker's work dir."""
 
     def __init__(
-        self, settings: Settings, sessions: sessionmaker[Session], store: LocalArtifactStore
+        self, settings: Settings, sessions: sessionmaker[Session], store: ArtifactStore
     ) -> None:
         self.settings = settings
         self.sessions = sessions

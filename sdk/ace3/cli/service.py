@@ -277,3 +277,6 @@ def add_parsers(sub: Any) -> None:
     revoke = keys.add_parser("revoke", help="revoke a key by its prefix")
     revoke.add_argument("prefix")
     revoke.set_defaults(func=cmd_keys_revoke)
+    from ace3.cli_owners import add_owners_parser
+
+    add_owners_parser(sub)

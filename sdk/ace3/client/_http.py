@@ -133,6 +133,7 @@ class HTTPClient:
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self._transport = transport
         self._client = httpx.Client(
             base_url=self.base_url,
             timeout=self.timeout,
@@ -209,11 +210,46 @@ class HTTPClient:
             response = self._send(request, attempt, stream=True)
             if response is None:
                 continue
+            if response.status_code == 307 and "location" in response.headers:
+                with self._presigned(response, timeout) as stored:
+                    yield stored
+                return
             try:
                 yield response
             finally:
                 response.close()
             return
+
+    @contextlib.contextmanager
+    def _presigned(
+        self, redirect: httpx.Response, timeout: httpx.Timeout
+    ) -> Iterator[httpx.Response]:
+        """A download the server redirected to a presigned URL of its object store: fetched
+        without this client's headers (the API key never goes to the store), with the
+        server's ``x-checksum-sha256`` (and other ``x-`` headers) kept for the caller."""
+        redirect.close()
+        kept = {k: v for k, v in redirect.headers.items() if k.lower().startswith("x-")}
+        with httpx.Client(
+            timeout=timeout, transport=self._transport, follow_redirects=False
+        ) as plain:
+            try:
+                response = plain.send(
+                    plain.build_request("GET", redirect.headers["location"]), stream=True
+                )
+            except httpx.TransportError as exc:
+                raise APIConnectionError(
+                    f"could not download from the server's object store: {exc}",
+                    request=redirect.request,
+                ) from exc
+            try:
+                if not response.is_success:
+                    response.read()
+                    raise make_status_error(response, redirect.headers.get("x-request-id"))
+                for name, value in kept.items():
+                    response.headers.setdefault(name, value)
+                yield response
+            finally:
+                response.close()
 
     # -- internals ------------------------------------------------------------------------
 
@@ -284,7 +320,7 @@ class HTTPClient:
                 request=request,
             ) from exc
 
-        if response.is_success:
+        if response.is_success or (stream and response.status_code == 307):
             return response
         try:
             response.read()

@@ -113,6 +113,7 @@ class Jobs(_Runs[Job]):
         name: str | None = None,
         idempotency_key: str | None = None,
         resume_from_checkpoint: str | Checkpoint | None = None,
+        priority: str | None = None,
     ) -> Job:
         """Submit a job. With an ``idempotency_key`` the request is retried safely (the same
         key on every attempt) and a repeat returns the job created the first time.
@@ -122,6 +123,9 @@ class Jobs(_Runs[Job]):
         larger ``epochs`` it trains on where that job stopped. It needs the process count
         (``num_gpus * num_nodes``) that wrote the checkpoint. Find the id of a checkpoint file
         downloaded earlier with ``client.checkpoints.find(sha256=...)``.
+
+        ``priority`` (``"high"``, ``"normal"``, the default, or ``"low"``) orders the claims of
+        queued jobs; owners take turns within one (and their quotas hold).
         """
         if config is None:
             config = TrainingConfig()
@@ -139,6 +143,7 @@ class Jobs(_Runs[Job]):
             name=name,
             idempotency_key=idempotency_key,
             resume_from_checkpoint=resume_from_checkpoint,
+            priority=priority,
         )
 
     def metrics(

@@ -77,7 +77,13 @@ TERMINAL_STATES = frozenset(state for state in JobState if state.is_terminal)
 class Job(_APIObject):
     id: str
     name: str | None = None
+    # high | normal | low: the order in which the service's workers claim queued jobs.
+    priority: str = "normal"
     state: JobState | str = Field(union_mode="left_to_right")
+    # A queued job (GET /v1/jobs/{id}): its place in claim order (1 = next) and why it waits
+    # (quota, capacity or priority); None otherwise.
+    queue_position: int | None = None
+    waiting_reason: str | None = None
     attempt: int = 0
     # Attempts that were preempted (their worker was drained) and re-queued; the retry budget
     # (the service's max_retries) does not count them.

@@ -64,10 +64,14 @@ def _probe_values(dimension: Dimension) -> list[Any]:
 
 def _unsupported_values(base: TrainingConfig, key: str, values: list[Any]) -> list[ConfigProblem]:
     problems: dict[str, ConfigProblem] = {}
+    # A searched value may make another field unsupported (num_nodes=2 with async_save and
+    # ZeRO): whatever the base config alone does not raise is the searched value's doing.
+    base_reasons = {problem.reason for problem in unsupported_settings(base)}
     for value in values:
         candidate = base.model_copy(update={key: value})
         for problem in unsupported_settings(candidate):
-            if problem.field == key and problem.reason not in problems:
+            caused = problem.field == key or problem.reason not in base_reasons
+            if caused and problem.reason not in problems:
                 problems[problem.reason] = ConfigProblem(
                     field=f"search_space.{key}", reason=f"search_space: {problem.reason}"
                 )

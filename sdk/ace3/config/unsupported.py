@@ -104,14 +104,15 @@ def _unsupported_with_zero(config: TrainingConfig) -> list[ConfigProblem]:
     plain = "turn offload off" if implied else "zero_stage=0"
     problems = []
     split = runs_pipeline(config) or runs_tensor_parallel(config)  # checked with the layout
-    if config.num_nodes > 1 and not split:
+    if config.num_nodes > 1 and not split and config.async_save:
+        # (synchronous saves send other nodes' shards to rank 0 over the process group)
         problems.append(
             ConfigProblem(
-                field="num_nodes",
-                reason=f"num_nodes={config.num_nodes} with {how}: sharded checkpoints are "
-                "written by every rank and packed on rank 0, which needs one filesystem across "
-                "the nodes; multi-node ZeRO is not implemented yet: use data parallelism "
-                "across nodes, or " + plain,
+                field="async_save",
+                reason=f"async_save with num_nodes={config.num_nodes} and {how}: background "
+                "sharded checkpoints are packed on rank 0 from one filesystem, which the nodes "
+                "do not share; multi-node ZeRO with async_save is not implemented yet: use "
+                "async_save=False, or " + plain,
             )
         )
     if config.mixed_precision and config.amp_level in ("O2", "O3"):

@@ -41,6 +41,21 @@ def create_display(
     return display(job, config, out)
 
 
+def queue_note(job: Job) -> str:
+    """`` (position 3 in the queue, waiting for quota)`` for a queued job whose place is known;
+    else empty."""
+    if job.state != "queued" or job.queue_position is None:
+        return ""
+    why = {
+        "quota": "its owner's quota",
+        "capacity": "a free worker",
+        "priority": "the jobs ahead of it",
+    }.get(job.waiting_reason or "", job.waiting_reason)
+    return f" (position {job.queue_position} in the queue" + (
+        f", waiting for {why})" if why else ")"
+    )
+
+
 class StepEstimator:
     """The total number of optimizer steps, once it can be known.
 
@@ -196,7 +211,7 @@ class PlainDisplay(Display):
     def _on_state(self, job: Job) -> None:
         self._flush()
         if not job.is_terminal:  # the end line reports the final state
-            self.note(f"job {job.id}: {job.state}")
+            self.note(f"job {job.id}: {job.state}{queue_note(job)}")
 
     def _on_end(self, job: Job) -> None:
         self._flush()

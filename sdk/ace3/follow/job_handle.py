@@ -239,10 +239,21 @@ class JobHandle(FollowedHandle[Job, JobEvent]):
                 on_event(event)
 
         display = create_display(self.job, self._config(), mode=display_mode(show_progress))
+        self._note_queue_place(display, show_progress)
         final = self._follow(
             display, timeout=timeout, cancel_on_interrupt=cancel_on_interrupt, on_event=observe
         )
         return self._outcome(final, list(tail))
+
+    def _note_queue_place(self, display: Any, show_progress: bool | None) -> None:
+        """A queued job's place in the queue and why it waits, once, before following it."""
+        from ace3.follow.job_display import queue_note
+
+        job = self.job  # (as created: the service says where it is in the queue)
+        if show_progress is None or job is None:
+            return
+        if note := queue_note(job):
+            display.note(f"job {job.id}: {job.state}{note}")
 
     def _config(self) -> dict[str, Any]:
         return dict(self.job.config) if self.job is not None else {}

@@ -224,6 +224,7 @@ def run_remotely(
     *,
     model_kwargs: Any,
     name: str | None,
+    priority: str | None = None,
     wait: bool,
     show_progress: bool,
     idempotency_key: str,
@@ -241,6 +242,7 @@ def run_remotely(
         name=name,
         idempotency_key=idempotency_key,
         resume_from_checkpoint=resume_id,
+        priority=priority,
     )
     handle = JobHandle(job, client)
     trainer.last_job = handle

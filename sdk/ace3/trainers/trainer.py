@@ -234,6 +234,7 @@ class Trainer:
         epochs: int | None = None,
         model_kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
+        priority: str | None = None,
         wait: bool = True,
         show_progress: bool = True,
         idempotency_key: str | None = None,
@@ -256,6 +257,9 @@ class Trainer:
 
         ``resume=True`` continues from the checkpoint given to :meth:`load_checkpoint`, else
         from the newest checkpoint in ``checkpoint_config.save_dir``.
+
+        ``priority`` (remote: ``"high"``, ``"normal"`` or ``"low"``) orders the job's claim in
+        the service's queue.
         """
         if dataset is not None and train_dataset is not None:
             raise ValueError("pass the training data as dataset or train_dataset, not both")
@@ -283,7 +287,8 @@ class Trainer:
 
         return run_remotely(
             self, config, model, training_data, validation_dataset,
-            model_kwargs=model_kwargs, name=name, wait=wait, show_progress=show_progress,
+            model_kwargs=model_kwargs, name=name, priority=priority, wait=wait,
+            show_progress=show_progress,
             idempotency_key=idempotency_key or str(uuid.uuid4()), resume=resume,
         )  # fmt: skip
 

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from ace3_control.models import ApiKey
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import ArtifactStore
 from ace3_server.auth import hash_key, key_matches, parse_lookup_prefix
 from ace3_server.key_cache import KeyCache
 
@@ -44,7 +44,7 @@ def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> LocalArtifactStore:
+def get_store(request: Request) -> ArtifactStore:
     return request.app.state.store
 
 
@@ -54,7 +54,7 @@ def get_publisher(request: Request) -> JobPublisher:
 
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-StoreDep = Annotated[LocalArtifactStore, Depends(get_store)]
+StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 PublisherDep = Annotated[JobPublisher, Depends(get_publisher)]
 
 

@@ -35,29 +35,11 @@ async def capacity_problems(
 ) -> list[dict[str, Any]]:
     """One 422 entry at ``loc + [field]`` when no live worker can run ``config``; fields in
     ``searched`` (a search varies them per trial, and checks each trial) are not refused."""
-    problems = multinode_problems(config, loc)
+    problems: list[dict[str, Any]] = []
     problem = cluster_problem(JobNeeds.from_config(config), await live_workers(session, settings))
     if problem is None or problem.field in searched:
         return problems
     return [
         *problems,
         {"loc": [*loc, problem.field], "msg": problem.message, "type": "unschedulable"},
-    ]
-
-
-def multinode_problems(config: TrainingConfig, loc: list[str | int]) -> list[dict[str, Any]]:
-    """What a multi-node job may not combine: ZeRO sharding (its checkpoint shards would land
-    on different machines)."""
-    stage = config.effective_zero_stage
-    if config.num_nodes == 1 or stage == 0:
-        return []
-    how = f"zero_stage={stage}" if stage == config.zero_stage else "offload (which runs ZeRO-3)"
-    return [
-        {
-            "loc": [*loc, "num_nodes"],
-            "msg": f"num_nodes={config.num_nodes} with {how}: sharded checkpoints need a "
-            "filesystem every node shares, which workers do not have; multi-node ZeRO is not "
-            "implemented yet: use num_nodes=1, or zero_stage=0 without offload",
-            "type": "unsupported",
-        }
     ]

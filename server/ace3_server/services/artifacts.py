@@ -30,7 +30,7 @@ from ace3_control.models import (
     UploadedCheckpoint,
     utcnow,
 )
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import ArtifactStore
 from ace3_server.archives import (
     DEFAULT_MAX_MEMBERS,
     UnsafeArchiveError,
@@ -201,7 +201,7 @@ def prepare_dataset(
 
 async def store_artifact(
     session: AsyncSession,
-    store: LocalArtifactStore,
+    store: ArtifactStore,
     model: type[StoredModel] | type[StoredDataset] | type[UploadedCheckpoint],
     *,
     owner_id: str,
@@ -257,7 +257,7 @@ async def get_owned(session: AsyncSession, model: Any, owner_id: str, item_id: s
     return row
 
 
-async def delete_artifact(session: AsyncSession, store: LocalArtifactStore, row: Any) -> None:
+async def delete_artifact(session: AsyncSession, store: ArtifactStore, row: Any) -> None:
     column = Job.model_id if isinstance(row, StoredModel) else Job.dataset_id
     conditions = [column == row.id]
     if isinstance(row, StoredDataset):

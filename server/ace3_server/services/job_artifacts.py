@@ -15,11 +15,12 @@ from urllib.parse import quote
 from fastapi import HTTPException
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.concurrency import run_in_threadpool
 
 from ace3.config.specs import ARTIFACT_SCHEME
 from ace3.files import CHUNK_BYTES
 from ace3_control.models import JobArtifact
-from ace3_control.storage import LocalArtifactStore
+from ace3_control.storage import ArtifactStore
 from ace3_server.errors import not_found
 
 MAX_PATH_CHARS = 1024
@@ -71,7 +72,7 @@ async def _find(session: AsyncSession, job_id: str, path: str) -> JobArtifact | 
 
 
 async def open_artifact(
-    session: AsyncSession, store: LocalArtifactStore, job_id: str, path: str
+    session: AsyncSession, store: ArtifactStore, job_id: str, path: str
 ) -> tuple[JobArtifact, BinaryIO]:
     """The artifact's newest row and its bytes, opened before the response starts.
 
@@ -85,10 +86,19 @@ async def open_artifact(
         if row is None:
             break
         try:
-            return row, store.open(row.storage_key)
+            return row, await run_in_threadpool(store.open, row.storage_key)
         except FileNotFoundError:
             continue
     raise not_found("artifact")
+
+
+async def find_artifact(session: AsyncSession, job_id: str, path: str) -> JobArtifact:
+    """The artifact's newest row (404 when the job has none at ``path``)."""
+    check_artifact_path(path)
+    row = await _find(session, job_id, path)
+    if row is None:
+        raise not_found("artifact")
+    return row
 
 
 def content_disposition(path: str) -> str:

@@ -16,7 +16,14 @@ from starlette.concurrency import run_in_threadpool
 
 from ace3.config import unsupported_settings
 from ace3_control import job_transitions
-from ace3_control.models import Job, JobCheckpoint, JobState, StoredDataset, StoredModel
+from ace3_control.models import (
+    Job,
+    JobCheckpoint,
+    JobState,
+    Owner,
+    StoredDataset,
+    StoredModel,
+)
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_control.stored_weights import find_owned_weights
@@ -32,8 +39,8 @@ def request_hash(body: BaseModel) -> str:
     """The hash an Idempotency-Key replay must match. Optional fields added after a body shape
     was first hashed are left out while unset, so earlier requests keep their hash."""
     payload = body.model_dump(mode="json")
-    for later_field in ("resume_from_checkpoint",):
-        if payload.get(later_field) is None:
+    for later_field, default in (("resume_from_checkpoint", None), ("priority", "normal")):
+        if payload.get(later_field) == default:
             payload.pop(later_field, None)
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -227,6 +234,24 @@ def replay(existing: Any, digest: str) -> Any:
     return existing
 
 
+async def quota_problems(
+    session: AsyncSession, owner_id: str, processes: int
+) -> list[dict[str, Any]]:
+    """A job larger than its owner's ``max_gpus`` could never run: refused, not queued forever
+    (one that only has to wait for the owner's other jobs is queued)."""
+    max_gpus = await session.scalar(select(Owner.max_gpus).where(Owner.id == owner_id))
+    if max_gpus is None or processes <= max_gpus:
+        return []
+    return [
+        {
+            "loc": ["body", "config", "num_gpus"],
+            "msg": f"the job runs {processes} processes (num_gpus x num_nodes), and your quota "
+            f"is max_gpus={max_gpus}: use fewer, or ask an admin (ace3 owners set-quota)",
+            "type": "quota",
+        }
+    ]
+
+
 async def create_job(
     session: AsyncSession,
     publisher: JobPublisher,
@@ -248,12 +273,14 @@ async def create_job(
         + await reference_problems(session, owner_id, body)
         + await resume_checkpoint_problems(session, owner_id, body)
         + await capacity_problems(session, settings, body.config, ["body", "config"])
+        + await quota_problems(session, owner_id, body.config.world_size)
     )
     if problems:
         raise HTTPException(status_code=422, detail=problems)
     job = Job(
         owner_id=owner_id,
         name=body.name,
+        priority=body.priority,
         model_id=body.model_id,
         dataset_id=body.dataset_id,
         validation_dataset_id=body.validation_dataset_id,

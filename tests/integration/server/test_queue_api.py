@@ -1,5 +1,6 @@
-"""GET /v1/queue on the real stack: the caller's queued jobs in claim order (by when they were
-published) with their global position; other owners' queued jobs are counted, never listed."""
+"""GET /v1/queue on the real stack: the caller's queued jobs in claim order (the fair queue:
+priority, then owners take turns) with their global position and why they wait; other owners'
+queued jobs are counted, never listed."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_the_queue_lists_only_the_callers_jobs_with_global_positions(
     engine = make_sync_engine(database_url)
     sessions = sync_session_factory(engine)
     # Published "in the future": the reconciler never re-publishes them (their enqueued_at is
-    # not stale) and no worker gets a message for them, so they stay queued, last in line.
+    # not stale); too large for the stack's worker (8 processes), which never claims them; low
+    # priority: last in line.
     later = utcnow() + timedelta(hours=1)
     ids: list[str] = []
     try:
@@ -33,10 +35,12 @@ def test_the_queue_lists_only_the_callers_jobs_with_global_positions(
                     name=f"queued-{index}",
                     model_id=template.model_id,
                     dataset_id=template.dataset_id,
-                    config={},
+                    config={"num_gpus": 64},
                     model_kwargs={},
-                    num_processes=1,
+                    num_processes=64,
+                    priority="low",
                     request_hash="h",
+                    queued_at=later + timedelta(seconds=index),
                     enqueued_at=later + timedelta(seconds=index),
                 )
                 session.add(job)
@@ -53,12 +57,18 @@ def test_the_queue_lists_only_the_callers_jobs_with_global_positions(
             assert [job["id"] for job in body["data"]] == [ids[0], ids[2]]
             assert [job["name"] for job in body["data"]] == ["queued-0", "queued-2"]
             mine, last = body["data"]
-            # The other owner's job sits between them: counted in positions, never listed.
+            # The other owner's job (its first) sits between them, taking its turn: counted in
+            # positions, never listed.
             assert last["position"] == mine["position"] + 2
+            assert (mine["priority"], last["waiting_reason"]) == ("low", "priority")
             assert body["queued"] >= last["position"] >= 3
             assert body["running"] >= 0
-            assert set(mine) == {"id", "name", "position", "num_processes", "created_at",
-                                 "queued_at", "enqueued_at"}  # fmt: skip
+            assert set(mine) == {"id", "name", "priority", "position", "waiting_reason",
+                                 "num_processes", "created_at", "queued_at",
+                                 "enqueued_at"}  # fmt: skip
+            job = client.get(f"/v1/jobs/{ids[2]}").json()
+            assert (job["priority"], job["queue_position"]) == ("low", last["position"])
+            assert job["waiting_reason"] == "priority"
             assert client.get("/v1/queue", params={"limit": 1}).json()["data"] == [mine]
             bad = client.get("/v1/queue", params={"limit": 0})
             assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "limit"]

@@ -201,6 +201,34 @@ def test_download_checkpoint_verifies_sha256(api: MockAPI, tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000100.pt"]
 
 
+def test_a_download_redirected_to_the_object_store_is_verified_without_the_api_key(
+    api: MockAPI, tmp_path: Path
+):
+    content = b"stored in S3" * 100
+    good = hashlib.sha256(content).hexdigest()
+
+    def redirect(target: str, checksum: str) -> httpx.Response:
+        location = f"http://store.test/bucket/{target}?X-Amz-Signature=abc"
+        return httpx.Response(307, headers={"location": location, "x-checksum-sha256": checksum})
+
+    api.route("GET", "/v1/jobs/job_1/checkpoints/ck_1/content", redirect("ck1", good))
+    api.route("GET", "/v1/jobs/job_1/checkpoints/ck_2/content", redirect("ck1", "f" * 64))
+    api.route("GET", "/v1/jobs/job_1/checkpoints/ck_3/content", redirect("gone", good))
+    api.route("GET", "/bucket/ck1", httpx.Response(200, content=content))
+    api.route("GET", "/bucket/gone", httpx.Response(403, text="<Error>AccessDenied</Error>"))
+    client = api.client()
+    path = client.jobs.download_checkpoint("job_1", "ck_1", tmp_path / "step.pt")
+    assert path.read_bytes() == content
+    from_store = [r for r in api.requests if r.url.host == "store.test"]
+    assert len(from_store) == 1 and "authorization" not in from_store[0].headers
+    assert from_store[0].url.params["X-Amz-Signature"] == "abc"
+    with pytest.raises(ace3.ChecksumMismatchError):
+        client.jobs.download_checkpoint("job_1", "ck_2", tmp_path / "bad.pt")
+    with pytest.raises(ace3.PermissionDeniedError, match="AccessDenied"):
+        client.jobs.download_checkpoint("job_1", "ck_3", tmp_path / "gone.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step.pt"]
+
+
 def test_models_list_and_delete(api: MockAPI):
     api.route("GET", "/v1/models/mdl_1", httpx.Response(200, json=model_json()))
     api.route("DELETE", "/v1/models/mdl_1", httpx.Response(204))

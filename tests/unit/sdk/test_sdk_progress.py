@@ -139,3 +139,19 @@ def test_plain_lines_show_each_metric_once_not_again_in_the_engine_log_echo():
         "[rank 0] validation at step 5: ok",
         f"[rank 1] {echo}",
     ]
+
+
+def test_a_queued_job_shows_its_place_and_why_it_waits() -> None:
+    from ace3.follow.job_display import queue_note
+
+    job = ace3.Job.model_validate(
+        job_json(state="queued", queue_position=3, waiting_reason="quota")
+    )
+    note = " (position 3 in the queue, waiting for its owner's quota)"
+    assert queue_note(job) == note
+    assert queue_note(job.model_copy(update={"state": "running"})) == ""
+    assert queue_note(job.model_copy(update={"queue_position": None})) == ""
+    out = io.StringIO()
+    display = create_display(None, {}, mode="plain", file=out)
+    display.handle(JobEvent("state", job))
+    assert f"job {job.id}: queued{note}" in out.getvalue()

@@ -210,9 +210,11 @@ def test_unsupported_or_invalid_searched_values_are_refused_before_any_request(a
     model, dataset = refs
     unsupported = ace3.HPConfig(
         search_space={"num_nodes": ace3.hp.choice([1, 2, 4])},
-        base_config=ace3.TrainingConfig(zero_stage=3, batch_size=64),
+        base_config=ace3.TrainingConfig(zero_stage=3, batch_size=64, async_save=True),
     )
-    with pytest.raises(ace3.UnsupportedFeatureError, match="search_space: num_nodes=2") as c:
+    with pytest.raises(
+        ace3.UnsupportedFeatureError, match="search_space: async_save with num_nodes=2"
+    ) as c:
         ace3.hyperparameter_search(model, dataset, unsupported)
     assert [p.field for p in c.value.problems] == ["search_space.num_nodes"] * 2
     for space, message in [

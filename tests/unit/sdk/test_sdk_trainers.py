@@ -41,7 +41,10 @@ def refs(api: MockAPI) -> tuple[ModelRef, DatasetRef]:
             ace3.TrainingConfig(zero_stage=2, mixed_precision=True, amp_level="O3"),
             ["amp_level"],
         ),
-        (ace3.TrainingConfig(num_gpus=2, num_nodes=2, zero_stage=3), ["num_nodes"]),
+        (
+            ace3.TrainingConfig(num_gpus=2, num_nodes=2, zero_stage=3, async_save=True),
+            ["async_save"],
+        ),
     ],
 )
 def test_unsupported_settings_are_refused_before_any_request(api, refs, config, fields):

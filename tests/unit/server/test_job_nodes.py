@@ -182,23 +182,16 @@ def test_a_node_that_only_saw_its_peer_die_is_not_the_root_cause() -> None:
     assert verdict.error is not None and verdict.error.endswith("ValueError: boom")
 
 
-def test_multi_node_zero_sharding_is_refused_on_num_nodes() -> None:
+def test_multi_node_zero_sharding_is_refused_only_with_background_saves() -> None:
     import ace3
-    from ace3_server.services.admission import multinode_problems
+    from ace3.config import unsupported_settings
 
-    loc: list[str | int] = ["body", "config"]
-    assert multinode_problems(ace3.TrainingConfig(num_nodes=2, batch_size=32), loc) == []
-    assert multinode_problems(ace3.TrainingConfig(zero_stage=2), loc) == []
-    [problem] = multinode_problems(
-        ace3.TrainingConfig(num_nodes=2, zero_stage=2, batch_size=32), loc
+    assert unsupported_settings(ace3.TrainingConfig(num_nodes=2, zero_stage=2, batch_size=32)) == []
+    [problem] = unsupported_settings(
+        ace3.TrainingConfig(num_nodes=2, cpu_offload=True, async_save=True, batch_size=32)
     )
-    assert problem["loc"] == ["body", "config", "num_nodes"]
-    assert problem["type"] == "unsupported"
-    assert "num_nodes=2 with zero_stage=2" in problem["msg"] and "zero_stage=0" in problem["msg"]
-    [offload] = multinode_problems(
-        ace3.TrainingConfig(num_nodes=2, cpu_offload=True, batch_size=32), loc
-    )
-    assert "offload (which runs ZeRO-3)" in offload["msg"]
+    assert problem.field == "async_save"
+    assert "offload (which runs ZeRO-3)" in problem.reason and "async_save=False" in problem.reason
 
 
 def test_a_node_whose_rank_ran_out_of_memory_in_a_step_halves_the_micro_batch() -> None:

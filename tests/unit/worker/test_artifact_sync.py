@@ -50,7 +50,7 @@ def _rows(sessions: Callable[[], Session], job_id: str) -> dict[str, JobArtifact
 
 
 def _stored(store: LocalArtifactStore, row: JobArtifact) -> bytes:
-    return store.path_for(row.storage_key).read_bytes()
+    return store.open(row.storage_key).read()
 
 
 def _bump_mtime(path: Path) -> None:
@@ -238,7 +238,7 @@ def test_the_store_keeps_exactly_the_bytes_it_hashed(tmp_path: Path) -> None:
         blob = store.put_hashed(handle, lambda sha: f"blobs/{sha}")
     assert blob.size_bytes == 3_000_000
     assert blob.sha256 == hashlib.sha256(b"x" * 3_000_000).hexdigest()
-    assert store.path_for(blob.key).read_bytes() == b"x" * 3_000_000
+    assert store.open(blob.key).read() == b"x" * 3_000_000
     with source.open("rb") as handle:  # the same bytes again: the stored file is kept
         again = store.put_hashed(handle, lambda sha: f"blobs/{sha}")
     assert again == blob

@@ -104,6 +104,19 @@ def test_each_worker_takes_one_slot_and_spare_copies_do_nothing(settings: Settin
     ]
 
 
+def test_a_copy_of_a_newer_gang_joins_the_oldest_one_still_assembling(
+    settings: Settings,
+) -> None:
+    older, newer = _job(settings, 2), _job(settings, 2)
+    assert _member(settings, "a").take(older) is not None
+    assert _member(settings, "b").take(newer) is not None  # (led before the fixed order held)
+    # Worker c got a message of the newer gang: it completes the older one first.
+    seat = _member(settings, "c").take(newer)
+    assert seat is not None and (seat.job_id, seat.node_rank) == (older, 1)
+    seat = _member(settings, "d").take(older)
+    assert seat is not None and (seat.job_id, seat.node_rank) == (newer, 1), "then the next"
+
+
 def test_a_full_gang_gets_one_endpoint_and_the_job_runs(settings: Settings) -> None:
     job_id = _job(settings, 2)
     leader, follower = _member(settings, "a"), _member(settings, "b")

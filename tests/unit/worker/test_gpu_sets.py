@@ -164,3 +164,36 @@ def test_a_job_that_needs_more_than_the_free_devices_is_handed_back(
     busy.release()
     assert supervisor.devices is not None
     assert supervisor.devices.acquire(4).devices == POOL, "the refused job kept no device"
+
+
+def test_a_claim_holds_the_free_devices_keeps_what_it_needs_and_makes_others_wait(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    first = DeviceAllocator(["0", "1", "2", "3"], tmp_path)
+    second = DeviceAllocator(["0", "1", "2", "3"], tmp_path)
+    entered = threading.Event()
+    seen: list[tuple[str, ...]] = []
+
+    def other_slot() -> None:
+        entered.set()
+        with second.reserving_free() as free:  # waits until the first claim has decided
+            seen.append(free.devices)
+            free.keep(2)
+        seen.append(free.devices)
+
+    with first.reserving_free() as held:
+        assert held.devices == ("0", "1", "2", "3")
+        thread = threading.Thread(target=other_slot)
+        thread.start()
+        entered.wait(5)
+        thread.join(0.3)
+        assert thread.is_alive() and seen == []  # (the other slot waits for the decision)
+        held.keep(2)
+    thread.join(5)
+    assert held.devices == ("0", "1") and seen == [("2", "3"), ("2", "3")]
+    held.release()
+    with first.reserving_free() as free:
+        assert free.devices == ("0", "1")  # (the second slot still holds 2 and 3)
+        free.release()

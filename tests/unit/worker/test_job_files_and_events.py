@@ -173,7 +173,7 @@ def test_staging_copies_a_verified_checkpoint_and_never_deletes_the_job_s_file(
         store, "job", _record("step-00000004.pt", 4, data=b"weights"), output, 1 << 20
     )
     assert isinstance(staged, reports.StagedCheckpoint)
-    assert store.path_for(staged.storage_key).read_bytes() == b"weights"
+    assert store.open(staged.storage_key).read() == b"weights"
     assert (output / "checkpoints" / "step-00000004.pt").exists()
 
     (output / "checkpoints" / "step-00000005.pt").write_bytes(b"other")

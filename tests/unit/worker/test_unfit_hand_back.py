@@ -90,16 +90,15 @@ def test_a_job_that_fits_is_claimed(
     supervisor: Supervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = _job(supervisor, 2)
-    claimed: list[int | None] = []
-    original = supervisor.claim
+    claimed: list[tuple[str, int]] = []
 
-    def claim_only(job_id: str) -> int | None:
-        claimed.append(original(job_id))
-        return None  # stop before launching torchrun: the claim is what is tested
+    def claim_only(membership: Any, identity: Any, devices: Any) -> None:
+        # Stop before launching torchrun: the claim is what is tested.
+        claimed.append((membership.job_id, membership.attempt))
 
-    monkeypatch.setattr(supervisor, "claim", claim_only)
+    monkeypatch.setattr(supervisor, "_run_attempt", claim_only)
     supervisor.run(job.id)
-    assert claimed == [1]
+    assert claimed == [(job.id, 1)]
     assert _messages(supervisor) == []
     assert _reread(supervisor, job.id).state == "starting"
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from ace3.config import TrainingConfig
 from ace3.runtime.checkpoint.archive import (
@@ -257,6 +258,8 @@ def save_sharded_checkpoint(
         written = dcp.async_save(
             state, checkpoint_id=str(staging), process_group=group, no_dist=ctx.world_size == 1
         )
+    if background is None:
+        collect_shards(staging, ctx)
     if not ctx.is_main:
         if background is not None:
             background.submit(path.name, lambda: (written.result(), None)[1])
@@ -281,6 +284,33 @@ def save_sharded_checkpoint(
     staged = stage_to_cpu(payload)
     background.submit(path.name, lambda: finish(staged))
     return None
+
+
+def collect_shards(staging: Path, ctx: DistContext) -> None:
+    """Bring every rank's shard files into rank 0's staging directory, so that rank 0 packs
+    them all: a rank on another machine (no disk shared with rank 0: nodes of a multi-node
+    job) sends rank 0 the files it wrote (``__<rank>_<n>.distcp``) over the process group, and
+    its machine's staging directory is removed. A collective, after ``dcp.save``; ranks that
+    share rank 0's filesystem send nothing. Each sent file is held in memory once on its way."""
+    if ctx.world_size == 1:
+        return
+    listing = [sorted(p.name for p in staging.iterdir()) if ctx.is_main else None]
+    dist.broadcast_object_list(listing, src=0)
+    visible = set(listing[0] or [])
+    own = sorted(staging.glob(f"__{ctx.rank}_*.distcp"))
+    missing = {p.name: p.read_bytes() for p in own if p.name not in visible}
+    gathered: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(missing, gathered, dst=0)
+    if gathered is not None:
+        for files in gathered:
+            for name, data in (files or {}).items():
+                if not name.startswith("__") or "/" in name:
+                    raise ValueError(f"unexpected shard file name {name!r}")
+                (staging / name).write_bytes(data)
+    elsewhere = [bool(missing) and ctx.local_rank == 0]
+    barrier(ctx)  # (every rank of this machine has read its files)
+    if elsewhere[0]:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 # -- load ---------------------------------------------------------------------------------------

@@ -91,15 +91,23 @@ async def upload_checkpoint(
     "/{checkpoint_id}/content",
     operation_id="download_checkpoint",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(404)},
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        307: {"description": "Redirect to a presigned URL of the object store"},
+        **error_responses(404),
+    },
 )
 async def download_checkpoint(
-    checkpoint_id: StoredText, session: SessionDep, owner_id: OwnerDep, store: StoreDep
-) -> StreamingResponse:
+    checkpoint_id: StoredText,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+) -> Response:
     """The bytes of a checkpoint of one of the caller's jobs, or of weights they uploaded."""
     weights = await find_owned_weights(session, owner_id, checkpoint_id)
-    if weights is None or not store.exists(weights.storage_key):
+    if weights is None or not await run_in_threadpool(store.exists, weights.storage_key):
         raise not_found("checkpoint")
-    return stored_file_response(
-        store, weights.storage_key, weights.size_bytes, weights.name, weights.sha256
+    return await stored_file_response(
+        store, settings, weights.storage_key, weights.size_bytes, weights.name, weights.sha256
     )

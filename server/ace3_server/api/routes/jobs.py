@@ -8,10 +8,13 @@ from typing import Annotated, Literal
 from fastapi import Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.concurrency import run_in_threadpool
 
+from ace3_control import scheduling
 from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, JobRecord, JobState
 from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
-from ace3_server.api.downloads import stored_file_response
+from ace3_server.api.downloads import presigned_redirect, stored_file_response
 from ace3_server.api.params import Int32, Int64, PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.errors import field_error, not_found
@@ -61,7 +64,7 @@ async def create_job(
     publisher: PublisherDep,
     settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
-) -> Job:
+) -> JobOut:
     job, created = await jobs.create_job(
         session,
         publisher,
@@ -71,7 +74,7 @@ async def create_job(
         settings=settings,
     )
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-    return job
+    return await with_queue_place(session, job)
 
 
 @router.get("", response_model=Page[JobListItem], operation_id="list_jobs")
@@ -103,8 +106,17 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut, operation_id="get_job", responses=NOT_FOUND)
-async def get_job(job_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> Job:
-    return await jobs.get_owned_job(session, owner_id, job_id)
+async def get_job(job_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> JobOut:
+    return await with_queue_place(session, await jobs.get_owned_job(session, owner_id, job_id))
+
+
+async def with_queue_place(session: AsyncSession, job: Job) -> JobOut:
+    """The job, with its ``queue_position`` and ``waiting_reason`` while it is queued."""
+    out = JobOut.model_validate(job)
+    if job.state == JobState.QUEUED:
+        position, reason = await scheduling.queue_status(session, job.id)
+        out = out.model_copy(update={"queue_position": position, "waiting_reason": reason})
+    return out
 
 
 @router.post(
@@ -216,17 +228,23 @@ async def download_checkpoint(
     session: SessionDep,
     owner_id: OwnerDep,
     store: StoreDep,
-) -> StreamingResponse:
+    settings: SettingsDep,
+) -> Response:
     await jobs.get_owned_job(session, owner_id, job_id)
     checkpoint = await session.get(JobCheckpoint, checkpoint_id)
     if (
         checkpoint is None
         or checkpoint.job_id != job_id
-        or not store.exists(checkpoint.storage_key)
+        or not await run_in_threadpool(store.exists, checkpoint.storage_key)
     ):
         raise not_found("checkpoint")
-    return stored_file_response(
-        store, checkpoint.storage_key, checkpoint.size_bytes, checkpoint.name, checkpoint.sha256
+    return await stored_file_response(
+        store,
+        settings,
+        checkpoint.storage_key,
+        checkpoint.size_bytes,
+        checkpoint.name,
+        checkpoint.sha256,
     )
 
 
@@ -259,9 +277,22 @@ async def list_artifacts(
     responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(400, 404)},
 )
 async def download_artifact(
-    job_id: StoredText, path: str, session: SessionDep, owner_id: OwnerDep, store: StoreDep
-) -> StreamingResponse:
+    job_id: StoredText,
+    path: str,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+) -> Response:
     await jobs.get_owned_job(session, owner_id, job_id)
+    if settings.s3_presigned_downloads:
+        row = await job_artifacts.find_artifact(session, job_id, path)
+        redirect = await presigned_redirect(
+            store, settings, row.storage_key, job_artifacts.content_disposition(path), row.sha256
+        )
+        if redirect is not None:
+            redirect.headers["x-artifact-version"] = str(row.version)
+            return redirect
     artifact, handle = await job_artifacts.open_artifact(session, store, job_id, path)
     return StreamingResponse(
         job_artifacts.iter_handle(handle),

@@ -1,8 +1,8 @@
 """The queue as the caller sees it: their queued jobs with their place in line.
 
-Workers take jobs in the order their messages were published (the broker's queue is first in,
-first out; a worker that hands a job back publishes it again, at the end): ``enqueued_at``, then
-the id. Other owners' jobs are counted, never listed.
+Workers claim jobs in the fair queue's order (``ace3_control.scheduling``): priority, then the
+owners' turns, then the oldest. Positions are that order now (claims and job ends change it).
+Other owners' jobs are counted, never listed.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from fastapi import Query
 from sqlalchemy import func, select
 
 from ace3_control.models import ACTIVE_STATES, Job, JobState
+from ace3_control.scheduling import waiting_line
 from ace3_server.api.deps import OwnerDep, SessionDep
 from ace3_server.api.routing import resource_router
 from ace3_server.schemas import QueueOut
@@ -27,22 +28,9 @@ async def get_queue(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> dict[str, object]:
     """The caller's queued jobs (the first ``limit`` in claim order) with their global
-    ``position``, and how many jobs of all owners are queued and running."""
-    position = func.row_number().over(order_by=(Job.enqueued_at, Job.id)).label("position")
-    line = (
-        select(
-            Job.id,
-            Job.owner_id,
-            Job.name,
-            Job.num_processes,
-            Job.created_at,
-            Job.queued_at,
-            Job.enqueued_at,
-            position,
-        )
-        .where(Job.state == JobState.QUEUED)
-        .subquery()
-    )
+    ``position`` and ``waiting_reason``, and how many jobs of all owners are queued and
+    running."""
+    line = waiting_line()
     rows = (
         await session.execute(
             select(line).where(line.c.owner_id == owner_id).order_by(line.c.position).limit(limit)
@@ -59,7 +47,9 @@ async def get_queue(
             {
                 "id": row.id,
                 "name": row.name,
+                "priority": row.priority,
                 "position": row.position,
+                "waiting_reason": row.waiting_reason,
                 "num_processes": row.num_processes,
                 "created_at": row.created_at,
                 "queued_at": row.queued_at,

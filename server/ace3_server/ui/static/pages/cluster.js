@@ -5,6 +5,7 @@
 import { clear, durationBetween, el, errorBox, formatDuration, formatTime, link, table } from "../util.js";
 
 const REFRESH_MS = 5000;
+const WAITS_FOR = { quota: "your quota", priority: "jobs ahead", capacity: "a free worker" };
 
 function card(label, value, id) {
   return el("div", { class: "card", id }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
@@ -27,7 +28,7 @@ export async function render(root, { api }) {
     el("h2", {}, "Workers"),
     workersBox,
     el("h2", {}, "Your queued jobs"),
-    el("p", { class: "muted" }, "In the order workers take them. Position 1 is next; other owners' jobs count towards positions but are not shown."),
+    el("p", { class: "muted" }, "In the order workers take them: by priority, then owners take turns. Position 1 is next; other owners' jobs count towards positions but are not shown."),
     queueBox,
   );
 
@@ -81,6 +82,8 @@ export async function render(root, { api }) {
         [
           { label: "Position", value: (j) => el("strong", {}, `#${j.position}`), className: "num" },
           { label: "Job", value: (j) => link(`#/jobs/${encodeURIComponent(j.id)}`, j.name || j.id) },
+          { label: "Priority", value: (j) => j.priority },
+          { label: "Waits for", value: (j) => WAITS_FOR[j.waiting_reason] || j.waiting_reason || "" },
           { label: "Processes", value: (j) => String(j.num_processes), className: "num" },
           { label: "Waiting", value: (j) => formatDuration(durationBetween(j.queued_at, null)) },
           { label: "Created", value: (j) => formatTime(j.created_at) },

@@ -1,0 +1,113 @@
+"""``ace3 owners``: owners' quotas of the fair queue (an admin's command: it talks to the
+database, like ``ace3 keys``). ``set-quota OWNER [--max-running-jobs N] [--max-gpus N]`` sets
+or, with ``none``, lifts a limit; ``list`` prints every owner with its limits and what it
+holds now. Server packages are imported inside the commands (the SDK stays light)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def _limit(text: str) -> int | None:
+    """``N >= 0``, or ``none`` (no limit)."""
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number >= 0 or 'none', not {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 or 'none', not {value}")
+    return value
+
+
+def _session() -> Any:
+    from ace3_control.db import make_sync_engine, sync_session_factory
+    from ace3_control.settings import get_settings
+
+    return sync_session_factory(make_sync_engine(get_settings().resolved_database_url))()
+
+
+def _shown(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def cmd_set_quota(args: argparse.Namespace) -> int:
+    from ace3_control.models import Owner
+
+    changes = {
+        name: getattr(args, name)
+        for name in ("max_running_jobs", "max_gpus")
+        if getattr(args, name) is not _UNSET
+    }
+    if not changes:
+        print(
+            "ace3: give --max-running-jobs and/or --max-gpus (a number, or none)", file=sys.stderr
+        )
+        return 2
+    with _session() as session:
+        owner = session.get(Owner, args.owner)
+        if owner is None:
+            print(
+                f"ace3: no owner with id {args.owner!r} (see `ace3 owners list`)", file=sys.stderr
+            )
+            return 2
+        for name, value in changes.items():
+            setattr(owner, name, value)
+        session.commit()
+        print(
+            f"owner {owner.id}: max_running_jobs={_shown(owner.max_running_jobs)} "
+            f"max_gpus={_shown(owner.max_gpus)}"
+        )
+    return 0
+
+
+def cmd_list(_: argparse.Namespace) -> int:
+    from sqlalchemy import func, select
+
+    from ace3_control.models import ACTIVE_STATES, Job, JobState, Owner
+
+    running = func.count().filter(Job.state.in_(ACTIVE_STATES))
+    processes = func.coalesce(func.sum(Job.num_processes).filter(Job.state.in_(ACTIVE_STATES)), 0)
+    queued = func.count().filter(Job.state == JobState.QUEUED)
+    with _session() as session:
+        rows = session.execute(
+            select(Owner, running, processes, queued)
+            .outerjoin(Job, Job.owner_id == Owner.id)
+            .group_by(Owner.id)
+            .order_by(Owner.created_at, Owner.id)
+        ).all()
+    print(
+        "owner                             name              max_running_jobs  max_gpus  running  gpus  queued"
+    )
+    for owner, running_jobs, gpus, waiting in rows:
+        print(
+            f"{owner.id:32}  {owner.name[:16]:16}  {_shown(owner.max_running_jobs):>16}  "
+            f"{_shown(owner.max_gpus):>8}  {running_jobs:>7}  {gpus:>4}  {waiting:>6}"
+        )
+    return 0
+
+
+_UNSET: Any = object()
+
+
+def add_owners_parser(sub: Any) -> None:
+    """``ace3 owners ...`` under the CLI's subcommands."""
+    owners = sub.add_parser("owners", help="owners' quotas (the fair queue)").add_subparsers(
+        dest="owners_command", required=True
+    )
+    quota = owners.add_parser(
+        "set-quota", help="limit an owner's running jobs and GPUs (processes on CPU workers)"
+    )
+    quota.add_argument("owner", help="the owner's id (ace3 owners list)")
+    for flag, what in (
+        ("--max-running-jobs", "jobs holding a worker at once"),
+        ("--max-gpus", "GPUs (processes on CPU workers) of those jobs together"),
+    ):
+        quota.add_argument(flag, type=_limit, default=_UNSET, metavar="N|none", help=what)
+    quota.set_defaults(func=cmd_set_quota)
+    owners.add_parser("list", help="owners with their quotas and usage").set_defaults(func=cmd_list)
