@@ -20,7 +20,7 @@ from ace3_control.models import Job
 from ace3_control.settings import Settings
 from ace3_server.services.stream_listener import LISTENER_APPLICATION_NAME
 from ace3_worker.reports import store_metrics
-from tests.conftest import insert_job
+from tests.conftest import fresh_database, insert_job
 from tests.integration.server.in_process_api import add_key, serve
 
 SAFETY_POLL_SECONDS = 30.0
@@ -31,25 +31,8 @@ PROMPT_SECONDS = 1.0
 def database_url() -> Iterator[str]:
     """A database of this module's own: the session's stack (its API's listener, its worker's
     heartbeats, other tests' jobs) would send notifications and hold listeners these tests count."""
-    import secrets
-
-    from tests.conftest import ADMIN_URL, _admin_connection
-
-    name = f"ace3_test_{secrets.token_hex(6)}"
-    with _admin_connection() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    from ace3_server.migrations_check import upgrade
-
-    upgrade(url)
-    yield url
-    with _admin_connection() as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    with fresh_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
