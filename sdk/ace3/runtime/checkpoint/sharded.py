@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from ace3.config import TrainingConfig
 from ace3.runtime.checkpoint.archive import (
@@ -53,6 +52,7 @@ from ace3.runtime.checkpoint.archive import (
 )
 from ace3.runtime.checkpoint.background import stage_to_cpu
 from ace3.runtime.checkpoint.files import SavedCheckpoint
+from ace3.runtime.checkpoint.shard_transfer import collect_shards
 from ace3.runtime.distributed import DistContext, barrier
 from ace3.runtime.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.rng import rank_seed, restore_rng, seed_all
@@ -284,33 +284,6 @@ def save_sharded_checkpoint(
     staged = stage_to_cpu(payload)
     background.submit(path.name, lambda: finish(staged))
     return None
-
-
-def collect_shards(staging: Path, ctx: DistContext) -> None:
-    """Bring every rank's shard files into rank 0's staging directory, so that rank 0 packs
-    them all: a rank on another machine (no disk shared with rank 0: nodes of a multi-node
-    job) sends rank 0 the files it wrote (``__<rank>_<n>.distcp``) over the process group, and
-    its machine's staging directory is removed. A collective, after ``dcp.save``; ranks that
-    share rank 0's filesystem send nothing. Each sent file is held in memory once on its way."""
-    if ctx.world_size == 1:
-        return
-    listing = [sorted(p.name for p in staging.iterdir()) if ctx.is_main else None]
-    dist.broadcast_object_list(listing, src=0)
-    visible = set(listing[0] or [])
-    own = sorted(staging.glob(f"__{ctx.rank}_*.distcp"))
-    missing = {p.name: p.read_bytes() for p in own if p.name not in visible}
-    gathered: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(missing, gathered, dst=0)
-    if gathered is not None:
-        for files in gathered:
-            for name, data in (files or {}).items():
-                if not name.startswith("__") or "/" in name:
-                    raise ValueError(f"unexpected shard file name {name!r}")
-                (staging / name).write_bytes(data)
-    elsewhere = [bool(missing) and ctx.local_rank == 0]
-    barrier(ctx)  # (every rank of this machine has read its files)
-    if elsewhere[0]:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 # -- load ---------------------------------------------------------------------------------------
