@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ace3_control import job_transitions, scheduling
 from ace3_control.capacity import Capacity
 from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.models import Job
+from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings, get_settings
 from ace3_control.storage import open_store
 from ace3_worker import reports
@@ -175,6 +175,7 @@ class Supervisor:
         there is none."""
         seat = self.gang.join_oldest(capacity)
         if seat is not None:
+            self._keep_message(job_id, seat.job_id)
             return seat
         with self.sessions() as session:
             claimed = scheduling.claim_next(
@@ -191,6 +192,7 @@ class Supervisor:
         if claimed is None:
             self._nothing_to_claim(job_id, busy_devices)
             return None
+        self._keep_message(job_id, claimed.job_id)
         if claimed.nodes == 1:
             return SingleNode(
                 claimed.job_id,
@@ -201,6 +203,18 @@ class Supervisor:
                 self.watcher,
             )
         return self.gang.led(claimed.job_id, claimed.attempt, claimed.nodes)
+
+    def _keep_message(self, message_job_id: str, taken_job_id: str) -> None:
+        """This worker took another job than the message's: the message's job, still queued,
+        gets a message again at once. (The taken job's own message would serve it, but that
+        message may reach a worker where nothing fits, which drops it: the job would then wait
+        for the reconciler.) A spare message costs a worker one look at the queue."""
+        if taken_job_id == message_job_id:
+            return
+        with self.sessions() as session:
+            state = session.scalar(select(Job.state).where(Job.id == message_job_id))
+        if state == JobState.QUEUED:
+            publish(self.settings, message_job_id, on_failure="the reconciler will publish it")
 
     def _nothing_to_claim(self, job_id: str, busy_devices: bool = False) -> None:
         """No queued job fits this worker within its owner's quota: a message's job that does

@@ -267,3 +267,25 @@ def test_a_node_whose_ranks_died_of_a_cancel_reports_it_was_stopped(
     node.report(_job_row(settings, job_id), watch, 1, events, lambda: None)
     (_, mine) = _nodes(settings, job_id)
     assert mine.stopped == "the job was cancelled"
+
+
+def test_a_message_whose_job_waits_behind_another_is_sent_again(settings: Settings) -> None:
+    """A worker given job X's message takes Y, first in the fair order: X, still queued, gets a
+    message again at once (Y's own message may reach a worker where nothing fits, which drops
+    it); a message whose own job is taken sends nothing."""
+    from ace3_control.capacity import Capacity
+
+    sessions = Supervisor(settings).sessions
+    with sessions() as session:
+        first = str(insert_job(session, priority="high").id)
+        waiting = str(insert_job(session).id)
+    supervisor = Supervisor(settings, node_id="worker-a")
+    cpu = Capacity("cpu", 2)
+    before = len(_messages(settings))
+    taken = supervisor._claim_next(waiting, cpu)
+    assert taken is not None and taken.job_id == first
+    assert [m for m in _messages(settings)[before:] if waiting in json.dumps(m)], "sent again"
+    before = len(_messages(settings))
+    taken = supervisor._claim_next(waiting, cpu)
+    assert taken is not None and taken.job_id == waiting
+    assert len(_messages(settings)) == before, "its own job taken: nothing sent"
