@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from ace3_control import job_transitions
 from ace3_control.models import JobArtifact, utcnow
-from ace3_control.storage import ArtifactStore, StoredBlob
+from ace3_control.storage import ArtifactStore, StoredBlob, StoredTooLargeError
 from ace3_worker.job_files import UnsafeJobPathError, open_job_file
 
 logger = logging.getLogger(__name__)
@@ -204,17 +204,17 @@ class ArtifactSync:
             previous = self.recorded.get(path)
             room = self.max_total_bytes - total + (previous.size_bytes if previous else 0)
             if on_disk[path].size_bytes > room:
-                self._refuse_for_cap(path, on_disk[path].size_bytes)
+                self._refuse_for_cap(path, f"{on_disk[path].size_bytes} bytes")
                 continue
-            staged = self._stage(path)
+            try:
+                staged = self._stage(path, room)
+            except StoredTooLargeError:  # it grew while it was copied: nothing was stored
+                self._refuse_for_cap(path, f"more than {room} bytes")
+                continue
             if staged is None:
                 continue
             if previous is not None and previous.sha256 == staged.blob.sha256:
                 self.synced_state[path] = staged.state  # touched, same bytes: no new version
-                continue
-            if staged.blob.size_bytes > room:  # it grew while it was copied
-                self._discard(staged.blob.key)
-                self._refuse_for_cap(path, staged.blob.size_bytes)
                 continue
             total += staged.blob.size_bytes - (previous.size_bytes if previous else 0)
             accepted.append(staged)
@@ -240,8 +240,10 @@ class ArtifactSync:
         return notices
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _stage(self, path: str) -> _Staged | None:
-        """Copy the file into the store (hashing it); None when it cannot be read right now."""
+    def _stage(self, path: str, max_bytes: int) -> _Staged | None:
+        """Copy the file into the store (hashing it); None when it cannot be read right now.
+        Past ``max_bytes`` (a file the job keeps writing) the copy stops and nothing is stored
+        (StoredTooLargeError): the staging disk and the store never take more than the cap."""
         try:  # (component by component, no links: the job may swap a directory for one)
             fd = open_job_file(self.root, path)
         except UnsafeJobPathError as exc:
@@ -254,7 +256,9 @@ class ArtifactSync:
         with os.fdopen(fd, "rb") as handle:
             opened = os.fstat(handle.fileno())
             try:
-                blob = self.store.put_hashed(handle, lambda sha: artifact_key(self.job_id, sha))
+                blob = self.store.put_hashed(
+                    handle, lambda sha: artifact_key(self.job_id, sha), max_bytes=max_bytes
+                )
             except OSError as exc:
                 self._report_once(path, "copy", f"cannot be copied ({exc.strerror}): not synced")
                 return None
@@ -330,16 +334,11 @@ class ArtifactSync:
             session.commit()
         return replaced - still_named
 
-    def _discard(self, key: str) -> None:
-        """Delete staged bytes that will not be recorded, unless a recorded artifact has them."""
-        if all(item.storage_key != key for item in self.recorded.values()):
-            self.store.delete(key)
-
-    def _refuse_for_cap(self, path: str, size_bytes: int) -> None:
+    def _refuse_for_cap(self, path: str, size: str) -> None:
         self._report_once(
             path,
             "cap",
-            f"({size_bytes} bytes) not synced: the job's artifacts would pass "
+            f"({size}) not synced: the job's artifacts would pass "
             f"ACE3_MAX_ARTIFACT_BYTES={self.max_total_bytes} bytes (now {self.total_bytes} "
             "bytes stored); write less, or ask the operator to raise the cap",
         )

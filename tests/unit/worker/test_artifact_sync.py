@@ -165,6 +165,38 @@ def test_files_past_the_size_cap_are_not_synced_and_the_job_log_says_so_once(
     assert set(_rows(supervisor.sessions, job.id)) == {"b.bin"}
 
 
+def test_a_file_that_grows_past_the_cap_while_it_is_copied_is_never_stored(
+    supervisor: Supervisor, job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy stops at the room left: neither the staging disk nor the store takes more."""
+    root = tmp_path / "artifacts"
+    sync = _sync(supervisor, job, root, cap=100)
+    (root / "log.txt").write_bytes(b"x" * 10)
+    stage = sync._stage
+    offered: list[int] = []
+
+    def grow_then_stage(path: str, max_bytes: int) -> object:
+        with (root / path).open("ab") as handle:  # (the job appends after the scan)
+            handle.write(b"y" * 10_000)
+        original = supervisor.store.put_hashed
+
+        def counting(source: object, key_for: object, *, max_bytes: int | None = None) -> object:
+            offered.append(-1 if max_bytes is None else max_bytes)
+            return original(source, key_for, max_bytes=max_bytes)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(supervisor.store, "put_hashed", counting)
+        return stage(path, max_bytes)
+
+    monkeypatch.setattr(sync, "_stage", grow_then_stage)
+    assert sync.sync(supervisor.sessions) == []
+    assert offered == [100], "the copy was capped at the room left"
+    notices = sync.take_notices()
+    assert len(notices) == 1 and "more than 100 bytes" in notices[0]
+    assert _rows(supervisor.sessions, job.id) == {}
+    stored = [p for p in supervisor.settings.resolved_storage_dir.rglob("*") if p.is_file()]
+    assert not [p for p in stored if "artifacts" in p.as_posix()], "nothing stored"
+
+
 def test_a_deleted_file_loses_its_row_but_shared_bytes_stay_while_named(
     supervisor: Supervisor, job: Job, tmp_path: Path
 ) -> None:
