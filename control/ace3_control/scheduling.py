@@ -142,7 +142,14 @@ class Claimed:
 
 
 def _owner_over_quota(session: Session, owner_id: str, num_processes: int) -> bool:
-    """Locks the owner's row (claims of one owner serialise on it) and checks its quotas."""
+    """Locks the owner's row (claims of one owner serialise on it) and checks its quotas. On
+    SQLite, where ``FOR UPDATE`` means nothing, a no-op write to the owner's row takes the
+    database's write lock first, so the count below is read inside the claim's write
+    transaction (two slots of one worker would otherwise both count the owner below quota)."""
+    if not _is_postgres(session):
+        session.execute(
+            update(Owner).where(Owner.id == owner_id).values(last_claimed_at=Owner.last_claimed_at)
+        )
     limits = session.execute(
         select(Owner.max_running_jobs, Owner.max_gpus).where(Owner.id == owner_id).with_for_update()
     ).first()
