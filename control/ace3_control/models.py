@@ -88,6 +88,10 @@ class Owner(Base):
     # waits in the queue.
     max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
     max_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The highest priority the owner's jobs may ask for (``high`` or ``normal``); None:
+    # the service's default (``ACE3_DEFAULT_MAX_PRIORITY``, ``normal``): ``high`` is an admin's
+    # grant, so no owner jumps every other owner's queue by asking.
+    max_priority: Mapped[str | None] = mapped_column(String(8), default=None)
     # When a worker last claimed one of the owner's jobs: owners served longest ago go first
     # among equals (fair share).
     last_claimed_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -152,6 +152,11 @@ class Settings(BaseSettings):
         description="A worker that cannot run a queued job hands it back to the queue, delayed by "
         "this long.",
     )
+    default_max_priority: Literal["high", "normal"] = Field(
+        "normal",
+        description="The highest job priority an owner may ask for unless an admin set theirs "
+        "(ace3 owners set-quota OWNER --max-priority high): with 'normal', 'high' is a grant.",
+    )
     log_retention_days: float | None = Field(
         None,
         gt=0,

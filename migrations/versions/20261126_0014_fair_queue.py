@@ -21,6 +21,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     op.add_column("owners", sa.Column("max_running_jobs", sa.Integer(), nullable=True))
     op.add_column("owners", sa.Column("max_gpus", sa.Integer(), nullable=True))
+    op.add_column("owners", sa.Column("max_priority", sa.String(length=8), nullable=True))
     op.add_column("owners", sa.Column("last_claimed_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column(
         "jobs",
@@ -39,5 +40,6 @@ def downgrade() -> None:
         batch.drop_column("priority")
     with op.batch_alter_table("owners") as batch:
         batch.drop_column("last_claimed_at")
+        batch.drop_column("max_priority")
         batch.drop_column("max_gpus")
         batch.drop_column("max_running_jobs")

@@ -1,6 +1,6 @@
 """``ace3 owners``: owners' quotas of the fair queue (an admin's command: it talks to the
-database, like ``ace3 keys``). ``set-quota OWNER [--max-running-jobs N] [--max-gpus N]`` sets
-or, with ``none``, lifts a limit; ``list`` prints every owner with its limits and what it
+database, like ``ace3 keys``). ``set-quota OWNER [--max-running-jobs N] [--max-gpus N]
+[--max-priority high|normal]`` sets or, with ``none``, lifts a limit; ``list`` prints every owner with its limits and what it
 holds now. Server packages are imported inside the commands (the SDK stays light)."""
 
 from __future__ import annotations
@@ -25,6 +25,17 @@ def _limit(text: str) -> int | None:
     return value
 
 
+def _priority(text: str) -> str | None:
+    """``high`` or ``normal`` (the highest priority the owner may ask for), or ``none`` (the
+    service's default, ``ACE3_DEFAULT_MAX_PRIORITY``)."""
+    value = text.strip().lower()
+    if value in ("none", "default"):
+        return None
+    if value not in ("high", "normal"):
+        raise argparse.ArgumentTypeError(f"expected high, normal or none, not {text!r}")
+    return value
+
+
 def _session() -> Any:
     from ace3_control.db import make_sync_engine, sync_session_factory
     from ace3_control.settings import get_settings
@@ -32,7 +43,7 @@ def _session() -> Any:
     return sync_session_factory(make_sync_engine(get_settings().resolved_database_url))()
 
 
-def _shown(value: int | None) -> str:
+def _shown(value: int | str | None) -> str:
     return "-" if value is None else str(value)
 
 
@@ -41,12 +52,14 @@ def cmd_set_quota(args: argparse.Namespace) -> int:
 
     changes = {
         name: getattr(args, name)
-        for name in ("max_running_jobs", "max_gpus")
+        for name in ("max_running_jobs", "max_gpus", "max_priority")
         if getattr(args, name) is not _UNSET
     }
     if not changes:
         print(
-            "ace3: give --max-running-jobs and/or --max-gpus (a number, or none)", file=sys.stderr
+            "ace3: give --max-running-jobs, --max-gpus (a number, or none) and/or "
+            "--max-priority (high, normal, or none)",
+            file=sys.stderr,
         )
         return 2
     with _session() as session:
@@ -61,7 +74,7 @@ def cmd_set_quota(args: argparse.Namespace) -> int:
         session.commit()
         print(
             f"owner {owner.id}: max_running_jobs={_shown(owner.max_running_jobs)} "
-            f"max_gpus={_shown(owner.max_gpus)}"
+            f"max_gpus={_shown(owner.max_gpus)} max_priority={_shown(owner.max_priority)}"
         )
     return 0
 
@@ -82,12 +95,14 @@ def cmd_list(_: argparse.Namespace) -> int:
             .order_by(Owner.created_at, Owner.id)
         ).all()
     print(
-        "owner                             name              max_running_jobs  max_gpus  running  gpus  queued"
+        "owner                             name              max_running_jobs  max_gpus  "
+        "max_priority  running  gpus  queued"
     )
     for owner, running_jobs, gpus, waiting in rows:
         print(
             f"{owner.id:32}  {owner.name[:16]:16}  {_shown(owner.max_running_jobs):>16}  "
-            f"{_shown(owner.max_gpus):>8}  {running_jobs:>7}  {gpus:>4}  {waiting:>6}"
+            f"{_shown(owner.max_gpus):>8}  {_shown(owner.max_priority):>12}  "
+            f"{running_jobs:>7}  {gpus:>4}  {waiting:>6}"
         )
     return 0
 
@@ -109,5 +124,13 @@ def add_owners_parser(sub: Any) -> None:
         ("--max-gpus", "GPUs (processes on CPU workers) of those jobs together"),
     ):
         quota.add_argument(flag, type=_limit, default=_UNSET, metavar="N|none", help=what)
+    quota.add_argument(
+        "--max-priority",
+        type=_priority,
+        default=_UNSET,
+        metavar="high|normal|none",
+        help="the highest priority the owner's jobs may ask for (none: the service's default, "
+        "ACE3_DEFAULT_MAX_PRIORITY, normal)",
+    )
     quota.set_defaults(func=cmd_set_quota)
     owners.add_parser("list", help="owners with their quotas and usage").set_defaults(func=cmd_list)

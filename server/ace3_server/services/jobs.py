@@ -234,22 +234,49 @@ def replay(existing: Any, digest: str) -> Any:
     return existing
 
 
+PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
+
+
 async def quota_problems(
-    session: AsyncSession, owner_id: str, processes: int
+    session: AsyncSession,
+    owner_id: str,
+    processes: int,
+    priority: str = "normal",
+    default_max_priority: str = "normal",
 ) -> list[dict[str, Any]]:
     """A job larger than its owner's ``max_gpus`` could never run: refused, not queued forever
-    (one that only has to wait for the owner's other jobs is queued)."""
-    max_gpus = await session.scalar(select(Owner.max_gpus).where(Owner.id == owner_id))
-    if max_gpus is None or processes <= max_gpus:
-        return []
-    return [
-        {
-            "loc": ["body", "config", "num_gpus"],
-            "msg": f"the job runs {processes} processes (num_gpus x num_nodes), and your quota "
-            f"is max_gpus={max_gpus}: use fewer, or ask an admin (ace3 owners set-quota)",
-            "type": "quota",
-        }
-    ]
+    (one that only has to wait for the owner's other jobs is queued). A priority above the
+    owner's ``max_priority`` (default ``ACE3_DEFAULT_MAX_PRIORITY``) is refused: ``high`` is an
+    admin's grant, or any owner could go ahead of every other one by asking."""
+    limits = (
+        await session.execute(
+            select(Owner.max_gpus, Owner.max_priority).where(Owner.id == owner_id)
+        )
+    ).first()
+    max_gpus = limits.max_gpus if limits is not None else None
+    ceiling = (limits.max_priority if limits is not None else None) or default_max_priority
+    problems: list[dict[str, Any]] = []
+    if PRIORITY_RANK[priority] > PRIORITY_RANK[ceiling]:
+        problems.append(
+            {
+                "loc": ["body", "priority"],
+                "msg": f"priority {priority!r} is above what your quota allows "
+                f"(max_priority={ceiling}): use {ceiling!r} or lower, or ask an admin "
+                "(ace3 owners set-quota OWNER --max-priority high)",
+                "type": "quota",
+            }
+        )
+    if max_gpus is not None and processes > max_gpus:
+        problems.append(
+            {
+                "loc": ["body", "config", "num_gpus"],
+                "msg": f"the job runs {processes} processes (num_gpus x num_nodes), and your "
+                f"quota is max_gpus={max_gpus}: use fewer, or ask an admin (ace3 owners "
+                "set-quota)",
+                "type": "quota",
+            }
+        )
+    return problems
 
 
 async def create_job(
@@ -273,7 +300,13 @@ async def create_job(
         + await reference_problems(session, owner_id, body)
         + await resume_checkpoint_problems(session, owner_id, body)
         + await capacity_problems(session, settings, body.config, ["body", "config"])
-        + await quota_problems(session, owner_id, body.config.world_size)
+        + await quota_problems(
+            session,
+            owner_id,
+            body.config.world_size,
+            body.priority,
+            settings.default_max_priority,
+        )
     )
     if problems:
         raise HTTPException(status_code=422, detail=problems)

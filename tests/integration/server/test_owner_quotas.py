@@ -66,9 +66,15 @@ def test_set_quota_sets_lifts_and_refuses_bad_input(
         assert code == 0 and f"owner {owner_id}: max_running_jobs=1 max_gpus=-" in out
         code, out, _ = cli("owners", "set-quota", owner_id, "--max-gpus", "8")
         assert code == 0 and "max_running_jobs=1 max_gpus=8" in out, "the other limit stays"
+        code, out, _ = cli("owners", "set-quota", owner_id, "--max-priority", "high")
+        assert code == 0 and "max_gpus=8 max_priority=high" in out
         code, out, _ = cli("owners", "list")
         line = next(row for row in out.splitlines() if row.startswith(owner_id))
-        assert code == 0 and line.split()[-5:] == ["1", "8", "0", "0", "0"]
+        assert code == 0 and line.split()[-6:] == ["1", "8", "high", "0", "0", "0"]
+        code, _, err = cli("owners", "set-quota", owner_id, "--max-priority", "urgent")
+        assert code == 2 and "--max-priority" in err and "'urgent'" in err
+        code, out, _ = cli("owners", "set-quota", owner_id, "--max-priority", "none")
+        assert code == 0 and "max_priority=-" in out
         code, out, _ = cli("owners", "set-quota", owner_id, "--max-running-jobs", "none")
         assert code == 0 and "max_running_jobs=- max_gpus=8" in out
         code, _, err = cli("owners", "set-quota", owner_id, "--max-gpus", "-1")
@@ -94,7 +100,6 @@ def test_a_job_over_its_owner_s_quota_waits_until_the_first_ends(
             update(Owner).where(Owner.id == owner_id).values(max_running_jobs=1, max_gpus=2)
         )
         session.commit()
-    engine.dispose()
 
     with httpx.Client(
         base_url=stack.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
@@ -112,6 +117,15 @@ def test_a_job_over_its_owner_s_quota_waits_until_the_first_ends(
         bad_priority = client.post("/v1/jobs", json={**body, "priority": "urgent"})
         assert bad_priority.status_code == 422
         assert bad_priority.json()["detail"][0]["loc"] == ["body", "priority"]
+        # "high" is an admin's grant (ACE3_DEFAULT_MAX_PRIORITY=normal): refused, then granted.
+        not_granted = client.post("/v1/jobs", json=body)
+        assert not_granted.status_code == 422, not_granted.text
+        problem = not_granted.json()["detail"][0]
+        assert problem["loc"] == ["body", "priority"] and "max_priority=normal" in problem["msg"]
+        with sync_session_factory(engine)() as session:
+            session.execute(update(Owner).where(Owner.id == owner_id).values(max_priority="high"))
+            session.commit()
+        engine.dispose()
         too_big = {**body, "config": {**body["config"], "num_gpus": 4}}
         refused = client.post("/v1/jobs", json=too_big)
         assert refused.status_code == 422, "larger than max_gpus=2: it could never run"
