@@ -12,7 +12,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3_control import scheduling
-from ace3_control.models import Job, JobCheckpoint, JobLog, JobMetric, JobRecord, JobState
+from ace3_control.models import (
+    TERMINAL_STATES,
+    Job,
+    JobCheckpoint,
+    JobLog,
+    JobMetric,
+    JobRecord,
+    JobState,
+)
 from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.downloads import presigned_redirect, stored_file_response
 from ace3_server.api.params import Int32, Int64, PageCursor, StoredText
@@ -284,8 +292,12 @@ async def download_artifact(
     store: StoreDep,
     settings: SettingsDep,
 ) -> Response:
-    await jobs.get_owned_job(session, owner_id, job_id)
-    if settings.s3_presigned_downloads:
+    job = await jobs.get_owned_job(session, owner_id, job_id)
+    # A running job's artifacts change: the worker deletes a replaced version's bytes as soon
+    # as the new row is committed, which could be before the client follows a presigned URL.
+    # Those are streamed (open_artifact re-reads a row whose bytes vanished); an ended job's
+    # artifacts no longer change, and are redirected.
+    if settings.s3_presigned_downloads and job.state in TERMINAL_STATES:
         row = await job_artifacts.find_artifact(session, job_id, path)
         redirect = await presigned_redirect(
             store, settings, row.storage_key, job_artifacts.content_disposition(path), row.sha256
