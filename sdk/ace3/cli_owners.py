@@ -76,7 +76,41 @@ def cmd_set_quota(args: argparse.Namespace) -> int:
             f"owner {owner.id}: max_running_jobs={_shown(owner.max_running_jobs)} "
             f"max_gpus={_shown(owner.max_gpus)} max_priority={_shown(owner.max_priority)}"
         )
+        _warn_of_stranded_jobs(session, owner)
     return 0
+
+
+def _warn_of_stranded_jobs(session: Any, owner: Any) -> None:
+    """Queued jobs the new limits keep from ever running (larger than ``max_gpus``, or any job
+    under ``max_running_jobs=0``) stay queued, with waiting_reason ``quota``: say which, and how
+    to end them, rather than let them wait unseen."""
+    from sqlalchemy import select
+
+    from ace3_control.models import Job, JobState
+
+    queued = select(Job.id, Job.num_processes).where(
+        Job.owner_id == owner.id, Job.state == JobState.QUEUED
+    )
+    if owner.max_running_jobs != 0:
+        if owner.max_gpus is None:
+            return
+        queued = queued.where(Job.num_processes > owner.max_gpus)
+    stranded = session.execute(queued.order_by(Job.created_at)).all()
+    if not stranded:
+        return
+    why = (
+        "max_running_jobs=0"
+        if owner.max_running_jobs == 0
+        else f"they need more than max_gpus={owner.max_gpus}"
+    )
+    print(
+        f"warning: {len(stranded)} queued job(s) of this owner cannot run under these limits "
+        f"({why}); they stay queued until the limits change or they are cancelled "
+        "(ace3 jobs cancel ID, with the owner's key): "
+        + ", ".join(row.id for row in stranded[:20])
+        + (" ..." if len(stranded) > 20 else ""),
+        file=sys.stderr,
+    )
 
 
 def cmd_list(_: argparse.Namespace) -> int:

@@ -16,9 +16,9 @@ from sqlalchemy import delete, update
 
 from ace3.cli import main
 from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.models import Owner
+from ace3_control.models import Job, JobState, Owner
 from ace3_control.settings import get_settings
-from tests.conftest import DigitsFiles, Stack
+from tests.conftest import DigitsFiles, Stack, insert_job
 
 
 def _wait(client: httpx.Client, job_id: str, done: object, timeout: float = 90) -> dict:  # type: ignore[type-arg]
@@ -151,3 +151,31 @@ def test_a_job_over_its_owner_s_quota_waits_until_the_first_ends(
         client.post(f"/v1/jobs/{second['id']}/cancel")
         ended = _wait(client, second["id"], lambda job: job["finished_at"] is not None)
         assert ended["state"] == "cancelled" and done["finished_at"] <= ended["finished_at"]
+
+
+def test_limits_that_strand_queued_jobs_say_which(
+    cli: Callable[..., tuple[int, str, str]], database_url: str
+) -> None:
+    """A queued job larger than the new max_gpus (or any, under max_running_jobs=0) could never
+    run: it stays queued (nothing is failed behind the owner's back), and the command says so."""
+    engine = make_sync_engine(database_url)
+    with sync_session_factory(engine)() as session:
+        # (Too large for the stack's worker: never claimed.)
+        job = insert_job(session, num_processes=16, config={"num_gpus": 16})
+        owner_id, job_id = job.owner_id, job.id
+    try:
+        code, _, err = cli("owners", "set-quota", owner_id, "--max-gpus", "32")
+        assert code == 0 and err == ""
+        code, _, err = cli("owners", "set-quota", owner_id, "--max-gpus", "8")
+        assert code == 0 and "1 queued job(s)" in err and job_id in err and "max_gpus=8" in err
+        code, _, err = cli("owners", "set-quota", owner_id, "--max-gpus", "none",
+                           "--max-running-jobs", "0")  # fmt: skip
+        assert code == 0 and job_id in err and "max_running_jobs=0" in err
+        with sync_session_factory(engine)() as session:
+            assert session.get(Job, job_id).state == JobState.QUEUED  # type: ignore[union-attr]
+    finally:
+        with sync_session_factory(engine)() as session:
+            session.execute(delete(Job).where(Job.id == job_id))
+            session.execute(delete(Owner).where(Owner.id == owner_id))
+            session.commit()
+        engine.dispose()
