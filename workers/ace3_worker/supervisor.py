@@ -211,8 +211,12 @@ class Supervisor:
         for the reconciler.) A spare message costs a worker one look at the queue."""
         if taken_job_id == message_job_id:
             return
-        with self.sessions() as session:
-            state = session.scalar(select(Job.state).where(Job.id == message_job_id))
+        try:  # (never in the way of the job just taken: the reconciler is the fallback)
+            with self.sessions() as session:
+                state = session.scalar(select(Job.state).where(Job.id == message_job_id))
+        except Exception:
+            logger.exception("job %s: could not look it up to send it again", message_job_id)
+            return
         if state == JobState.QUEUED:
             publish(self.settings, message_job_id, on_failure="the reconciler will publish it")
 
