@@ -110,6 +110,14 @@ class Settings(BaseSettings):
         description="Extra attempts for a job whose worker died or whose processes were killed.",
     )
     worker_slots: int = Field(1, ge=1, description="Jobs one worker runs at once.")
+    warm_launch: bool = Field(
+        True,
+        description="Each worker slot keeps a job sandbox started ahead of time whose launcher "
+        "has imported torch, torchrun's agent and the engine (no user code); a single-node job "
+        "is handed to it and starts in about a second. false: every job starts its sandbox and "
+        "torchrun when it is claimed (the cold path), e.g. to keep the memory an idle launcher "
+        "holds (a few hundred MB per slot), or to rule the warm path out while diagnosing.",
+    )
     worker_device: str = Field(
         "auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU."
     )

@@ -16,7 +16,7 @@ import pytest
 
 import ace3
 from tests.conftest import DigitsFiles, Stack
-from tests.e2e.conftest import processes_of_job, wait_for
+from tests.e2e.conftest import process_table, processes_of_job, wait_for
 from tests.model_files import OOM_ON_RANK_1_MODEL_FILE
 
 pytestmark = pytest.mark.slow
@@ -62,19 +62,20 @@ def test_a_killed_worker_s_job_resumes_from_its_checkpoint_on_the_next_worker(
 
 
 def _rank_pid(job_id: str, rank: int) -> int | None:
-    """The PID (here) of one rank of a running job: its environment names the job and the
-    rank; torchrun's agent has no RANK."""
-    wanted = {f"ACE3_JOB_ID={job_id}".encode(), f"RANK={rank}".encode()}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    """The PID (here) of one rank of a running job: a process of the job whose environment
+    names the rank (a cold path's; torchrun's agent has no RANK) or, started by a warm
+    launcher, whose name does (its /proc environment is the launcher's)."""
+    table = process_table()
+    for pid in processes_of_job(job_id):
+        info = table.get(pid)
+        if info is None:
             continue
-        try:
-            environ = set((entry / "environ").read_bytes().split(b"\0"))
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if wanted <= environ and b"ace3.runtime" in cmdline and b"torch.distributed" not in cmdline:
-            return int(entry.name)
+        if info.name == f"ace3-rank-{rank}" or (
+            f"RANK={rank}".encode() in info.environ
+            and b"ace3.runtime" in info.cmdline
+            and b"torch.distributed" not in info.cmdline
+        ):
+            return pid
     return None
 
 

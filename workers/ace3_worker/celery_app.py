@@ -12,7 +12,7 @@ from celery._state import get_current_task
 from sqlalchemy.exc import SQLAlchemyError
 
 from ace3_control.log_format import JsonFormatter, use_formatter
-from ace3_control.queue import make_celery
+from ace3_control.queue import RUN_JOB_TASK, make_celery
 from ace3_control.settings import get_settings
 from ace3_worker.device import device_pool_problem, local_capacity
 from ace3_worker.drain import request_drain
@@ -82,6 +82,16 @@ def _register(sender: Any = None, **_: Any) -> None:
     except SQLAlchemyError:
         logger.exception("could not register this worker; the next heartbeat tries again")
     atexit.register(_registration.stop)
+
+
+@signals.worker_process_init.connect
+def _prepare_warm_sandbox(**_: Any) -> None:
+    """In each slot (a pool process, on its main thread), before its first message: the
+    sandbox its first job runs in (:mod:`ace3_worker.warm`)."""
+    try:
+        app.tasks[RUN_JOB_TASK].supervisor.warm.prepare()
+    except Exception:  # (never in the way of the slot: its first job then starts cold)
+        logger.exception("could not prepare this slot's warm sandbox")
 
 
 @signals.worker_ready.connect

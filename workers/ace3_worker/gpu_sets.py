@@ -50,15 +50,25 @@ class DeviceSet:
         while self._fds:
             os.close(self._fds.pop())
 
-    def keep(self, count: int) -> None:
-        """Hold only the first ``count`` devices; the others go back at once."""
+    def keep(self, count: int, prefer: Sequence[str] = ()) -> None:
+        """Hold only ``count`` devices, ``prefer`` when it is that many and all of them are held
+        (a warm sandbox's devices: :mod:`ace3_worker.warm`), else the first ``count``; the others
+        go back at once."""
         if count > len(self.devices):
             raise DevicesBusyError(
                 f"the job needs {count} GPUs and {len(self.devices)} were free when it was claimed"
             )
-        while len(self._fds) > count:
-            os.close(self._fds.pop())
-        self.devices = self.devices[:count]
+        held = dict(zip(self.devices, self._fds, strict=True))
+        kept = (
+            list(prefer)
+            if len(prefer) == count and all(device in held for device in prefer)
+            else list(self.devices[:count])
+        )
+        for device, fd in held.items():
+            if device not in kept:
+                os.close(fd)
+        self._fds = [held[device] for device in kept]
+        self.devices = tuple(kept)
 
 
 class DeviceAllocator:

@@ -128,7 +128,7 @@ def _private_dir(path: Path, owner: JobOwner | None) -> Path:
     return path
 
 
-def _traversable_dir(path: Path) -> None:
+def traversable_dir(path: Path) -> None:
     """A directory job uids may pass through but not list (its entries have random names)."""
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0 and stat.S_IMODE(path.stat().st_mode) != 0o711:
@@ -167,6 +167,26 @@ def needs_initial_weights(job: Job, resume_from: JobCheckpoint | None) -> bool:
     return resume_from is None or bool((job.config or {}).get("lora"))
 
 
+def make_skeleton(
+    root: Path, owner: JobOwner | None, visible_root: PurePosixPath | None
+) -> JobDirectory:
+    """An attempt directory without its inputs: ``root`` (mode 0750, group: the job's gid),
+    ``etc/`` and the job's own ``output/``, ``home/`` and ``tmp/``: what a sandbox is started
+    on. A warm sandbox's is made before its job is known (:mod:`ace3_worker.warm`)."""
+    directory = JobDirectory(root, visible_root or PurePosixPath(root))
+    root.mkdir(mode=0o750)
+    if owner is not None:
+        os.chown(root, os.geteuid(), owner.gid)
+    root.chmod(0o750)
+    _identity_files(directory, owner)
+    _freeze(directory.etc_dir)
+    for path in (directory.output_dir, directory.artifacts_dir, directory.checkpoints_dir):
+        _private_dir(path, owner)
+    _private_dir(directory.home_dir, owner)
+    _private_dir(directory.tmp_dir, owner)
+    return directory
+
+
 def prepare_job_directory(
     work_dir: Path,
     store: ArtifactStore,
@@ -182,23 +202,27 @@ def prepare_job_directory(
     owner: JobOwner | None = None,
     init_from: StoredWeights | None = None,
     teacher: TeacherRows | None = None,
+    skeleton: Path | None = None,
 ) -> JobDirectory:
     """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
     (workers on one machine may share a work directory). ``visible_root``: where the job sees
     the directory (default: its real path); ``owner``: the uid the job runs as (None: this
     process's own); ``init_from``: the weights the job starts from (not copied when the attempt
     resumes: a resume holds weights of its own, except a LoRA job's, which holds its adapters
-    alone); ``teacher``: a distillation job's teacher, copied into ``teacher/``."""
-    _traversable_dir(work_dir)
-    _traversable_dir(work_dir / job.id)
+    alone); ``teacher``: a distillation job's teacher, copied into ``teacher/``; ``skeleton``:
+    a warm sandbox's directory (:func:`make_skeleton`, for the same owner), moved into place
+    (its sandbox keeps seeing it: a bind mount follows the directory, not its name) instead of
+    a new one."""
+    traversable_dir(work_dir)
+    traversable_dir(work_dir / job.id)
     root = attempt_path(work_dir, job.id, attempt, node_rank)
-    directory = JobDirectory(root, visible_root or PurePosixPath(root))
     if root.exists():
         shutil.rmtree(root)
-    root.mkdir(mode=0o750)
-    if owner is not None:
-        os.chown(root, os.geteuid(), owner.gid)
-    root.chmod(0o750)
+    if skeleton is None:
+        directory = make_skeleton(root, owner, visible_root)
+    else:
+        skeleton.rename(root)
+        directory = JobDirectory(root, visible_root or PurePosixPath(root))
 
     if not store.exists(model.storage_key):
         raise FileNotFoundError(f"model {model.id} ({model.filename}) is missing from storage")
@@ -245,18 +269,12 @@ def prepare_job_directory(
             teacher, root / "teacher", lambda *a: _copy_stored(store, *a), directory.visible
         )
     directory.job_file.write_text(json.dumps(spec, indent=2))
-    _identity_files(directory, owner)
     for path in (
         directory.job_file,
         *(root / name for name in ("code", "data", "resume", "init", "teacher")),
     ):
         if path.exists():
             _freeze(path)
-    _freeze(directory.etc_dir)
-    for path in (directory.output_dir, directory.artifacts_dir, directory.checkpoints_dir):
-        _private_dir(path, owner)
-    _private_dir(directory.home_dir, owner)
-    _private_dir(directory.tmp_dir, owner)
     return directory
 
 

@@ -37,6 +37,9 @@ class LaunchSpec:
     command: list[str]
     share_network: bool = False  # a multi-node rendezvous crosses machines
     env: dict[str, str] = field(default_factory=dict)
+    # torchrun's arguments for a warm launcher (:mod:`ace3_worker.warm`); None: this node
+    # cannot run in a sandbox prepared ahead of time (its network is fixed when it starts).
+    warm_args: list[str] | None = None
 
 
 @dataclass
@@ -61,31 +64,45 @@ class RunningTorchrun:
         return returncode
 
 
-def start_torchrun(
+def job_environment(
     settings: Settings,
-    plan: SandboxPlan,
-    limits: JobLimits,
-    spec: LaunchSpec,
-    *,
     directory: JobDirectory,
     identity: JobIdentity | None,
+    *,
     device: str,
-    job_id: str,
+    job_id: str | None,
     nproc: int,
     visible_devices: str | None = None,
-) -> RunningTorchrun:
-    """Start the node's torchrun in its sandbox; ``visible_devices`` (the attempt's own devices,
-    :mod:`ace3_worker.gpu_sets`) becomes the ranks' ``CUDA_VISIBLE_DEVICES``, which also
-    chooses the GPU device nodes the sandbox binds."""
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The ranks' whole environment; ``visible_devices`` (the attempt's own devices,
+    :mod:`ace3_worker.gpu_sets`) becomes their ``CUDA_VISIBLE_DEVICES``, which also chooses the
+    GPU device nodes the sandbox binds. ``job_id`` None: a warm sandbox's, before its job."""
     env = sandbox_environment(
         rank_environment(device, nproc, settings.worker_slots),
         directory,
         job_owner(identity),
         job_id,
     )
-    env.update(spec.env)
+    env.update(extra or {})
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
+    return env
+
+
+def start_torchrun(
+    settings: Settings,
+    plan: SandboxPlan,
+    limits: JobLimits,
+    spec: LaunchSpec,
+    env: dict[str, str],
+    *,
+    directory: JobDirectory,
+    identity: JobIdentity | None,
+    device: str,
+) -> RunningTorchrun:
+    """Start the node's torchrun in a new sandbox (the cold path), with the ranks' whole
+    environment ``env`` (:func:`job_environment`)."""
     process = launch(
         plan,
         directory,
@@ -96,6 +113,11 @@ def start_torchrun(
         device=device,
         limits=limits,
     )
+    return follow_output(settings, process)
+
+
+def follow_output(settings: Settings, process: SandboxedProcess) -> RunningTorchrun:
+    """Read the started torchrun's stdout and stderr into a queue, through the log limiter."""
     limiter = LogLimiter(
         settings.max_log_lines_per_second,
         settings.max_log_bytes_per_second,

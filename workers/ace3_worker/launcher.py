@@ -10,6 +10,7 @@ import math
 import os
 
 from ace3.runtime.torchrun import COMMAND as TORCHRUN
+from ace3.runtime.warm_launcher import WARM_RANK_ARGS
 
 # Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
 # PATH, HOME and TMPDIR are set by the sandbox to what the job sees.
@@ -55,20 +56,37 @@ def _runtime(job_file: str) -> list[str]:
     return ["-m", "ace3.runtime", "--job", job_file]
 
 
-def torchrun_command(
-    job_file: str, nproc_per_node: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
-) -> list[str]:
-    """Single-node launch; torchrun's standalone mode picks a free rendezvous port itself.
-    torchrun is the worker's (``ace3.runtime.torchrun``: it ends without the interpreter's
-    finalization, a second or more on a small machine)."""
+def _standalone(nproc_per_node: int, shutdown_timeout: float) -> list[str]:
+    """torchrun's options for a single node; its standalone mode picks a free rendezvous port
+    itself."""
     return [
-        *TORCHRUN,
         "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
         _shutdown(shutdown_timeout),
-        *_runtime(job_file),
+    ]
+
+
+def torchrun_command(
+    job_file: str, nproc_per_node: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+) -> list[str]:
+    """Single-node launch (the cold path). torchrun is the worker's (``ace3.runtime.torchrun``:
+    it ends without the interpreter's finalization, a second or more on a small machine)."""
+    return [*TORCHRUN, *_standalone(nproc_per_node, shutdown_timeout), *_runtime(job_file)]
+
+
+def warm_torchrun_args(
+    job_file: str, nproc_per_node: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+) -> list[str]:
+    """The same launch as :func:`torchrun_command` for a warm launcher's torchrun (its
+    arguments only): each rank is a fork of the launcher that runs the engine as a function
+    (:mod:`ace3.runtime.warm_launcher`) instead of a new ``python -m ace3.runtime``."""
+    return [
+        *_standalone(nproc_per_node, shutdown_timeout),
+        *WARM_RANK_ARGS,
+        "--job",
+        job_file,
     ]
 
 

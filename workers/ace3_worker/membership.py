@@ -25,7 +25,7 @@ from ace3_worker import reports
 from ace3_worker.attempt import AttemptWatch, Beat
 from ace3_worker.drain import shutdown_timeout
 from ace3_worker.launch import LaunchSpec
-from ace3_worker.launcher import torchrun_command
+from ace3_worker.launcher import torchrun_command, warm_torchrun_args
 from ace3_worker.outcome import Outcomes
 from ace3_worker.watch import Watcher
 
@@ -105,7 +105,11 @@ class SingleNode:
         return contextlib.nullcontext()  # (no node row; the loop renews the lease)
 
     def launch_spec(self, job_file: str, nproc: int) -> LaunchSpec:
-        return LaunchSpec(torchrun_command(job_file, nproc, shutdown_timeout(self.settings)))
+        grace = shutdown_timeout(self.settings)
+        return LaunchSpec(
+            torchrun_command(job_file, nproc, grace),
+            warm_args=warm_torchrun_args(job_file, nproc, grace),
+        )
 
     def started(self) -> None:
         with self.sessions() as session:

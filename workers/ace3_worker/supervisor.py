@@ -46,14 +46,15 @@ from ace3_worker.device import device_pool, local_capacity, worker_device
 from ace3_worker.gang import GangMember, NodeSeat
 from ace3_worker.gang_node import GangNode
 from ace3_worker.gpu_sets import DeviceAllocator, DeviceSet
-from ace3_worker.ingest import Ingest
+from ace3_worker.ingest import Ingest, service_line
 from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
-from ace3_worker.launch import start_torchrun
+from ace3_worker.launch import RunningTorchrun, job_environment, start_torchrun
 from ace3_worker.membership import Membership, SingleNode
 from ace3_worker.messages import publish
 from ace3_worker.outcome import Outcomes
 from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError
 from ace3_worker.sandbox.limits import JobLimits
+from ace3_worker.warm import WarmSandbox, WarmSlot
 from ace3_worker.watch import Watcher, apply_beat
 from ace3_worker.workspace import Workspace
 
@@ -76,9 +77,14 @@ class Supervisor:
     Celery task keeps one per process): what it remembers between jobs is which copies of a
     job's message it handed back or passed on."""
 
-    def __init__(self, settings: Settings, node_id: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, node_id: str | None = None, *, keeps_warm_sandboxes: bool = False
+    ) -> None:
         """``node_id`` names this worker in multi-node gangs (one node per worker per attempt):
-        the worker's registry id, shared by its slots (by default, this process's identity)."""
+        the worker's registry id, shared by its slots (by default, this process's identity).
+        ``keeps_warm_sandboxes``: a slot's supervisor, which lives as long as its process, keeps
+        a sandbox prepared for its next job (:mod:`ace3_worker.warm`; unless
+        ``ACE3_WARM_LAUNCH=false``); one made for a single job starts it cold."""
         self.settings = settings
         self.sessions = _sessions(settings.resolved_database_url)
         self.store = open_store(settings)
@@ -96,31 +102,39 @@ class Supervisor:
         self.devices = (
             None if pool is None else DeviceAllocator(pool, settings.resolved_worker_gpu_lock_dir)
         )
+        self.warm = WarmSlot(settings, self.workspace, self.limits, pool, keeps_warm_sandboxes)
 
     def run(self, job_id: str) -> None:
         """A message says there is work (``job_id``'s): take the job the fair queue says is
         next for this worker (:mod:`ace3_control.scheduling`), which need not be the message's:
-        the message of the job taken serves the one passed over."""
+        the message of the job taken serves the one passed over. The slot's warm sandbox
+        (:mod:`ace3_worker.warm`), if one is prepared, runs it with its uid; when the message
+        finds nothing to run, it waits for the next one."""
+        warm = self.warm.take()
         try:
-            identity = self.workspace.lease_identity()
+            identity = warm.identity if warm is not None else self.workspace.lease_identity()
         except NoFreeIdentityError as exc:
             self._decline(job_id, str(exc))
             return
         devices = None
+        membership = None
         try:
-            membership, devices = self._take_next(job_id)
+            membership, devices = self._take_next(job_id, self.warm.preferred_devices(warm))
             if membership is not None:
                 try:
-                    self._run_attempt(membership, identity, devices)
+                    self._run_attempt(membership, identity, devices, warm)
                 finally:
                     self._wake_owner_queue(membership.job_id)
         finally:
             try:
-                if identity is not None:
+                if membership is None and warm is not None:
+                    self.warm.keep(warm)  # (with its uid)
+                elif identity is not None:
                     identity.release()
             finally:
                 if devices is not None:
                     devices.release()
+                self.warm.prepare()  # (none is prepared after a job that never started)
 
     def _decline(self, job_id: str, reason: str) -> None:
         """Hand the message's job back for another worker (a gang's copy is passed on)."""
@@ -130,13 +144,16 @@ class Supervisor:
         else:
             self.admission.hand_back(job_id, reason)
 
-    def _take_next(self, job_id: str) -> tuple[Membership | None, DeviceSet | None]:
+    def _take_next(
+        self, job_id: str, prefer: tuple[str, ...] = ()
+    ) -> tuple[Membership | None, DeviceSet | None]:
         """What this worker runs for a message: its part of a job (see :meth:`_claim_next`) and,
         on a worker with a device list, the devices that part holds. The claim runs under the
         machine's device allocation lock, holding every device free then: it takes the next job
         that fits those, keeps what that job needs and gives the rest back before the lock goes
-        (the other slots wait for it, so two slots never pick jobs for the same devices). A
-        gang assembles after the lock, with its devices held."""
+        (the other slots wait for it, so two slots never pick jobs for the same devices): the
+        ``prefer``-red ones (a warm sandbox's) when the job needs that many. A gang assembles
+        after the lock, with its devices held."""
         if self.devices is None:
             return self._joined(self._claim_next(job_id, local_capacity(self.settings))), None
         full = local_capacity(self.settings)
@@ -147,8 +164,9 @@ class Supervisor:
                 free.release()
                 return None, None
             shape = self.admission.shape(claim.job_id)
-            free.keep(shape.needs.processes if shape is not None else capacity.device_count)
+            free.keep(shape.needs.processes if shape is not None else capacity.device_count, prefer)
         logger.info("job %s: devices %s are its own", claim.job_id, free.visible_devices)
+        self.warm.visible_devices = free.visible_devices
         try:
             membership = self._joined(claim)
         except BaseException:
@@ -264,16 +282,25 @@ class Supervisor:
         return None if row is None else int(row.attempt)
 
     def _run_attempt(
-        self, membership: Membership, identity: JobIdentity | None, devices: DeviceSet | None
+        self,
+        membership: Membership,
+        identity: JobIdentity | None,
+        devices: DeviceSet | None,
+        warm: WarmSandbox | None,
     ) -> None:
-        """Prepare, run and record this worker's part; its directory goes on every path."""
+        """Prepare, run and record this worker's part (in ``warm``'s directory, when a sandbox
+        was prepared); its directory goes on every path."""
         job_id, attempt = membership.job_id, membership.attempt
         root = self.workspace.attempt_root(job_id, attempt, membership.node_rank)
         try:
             try:
                 with membership.keep_alive():
                     job, directory = self.workspace.prepare(
-                        job_id, attempt, identity, node_rank=membership.node_rank
+                        job_id,
+                        attempt,
+                        identity,
+                        node_rank=membership.node_rank,
+                        skeleton=self.warm.skeleton_for(warm),
                     )
                     device = worker_device(self.settings.worker_device)
             except Exception as exc:
@@ -281,11 +308,13 @@ class Supervisor:
                 membership.failed_outside_torchrun(f"could not prepare the job: {exc}")
                 return
             try:
-                self._launch_and_watch(membership, job, directory, device, identity, devices)
+                self._launch_and_watch(membership, job, directory, device, identity, devices, warm)
             except Exception as exc:
                 logger.exception("job %s: the supervisor failed during %s", job_id, membership.name)
                 membership.failed_outside_torchrun(f"the worker could not run the job: {exc}")
         finally:
+            if warm is not None:
+                self.warm.discard(warm, keep_identity=True)
             remove_attempt_directory(root)
 
     def _launch_and_watch(
@@ -296,22 +325,39 @@ class Supervisor:
         device: str,
         identity: JobIdentity | None,
         devices: DeviceSet | None = None,
+        warm: WarmSandbox | None = None,
     ) -> None:
         with membership.keep_alive():  # (restoring large artifacts takes a while)
             artifacts = self.workspace.artifact_sync(job, membership.attempt, directory, identity)
         nproc = int(job.num_processes) // membership.nodes
-        running = start_torchrun(
+        spec = membership.launch_spec(str(directory.visible(directory.job_file)), nproc)
+        env = job_environment(
             self.settings,
-            self.workspace.plan,
-            self.limits,
-            membership.launch_spec(str(directory.visible(directory.job_file)), nproc),
-            directory=directory,
-            identity=identity,
+            directory,
+            identity,
             device=device,
             job_id=job.id,
             nproc=nproc,
             visible_devices=None if devices is None else devices.visible_devices,
+            extra=spec.env,
         )
+
+        def cold() -> RunningTorchrun:
+            return start_torchrun(
+                self.settings,
+                self.workspace.plan,
+                self.limits,
+                spec,
+                env,
+                directory=directory,
+                identity=identity,
+                device=device,
+            )
+
+        running, path = self.warm.start(warm, spec, env, cold)
+        logger.info("job %s %s: %s", job.id, membership.name, path.removeprefix("ace3: "))
+        running.lines.put(service_line(path))
+        self.warm.prepare()  # the next job's, while this one runs
         watch = AttemptWatch(
             job.id,
             membership.attempt,

@@ -21,7 +21,9 @@ class SupervisedTask(Task):
     @property
     def supervisor(self) -> Supervisor:
         if self._supervisor is None:
-            self._supervisor = Supervisor(get_settings(), node_id=registered_worker_id())
+            self._supervisor = Supervisor(
+                get_settings(), node_id=registered_worker_id(), keeps_warm_sandboxes=True
+            )
         return self._supervisor
 
 

@@ -103,7 +103,10 @@ class Workspace:
         attempt: int,
         identity: JobIdentity | None = None,
         node_rank: int | None = None,
+        skeleton: Path | None = None,
     ) -> tuple[Job, JobDirectory]:
+        """The attempt's job and its directory (made of ``skeleton``, a warm sandbox's, when
+        given: :func:`ace3_worker.job_dir.prepare_job_directory`)."""
         with self.sessions() as session:
             job = session.get(Job, job_id)
             assert job is not None
@@ -135,6 +138,7 @@ class Workspace:
                     else None  # (pruned meanwhile or not: this attempt has no use for it)
                 ),
                 teacher=teacher_rows(session, job),
+                skeleton=skeleton,
             )
             if resume_from is not None:
                 logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)

@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
 
 
-def _exit(code: int) -> None:
-    """Run atexit handlers and flush, then leave without interpreter finalization."""
+def finish() -> None:
+    """What the interpreter's shutdown does that a rank needs: atexit handlers run, streams
+    flushed (a warm launcher's rank calls it too: :mod:`ace3.runtime.warm_launcher`)."""
     try:
         atexit._run_exitfuncs()
     finally:
@@ -115,6 +116,13 @@ def _exit(code: int) -> None:
                     stream.flush()
             except (OSError, ValueError):
                 pass
+
+
+def _exit(code: int) -> None:
+    """Finish, then leave without interpreter finalization."""
+    try:
+        finish()
+    finally:
         os._exit(code)
 
 

@@ -73,7 +73,9 @@ def _leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-def main() -> NoReturn:
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run torchrun with ``argv`` (default: this process's arguments), then leave with its exit
+    status. The warm launcher (:mod:`ace3.runtime.warm_launcher`) calls it too."""
     node_id = os.environ.get("ACE3_NODE_ID", "")
     if node_id.isdigit():
         try:
@@ -83,7 +85,7 @@ def main() -> NoReturn:
     from torch.distributed.run import main as torchrun
 
     try:
-        torchrun()
+        torchrun(argv)
         code = 0
     except SystemExit as exc:
         code = _exit_status(exc)

@@ -92,7 +92,7 @@ def test_a_job_that_fits_is_claimed(
     job = _job(supervisor, 2)
     claimed: list[tuple[str, int]] = []
 
-    def claim_only(membership: Any, identity: Any, devices: Any) -> None:
+    def claim_only(membership: Any, identity: Any, devices: Any, warm: Any) -> None:
         # Stop before launching torchrun: the claim is what is tested.
         claimed.append((membership.job_id, membership.attempt))
 

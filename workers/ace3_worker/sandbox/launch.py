@@ -40,7 +40,7 @@ INFO_TIMEOUT_SECONDS = 30.0
 
 
 def sandbox_environment(
-    base: dict[str, str], directory: JobDirectory, owner: JobOwner | None, job_id: str
+    base: dict[str, str], directory: JobDirectory, owner: JobOwner | None, job_id: str | None
 ) -> dict[str, str]:
     """The ranks' environment inside the sandbox: the launcher's allow-list plus where the
     job's home and temporary directory are, its user name and job id."""
@@ -52,7 +52,8 @@ def sandbox_environment(
         else str(directory.tmp_dir)
     )
     env["USER"] = env["LOGNAME"] = owner.user_name if owner else "job"
-    env["ACE3_JOB_ID"] = job_id
+    if job_id is not None:
+        env["ACE3_JOB_ID"] = job_id
     runtime_bin = os.path.dirname(sys.executable)
     env["PATH"] = f"{runtime_bin}:/usr/local/bin:/usr/bin:/bin"
     return env
@@ -216,8 +217,11 @@ def launch(
     share_network: bool,
     device: str,
     limits: JobLimits,
+    inherited_fds: tuple[int, ...] = (),
 ) -> SandboxedProcess:
-    """Start ``command`` (torchrun) for the attempt in ``directory`` under ``plan``."""
+    """Start ``command`` (torchrun, or a warm launcher) for the attempt in ``directory`` under
+    ``plan``; ``inherited_fds`` stay open in it at the same numbers (the caller closes its
+    copies)."""
     pass_fds: list[int] = []
     info_read: int | None = None
     if device == "cuda":  # (GPU indices mean PCI bus order, as the bound device nodes do)
@@ -273,7 +277,7 @@ def launch(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            pass_fds=pass_fds,
+            pass_fds=[*pass_fds, *inherited_fds],
         )
     finally:
         for fd in pass_fds:
