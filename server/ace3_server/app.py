@@ -32,7 +32,7 @@ from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
 from ace3_server.reconciler import run_reconciler
 from ace3_server.retention import run_retention
-from ace3_server.searches.driver import run_search_driver
+from ace3_server.searches.driver import DriverWakes, run_search_driver
 from ace3_server.services import events
 from ace3_server.services.stream_listener import run_stream_listener
 from ace3_server.services.stream_wake import StreamHub
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
         app.state.key_cache = KeyCache(settings.api_key_cache_seconds)
         hub = _stream_hub(settings)
         app.state.stream_wakes = events.Wakes(hub, settings.stream_safety_poll_seconds)
+        app.state.search_driver = DriverWakes(app.state.session_factory, hub)
         loops = []
         if hub is not None:
             loops.append(
@@ -77,8 +78,18 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
         if run_background_loops:
             loops += [
                 asyncio.create_task(loop(app.state.session_factory, app.state.publisher, settings))
-                for loop in (run_reconciler, run_search_driver, run_webhook_deliveries)
+                for loop in (run_reconciler, run_webhook_deliveries)
             ]
+            loops.append(
+                asyncio.create_task(
+                    run_search_driver(
+                        app.state.session_factory,
+                        app.state.publisher,
+                        settings,
+                        app.state.search_driver,
+                    )
+                )
+            )
             if settings.log_retention_days or settings.metric_retention_days:
                 store = app.state.store
                 loops.append(

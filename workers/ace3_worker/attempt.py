@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from ace3.config.events import EventRecord, RefusedRecord, RunPlan
 from ace3_worker import reports
 
-POLL_SECONDS = 0.25  # the watch loop's pass, and the first wait before a database retry
+POLL_SECONDS = 0.25  # the watch loop's longest wait, and the first before a database retry
+# The watch loop's shortest pass: a job that writes without pause is stored in batches.
+MIN_PASS_SECONDS = 0.05
 MAX_DB_RETRY_SECONDS = 5.0  # the longest wait between retries through a database outage
 ERROR_TAIL_LINES = 40
 MAX_NOTICES_PER_ATTEMPT = 200  # refused records past this are counted, not each logged

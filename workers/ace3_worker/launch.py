@@ -44,12 +44,15 @@ class LaunchSpec:
 
 @dataclass
 class RunningTorchrun:
-    """A started torchrun and the threads that read its output into ``lines``."""
+    """A started torchrun and the threads that read its output into ``lines``; ``activity`` is
+    set when a line is queued, when an output stream ends and when torchrun exits (what wakes
+    the watch loop: :mod:`ace3_worker.watch`)."""
 
     process: SandboxedProcess
     lines: queue.Queue[reports.LogLine]
     limiter: LogLimiter
     pumps: list[threading.Thread]
+    activity: threading.Event
 
     def stop(self) -> int:
         """Kill whatever is left of the sandbox, wait for it and for the pumps; its exit
@@ -124,9 +127,13 @@ def follow_output(settings: Settings, process: SandboxedProcess) -> RunningTorch
         settings.max_log_bytes_per_job,
     )
     lines: queue.Queue[reports.LogLine] = queue.Queue()
+    activity = threading.Event()
     pumps = [
         threading.Thread(
-            target=_pump, args=(stream, name, lines, limiter), daemon=True, name=f"ace3-{name}"
+            target=_pump,
+            args=(stream, name, lines, limiter, activity),
+            daemon=True,
+            name=f"ace3-{name}",
         )
         for stream, name in (
             (process.process.stdout, "stdout"),
@@ -135,11 +142,23 @@ def follow_output(settings: Settings, process: SandboxedProcess) -> RunningTorch
     ]
     for pump in pumps:
         pump.start()
-    return RunningTorchrun(process, lines, limiter, pumps)
+    threading.Thread(
+        target=_wake_at_exit, args=(process, activity), daemon=True, name="ace3-exit"
+    ).start()
+    return RunningTorchrun(process, lines, limiter, pumps, activity)
+
+
+def _wake_at_exit(process: SandboxedProcess, activity: threading.Event) -> None:
+    process.process.wait()
+    activity.set()
 
 
 def _pump(
-    stream: IO[bytes], name: str, lines: queue.Queue[reports.LogLine], limiter: LogLimiter
+    stream: IO[bytes],
+    name: str,
+    lines: queue.Queue[reports.LogLine],
+    limiter: LogLimiter,
+    activity: threading.Event,
 ) -> None:
     """Read one of torchrun's streams line by line (a line is cut at MAX_LINE_CHARS bytes and
     its rest skipped), queueing what the limiter admits."""
@@ -155,4 +174,6 @@ def _pump(
             limiter.drop("the database is not keeping up with the job's log")
         elif limiter.admit(len(raw)):
             lines.put(reports.parse_log_line(name, raw.decode("utf-8", errors="replace")))
+            activity.set()
     stream.close()
+    activity.set()

@@ -42,6 +42,9 @@ def rank_environment(
 
 # torchrun's own default: how long it waits for its ranks after it passes them a SIGTERM.
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+# How often torchrun's agent looks at its ranks (its default, 0.1 s, is how late it may notice
+# that they ended: a tiny job's whole training). A look costs a few microseconds.
+MONITOR_INTERVAL = "--monitor-interval=0.02"
 
 
 def _shutdown(seconds: float) -> str:
@@ -64,6 +67,7 @@ def _standalone(nproc_per_node: int, shutdown_timeout: float) -> list[str]:
         "--nnodes=1",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
+        MONITOR_INTERVAL,
         _shutdown(shutdown_timeout),
     ]
 
@@ -117,6 +121,7 @@ def multinode_torchrun_command(
         f"--rdzv-conf={conf}",
         f"--local-addr={local_addr}",
         "--max-restarts=0",
+        MONITOR_INTERVAL,
         _shutdown(shutdown_timeout),
         *_runtime(job_file),
     ]

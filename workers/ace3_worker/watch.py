@@ -1,7 +1,8 @@
-"""Watching a running attempt: the loop that, every ``POLL_SECONDS`` until torchrun exits (and at
-once when it does), heartbeats, enforces ``max_runtime_seconds``, escalates SIGTERM to SIGKILL,
-stores a batch of output and syncs the artifacts; and riding out a database outage meanwhile and
-afterwards.
+"""Watching a running attempt: the loop that heartbeats, enforces ``max_runtime_seconds``,
+escalates SIGTERM to SIGKILL, stores a batch of output and syncs the artifacts, in a pass
+whenever the job writes a line (at most every ``MIN_PASS_SECONDS``), at least every
+``POLL_SECONDS``, and at once when torchrun exits; and riding out a database outage meanwhile
+and afterwards.
 
 What a heartbeat does (renew the job's lease, or a node's row) is the attempt's membership's
 (:mod:`ace3_worker.membership`); what it learned is applied here, the same way for a single-node
@@ -13,9 +14,7 @@ the preemption grace instead.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import subprocess
 import time
 from collections.abc import Callable
 
@@ -25,7 +24,13 @@ from ace3_control.models import Job
 from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
-from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS, AttemptWatch, Beat
+from ace3_worker.attempt import (
+    MAX_DB_RETRY_SECONDS,
+    MIN_PASS_SECONDS,
+    POLL_SECONDS,
+    AttemptWatch,
+    Beat,
+)
 from ace3_worker.drain import draining, grace_seconds
 from ace3_worker.ingest import Ingest
 from ace3_worker.job_dir import JobDirectory
@@ -93,6 +98,7 @@ class Watcher:
             self.ingest.store_batch(job, directory, watch, lines, events, running.limiter)
 
         next_heartbeat = next_artifact_sync = 0.0
+        passed = time.monotonic()
         try:
             while True:
                 exited = process.poll() is not None
@@ -112,13 +118,23 @@ class Watcher:
                     next_artifact_sync = time.monotonic() + self.settings.artifact_sync_seconds
                 if exited:
                     break
-                # (the next pass at once when torchrun exits: its outcome is not kept waiting)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=POLL_SECONDS)
+                self.wait_for_activity(running, passed)
+                passed = time.monotonic()
         finally:
             # Whatever happened, nothing of this attempt may outlive it.
             returncode = running.stop()
         return returncode
+
+    @staticmethod
+    def wait_for_activity(running: RunningTorchrun, passed: float) -> None:
+        """Until the job writes a line or torchrun exits (at once: its outcome is not kept
+        waiting), at most POLL_SECONDS; a job that writes without pause gets a pass at most
+        every MIN_PASS_SECONDS after the one that began at ``passed``."""
+        if running.activity.wait(timeout=POLL_SECONDS):
+            running.activity.clear()
+            rest = passed + MIN_PASS_SECONDS - time.monotonic()
+            if rest > 0 and running.process.poll() is None:
+                time.sleep(rest)
 
     def enforce_max_runtime(
         self, watch: AttemptWatch, process: SandboxedProcess, max_runtime: float

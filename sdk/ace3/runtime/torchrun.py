@@ -1,4 +1,4 @@
-"""The worker's torchrun: torchrun as it is, with two changes.
+"""The worker's torchrun: torchrun as it is, with three changes.
 
 It ends without the interpreter's finalization. Once torchrun's ``main`` returned (its ranks
 exited, its rendezvous closed), tearing down the modules of an interpreter that imported torch
@@ -14,6 +14,9 @@ counter)``. In the job sandbox every node's torchrun has the same small PID (its
 new), so two nodes of one job on the same machine (two workers of one host, or a test) would
 look like one node rejoining and the rendezvous would never fill. ``ACE3_NODE_ID`` (set by the
 worker: unique among the nodes of the machine) replaces the PID in the node's descriptor.
+
+A single node (``--standalone``) skips the c10d rendezvous's random delay of up to 0.3 s before
+its first round, which spreads the joins of many nodes over time: there are none to spread.
 
 The worker starts it by its path (:data:`COMMAND`), not with ``-m``: that would import the
 ``ace3`` package (the SDK: pydantic, httpx, rich; about 0.6 s) into a process that only runs
@@ -46,6 +49,20 @@ def _distinct_node_descriptors(node_id: int) -> None:
         return dynamic_rendezvous._NodeDesc(desc.addr, node_id, desc.local_id)
 
     generator.generate = generate  # type: ignore[method-assign]
+
+
+def _no_first_round_skew() -> None:
+    """A single node (``--standalone``) meets nobody: skip the random 0-0.3 s that the c10d
+    rendezvous waits before its first round to spread many nodes' joins over time."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    delay = dynamic_rendezvous._delay
+
+    def skip_skew(seconds: float | tuple[float, float]) -> None:
+        if not isinstance(seconds, tuple):  # (the first round's skew is the only range)
+            delay(seconds)
+
+    dynamic_rendezvous._delay = skip_skew
 
 
 def _exit_status(exc: SystemExit) -> int:
@@ -82,6 +99,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
             _distinct_node_descriptors(int(node_id))
         except (ImportError, AttributeError) as exc:  # (a torch without these internals)
             print(f"ace3: node descriptors left as torchrun makes them ({exc})", file=sys.stderr)
+    if "--standalone" in (sys.argv[1:] if argv is None else argv):
+        try:
+            _no_first_round_skew()
+        except (ImportError, AttributeError) as exc:  # (a torch without these internals)
+            print(f"ace3: the rendezvous keeps its first-round delay ({exc})", file=sys.stderr)
     from torch.distributed.run import main as torchrun
 
     try:

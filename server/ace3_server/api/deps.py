@@ -23,6 +23,7 @@ from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
 from ace3_server.auth import hash_key, key_matches, parse_lookup_prefix
 from ace3_server.key_cache import KeyCache
+from ace3_server.searches.driver import DriverWakes
 
 _bearer = HTTPBearer(
     auto_error=False, description="An ACE3 API key: `ace3 keys create --name NAME`."
@@ -52,10 +53,15 @@ def get_publisher(request: Request) -> JobPublisher:
     return request.app.state.publisher
 
 
+def get_search_driver(request: Request) -> DriverWakes:
+    return request.app.state.search_driver
+
+
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 PublisherDep = Annotated[JobPublisher, Depends(get_publisher)]
+SearchDriverDep = Annotated[DriverWakes, Depends(get_search_driver)]
 
 
 async def owner_of_key(

@@ -18,6 +18,7 @@ by another when that one dies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -53,9 +54,12 @@ from ace3_control.worker_registry import live_workers
 from ace3_server.searches import study as studies
 from ace3_server.searches.space import grid_point, trial_params
 from ace3_server.services.jobs import publish_safely
+from ace3_server.services.stream_wake import StreamHub
 
 logger = logging.getLogger(__name__)
 
+# On SQLite (no notifications), how often the driver looks for a running trial that ended.
+ENDED_POLL_SECONDS = 0.1
 EPOCH_METRIC = "epoch_train_loss"  # reported once per finished epoch: counts a trial's epochs
 
 
@@ -404,13 +408,76 @@ async def drive_once(
             await publish_safely(publisher, job_id)
 
 
+class DriverWakes:
+    """What wakes the driver before its next tick: a search created or cancelled through this
+    API process (:meth:`wake`), and a running trial's job that ended, so that its outcome is
+    recorded and the next trial starts at once. On Postgres the API process's LISTEN
+    connection tells of ended jobs (``hub``: migration 0015's ``ace3_job_ended``); on SQLite,
+    which notifies nobody, one query every ENDED_POLL_SECONDS looks for one."""
+
+    def __init__(
+        self, session_factory: async_sessionmaker[AsyncSession], hub: StreamHub | None
+    ) -> None:
+        self.session_factory = session_factory
+        self.hub = hub
+        self.jobs: set[str] = set()  # the jobs of running trials, as of the last pass
+        self._ended = asyncio.Event()
+        if hub is not None:
+            hub.observe_ended(self._notified)
+
+    def wake(self) -> None:
+        self._ended.set()
+
+    def _notified(self, job_id: str | None) -> None:
+        if job_id is None or job_id in self.jobs:  # (None: the listener may have missed some)
+            self._ended.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Until woken, at most ``timeout`` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                if self.hub is not None:
+                    await self._ended.wait()
+                else:
+                    while not (self._ended.is_set() or await self._any_ended()):
+                        await asyncio.sleep(ENDED_POLL_SECONDS)
+        self._ended.clear()
+
+    async def _any_ended(self) -> bool:
+        async with self.session_factory() as session:
+            found = await session.scalar(
+                select(SearchTrial.id)
+                .join(Job, Job.id == SearchTrial.job_id)
+                .where(SearchTrial.state == TrialState.RUNNING, Job.state.in_(TERMINAL_STATES))
+                .limit(1)
+            )
+        return found is not None
+
+
+async def running_trial_jobs(session_factory: async_sessionmaker[AsyncSession]) -> set[str]:
+    async with session_factory() as session:
+        rows = await session.scalars(
+            select(SearchTrial.job_id).where(
+                SearchTrial.state == TrialState.RUNNING, SearchTrial.job_id.is_not(None)
+            )
+        )
+        return {job_id for job_id in rows if job_id is not None}
+
+
 async def run_search_driver(
-    session_factory: async_sessionmaker[AsyncSession], publisher: JobPublisher, settings: Settings
+    session_factory: async_sessionmaker[AsyncSession],
+    publisher: JobPublisher,
+    settings: Settings,
+    wakes: DriverWakes,
 ) -> None:
+    """Advance the active searches every ``search_tick_seconds``, and at once when ``wakes``
+    says (:class:`DriverWakes`)."""
     driver_id = driver_identity()
     while True:
         try:
             await drive_once(session_factory, publisher, settings, driver_id)
+            wakes.jobs = await running_trial_jobs(session_factory)
         except Exception:
             logger.exception("search driver pass failed; trying again")
-        await asyncio.sleep(settings.search_tick_seconds)
+        await wakes.wait(settings.search_tick_seconds)

@@ -75,6 +75,8 @@ class StreamHub:
 
     def __init__(self) -> None:
         self._jobs: dict[str, JobWakes] = {}
+        # Told of every job that reached a final state (None: some may have been missed).
+        self._ended_observers: list[Callable[[str | None], None]] = []
         self.listening = False
         self.connects = 0  # (the listener's connections so far: a reconnect shows here)
 
@@ -100,6 +102,16 @@ class StreamHub:
         """After the listener (re)connected: notifications may have been missed meanwhile."""
         for wakes in self._jobs.values():
             wakes.wake()
+        for observer in self._ended_observers:
+            observer(None)
+
+    def observe_ended(self, observer: Callable[[str | None], None]) -> None:
+        """Call ``observer`` with the id of every job that reaches a final state."""
+        self._ended_observers.append(observer)
+
+    def job_ended(self, job_id: str) -> None:
+        for observer in self._ended_observers:
+            observer(job_id)
 
     @property
     def followed_jobs(self) -> int:

@@ -19,9 +19,10 @@ from tests.conftest import free_port
 
 
 @contextlib.contextmanager
-def serve(settings: Settings) -> Iterator[tuple[Any, str]]:
-    """(the app, its base URL) while it runs; background loops off."""
-    app = create_app(settings, run_background_loops=False)
+def serve(settings: Settings, background_loops: bool = False) -> Iterator[tuple[Any, str]]:
+    """(the app, its base URL) while it runs; background loops (reconciler, search driver,
+    webhook deliveries) off unless asked for."""
+    app = create_app(settings, run_background_loops=background_loops)
     port = free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1

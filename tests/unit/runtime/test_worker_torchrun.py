@@ -55,3 +55,14 @@ def test_system_exit_keeps_the_interpreters_exit_status(capsys) -> None:
     assert _exit_status(SystemExit(4)) == 4
     assert _exit_status(SystemExit("bad arguments")) == 1
     assert "bad arguments" in capsys.readouterr().err
+
+
+def test_a_single_node_skips_the_rendezvous_first_round_skew(monkeypatch) -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    slept: list[float] = []
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", slept.append)
+    worker_torchrun._no_first_round_skew()
+    dynamic_rendezvous._delay((0, 0.3))  # the first round's random skew: skipped
+    dynamic_rendezvous._delay(1)  # a wait for other nodes: kept
+    assert slept == [1]

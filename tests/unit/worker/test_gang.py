@@ -216,7 +216,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
 
     leader, follower = command(True), command(False)
     run = leader.index(str(TORCHRUN_SCRIPT))  # (ace3.runtime.torchrun, by its path)
-    assert leader[run + 1 : run + 11] == [
+    assert leader[run + 1 : run + 12] == [
         "--nnodes=2",
         "--nproc-per-node=4",
         "--rdzv-backend=c10d",
@@ -225,6 +225,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
         "--rdzv-conf=is_host=true,join_timeout=300",
         "--local-addr=10.0.0.6",
         "--max-restarts=0",
+        "--monitor-interval=0.02",
         "--shutdown-timeout=30",  # (the worker passes its longest grace)
         "-m",
     ]

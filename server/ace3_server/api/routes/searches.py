@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.models import Search, SearchState, SearchTrial
-from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep
+from ace3_server.api.deps import OwnerDep, SearchDriverDep, SessionDep, SettingsDep
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routes.jobs import IdempotencyKey
 from ace3_server.api.routing import error_responses, resource_router
@@ -47,6 +47,7 @@ async def create_search(
     session: SessionDep,
     owner_id: OwnerDep,
     settings: SettingsDep,
+    driver: SearchDriverDep,
     idempotency_key: IdempotencyKey = None,
 ) -> SearchOut:
     search, created = await searches.create_search(
@@ -56,6 +57,7 @@ async def create_search(
         idempotency_key=idempotency_key,
         settings=settings,
     )
+    driver.wake()  # (committed: its first trial starts now, not at the driver's next tick)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return searches.search_out(search, await searches.trials_of(session, search.id))
 
@@ -94,11 +96,12 @@ async def get_search(search_id: StoredText, session: SessionDep, owner_id: Owner
     responses=NOT_FOUND,
 )
 async def cancel_search(
-    search_id: StoredText, session: SessionDep, owner_id: OwnerDep
+    search_id: StoredText, session: SessionDep, owner_id: OwnerDep, driver: SearchDriverDep
 ) -> SearchOut:
     search = await searches.cancel_search(
         session, await searches.get_owned_search(session, owner_id, search_id)
     )
+    driver.wake()  # (committed: its running trials are stopped now)
     return searches.search_out(search, await searches.trials_of(session, search.id))
 
 
