@@ -12,7 +12,6 @@ Torch-free: the worker imports it.
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Annotated, Literal
 
@@ -61,25 +60,28 @@ def send_message(sock: socket.socket, message: LauncherStarted | LauncherReady |
 
 
 def read_line(sock: socket.socket) -> bytes:
-    """One line (without its newline); b"" when the other side closed before sending one."""
+    """One line (without its newline); b"" when the other side closed before sending one. Reads
+    nothing past the newline (it peeks first), so the next line stays for the next call."""
     data = b""
-    while b"\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
+    while True:
+        peeked = sock.recv(65536, socket.MSG_PEEK)
+        if not peeked:
             return b""
-        data += chunk
+        end = peeked.find(b"\n")
+        data += sock.recv(len(peeked) if end < 0 else end + 1)
         if len(data) > MAX_MESSAGE_BYTES:
             raise ValueError(f"a launcher message longer than {MAX_MESSAGE_BYTES} bytes")
-    return data.partition(b"\n")[0]
+        if data.endswith(b"\n"):
+            return data[:-1]
 
 
 def parse_started(line: bytes) -> LauncherStarted:
-    return LauncherStarted.model_validate(json.loads(line))
+    return LauncherStarted.model_validate_json(line)
 
 
 def parse_ready(line: bytes) -> LauncherReady:
-    return LauncherReady.model_validate(json.loads(line))
+    return LauncherReady.model_validate_json(line)
 
 
 def parse_job(line: bytes) -> WarmJob:
-    return WarmJob.model_validate(json.loads(line))
+    return WarmJob.model_validate_json(line)

@@ -1,0 +1,146 @@
+"""The warm path's small parts: the launcher's control messages (typed, bounded), which slots
+prepare sandboxes, the cold path's reasons, the GPUs a claim keeps for a prepared sandbox, and
+the code fingerprint that retires a launcher older than the code on disk."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from ace3.config import warm_launch
+from ace3.config.warm_launch import (
+    MAX_MESSAGE_BYTES,
+    LauncherReady,
+    LauncherStarted,
+    WarmJob,
+    parse_job,
+    parse_ready,
+    parse_started,
+    read_line,
+    send_message,
+)
+from ace3_control.settings import Settings
+from ace3_worker import warm
+from ace3_worker.gpu_sets import DeviceAllocator
+from ace3_worker.launch import LaunchSpec
+from ace3_worker.launcher import torchrun_command, warm_torchrun_args
+from ace3_worker.warm import WarmSlot
+
+
+def test_messages_travel_as_one_line_each_and_come_back_typed() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        send_message(theirs, LauncherStarted())
+        send_message(theirs, LauncherReady(seconds=2.5))
+        job = WarmJob(argv=["--standalone", "--job", "/job/job.json"], env={"A": "1", "B": ""})
+        send_message(ours, job)
+        assert parse_started(read_line(ours)) == LauncherStarted()
+        assert parse_ready(read_line(ours)).seconds == 2.5
+        assert parse_job(read_line(theirs)) == job
+        theirs.close()
+        assert read_line(ours) == b"", "the other side closed: no line"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"type": "job", "argv": [], "env": {"A=B": "x"}}',  # (a name with "=")
+        b'{"type": "job", "argv": [], "env": {}, "extra": 1}',
+        b'{"type": "ready", "seconds": -1}',
+        b"not json",
+    ],
+)
+def test_a_malformed_message_is_refused(line: bytes) -> None:
+    parse = parse_job if b'"job"' in line else parse_ready
+    with pytest.raises(ValidationError):
+        parse(line)
+
+
+def test_a_line_past_the_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warm_launch, "MAX_MESSAGE_BYTES", 1000)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(b"x" * 2000)
+        with pytest.raises(ValueError, match="longer than 1000 bytes"):
+            read_line(ours)
+    assert MAX_MESSAGE_BYTES == 1 << 20
+
+
+def test_warm_arguments_are_the_cold_commands_options_with_a_forked_rank_entry() -> None:
+    cold = torchrun_command("/job/job.json", 2, 65)
+    warm_args = warm_torchrun_args("/job/job.json", 2, 65)
+    options = cold[2 : cold.index("-m")]  # (after the interpreter and torchrun's path)
+    assert warm_args[: len(options)] == options
+    run_path = warm_args[len(options) :]
+    assert run_path[:2] == ["--run-path", "--start-method=fork"]
+    assert Path(run_path[2]).name == "warm_rank.py" and Path(run_path[2]).is_file()
+    assert run_path[3:] == ["--job", "/job/job.json"]
+
+
+def _slot(tmp_path: Path, **settings: Any) -> WarmSlot:
+    values = Settings(data_dir=tmp_path, sandbox="none", worker_device="cpu", **settings)
+    workspace = SimpleNamespace(plan=SimpleNamespace(visible_root=None), lease_identity=None)
+    return WarmSlot(values, workspace, None, None, settings.pop("keeps", True))  # type: ignore[arg-type]
+
+
+def test_only_a_long_lived_slot_with_warm_launch_on_prepares_a_sandbox(tmp_path: Path) -> None:
+    spec = LaunchSpec(torchrun_command("/j", 1), warm_args=warm_torchrun_args("/j", 1))
+    off = WarmSlot(Settings(data_dir=tmp_path, warm_launch=False), None, None, None)  # type: ignore[arg-type]
+    off.prepare()  # (would need a workspace to lease a uid: it never gets there)
+    assert off.prepared is None
+    assert off._cold_reason(None, spec, {}) == "warm launch is off (ACE3_WARM_LAUNCH=false)"
+    one_job = WarmSlot(Settings(data_dir=tmp_path), None, None, None, keeps_sandboxes=False)  # type: ignore[arg-type]
+    one_job.prepare()
+    assert one_job.prepared is None
+    assert one_job._cold_reason(None, spec, {}).startswith("this supervisor runs one job")
+    slot = WarmSlot(Settings(data_dir=tmp_path), None, None, None)  # type: ignore[arg-type]
+    multi_node = LaunchSpec(["torchrun"], share_network=True)
+    assert "multi-node" in str(slot._cold_reason(None, multi_node, {}))
+    assert slot._cold_reason(None, spec, {}) == (
+        "no sandbox was prepared yet (this slot's first job)"
+    )
+
+
+def test_a_cuda_slot_prepares_its_share_of_the_gpus_and_a_claim_keeps_them(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(data_dir=tmp_path, worker_slots=2, worker_device="cuda")
+    slot = WarmSlot(settings, None, None, ("0", "1", "2", "3"))  # type: ignore[arg-type]
+    assert slot.visible_devices == "0,1"
+    prepared = SimpleNamespace(env={"CUDA_VISIBLE_DEVICES": "2,3"}, problem=None)
+    assert slot.preferred_devices(prepared) == ("2", "3")  # type: ignore[arg-type]
+    spec = LaunchSpec(torchrun_command("/j", 2), warm_args=warm_torchrun_args("/j", 2))
+    other = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert slot._cold_reason(prepared, spec, other) == (  # type: ignore[arg-type]
+        "its GPUs (0,1) are not the ones the prepared sandbox binds (2,3)"
+    )
+    allocator = DeviceAllocator(("0", "1", "2", "3"), tmp_path / "locks")
+    with allocator.reserving_free() as free:
+        free.keep(2, prefer=("2", "3"))
+    assert free.devices == ("2", "3")
+    free.release()
+    with allocator.reserving_free() as free:
+        free.keep(1, prefer=("2", "3"))  # (another count: the first free ones)
+    assert free.devices == ("0",)
+    free.release()
+
+
+def test_the_fingerprint_changes_when_the_code_on_disk_does(tmp_path: Path) -> None:
+    before = warm.code_fingerprint()
+    assert before == warm.code_fingerprint()
+    source = Path(warm_launch.__file__)
+    stat = source.stat()
+    try:
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+        assert warm.code_fingerprint() != before
+    finally:
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert warm.code_fingerprint() == before
+    assert time.monotonic() > 0
