@@ -1,7 +1,9 @@
 """The training engine under real torchrun (gloo, CPU) on scikit-learn's digits.
 
-Every run here is a real ``torchrun --standalone -m ace3.runtime --job job.json``; runs are
-shared between tests through module-scoped fixtures to keep the total time small.
+Every run here is a real ``torchrun --standalone`` of the engine on a job.json, its ranks forked
+from a warm launcher as on a worker, except the main run (``-m ace3.runtime``: the cold path),
+which the warm repeat must match bit for bit; runs are shared between tests through
+module-scoped fixtures to keep the total time small.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 import torch
 
 from tests.model_files import OOM_ON_RANK_1_MODEL_FILE
+from tests.warm_runs import WARM_RUNS
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +45,11 @@ def build_model(**kwargs):
 
 
 def run_job(
-    job: dict[str, Any], job_dir: Path, nproc: int | None = 2
+    job: dict[str, Any], job_dir: Path, nproc: int | None = 2, cold: bool = False
 ) -> subprocess.CompletedProcess:
-    """Write job.json and run it: under torchrun with ``nproc`` ranks, or plainly if None."""
+    """Write job.json and run it: under torchrun with ``nproc`` ranks, or plainly if None. The
+    ranks are forks of a warm launcher, as on a worker (:mod:`tests.warm_runs`), unless
+    ``cold``: then torchrun starts each rank as ``python -m ace3.runtime``."""
     job_dir.mkdir(parents=True, exist_ok=True)
     job = {**job, "output_dir": str(job_dir / "output")}
     job_path = job_dir / "job.json"
@@ -57,6 +62,8 @@ def run_job(
     }
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
+    if nproc is not None and not cold:
+        return WARM_RUNS.run(str(job_path), nproc, env)
     if nproc is None:
         cmd = [sys.executable, "-m", "ace3.runtime", "--job", str(job_path)]
     else:
@@ -124,7 +131,7 @@ def base_job(workdir: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def main_run(workdir: Path, base_job: dict[str, Any]) -> tuple[Path, subprocess.CompletedProcess]:
     job_dir = workdir / "main"
-    done = run_job(base_job, job_dir)
+    done = run_job(base_job, job_dir, cold=True)  # (the repeat below runs warm: the same)
     assert_ok(done)
     return job_dir, done
 

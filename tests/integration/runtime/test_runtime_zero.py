@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.warm_runs import WARM_RUNS
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +51,9 @@ def build_model(hidden=64):
 def run_job(
     job: dict[str, Any], job_dir: Path, nproc: int, expect_ok: bool = True
 ) -> subprocess.CompletedProcess:
-    """Write job.json and run it under ``torchrun --standalone`` with ``nproc`` ranks (and
-    check that it succeeded, or with ``expect_ok=False`` that it failed)."""
+    """Write job.json and run it under ``torchrun --standalone`` with ``nproc`` ranks, forked
+    from a warm launcher as on a worker (:mod:`tests.warm_runs`), and check that it succeeded
+    (or with ``expect_ok=False`` that it failed)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     job = {**job, "output_dir": str(job_dir / "output")}
     (job_dir / "job.json").write_text(json.dumps(job))
@@ -63,10 +65,7 @@ def run_job(
     }
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(nproc), "-m", "ace3.runtime", "--job",
-           str(job_dir / "job.json")]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    done = WARM_RUNS.run(str(job_dir / "job.json"), nproc, env)
     assert (done.returncode == 0) == expect_ok, (
         f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     )

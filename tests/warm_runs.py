@@ -1,0 +1,99 @@
+"""Single-node torchrun runs for the engine's tests, started the way a worker's warm sandbox
+starts them: through a launcher (:mod:`ace3.runtime.warm_launcher`, here outside any sandbox)
+that imported torch, torchrun's agent and the engine before the run was known, whose ranks are
+its forks. The next run's launcher imports while the current one trains, so a test pays
+neither torchrun's import of torch nor each rank's (a 4-rank run spent most of its time there).
+
+``run(job_file, nproc, env)`` returns what ``subprocess.run([torchrun ...], capture_output=True,
+text=True)`` returns; the output, exit status and torchrun's error summary are torchrun's own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from ace3.config.warm_launch import WarmJob, parse_started, read_line, send_message
+from ace3.runtime.warm_launcher import COMMAND, WARM_RANK_ARGS
+
+# What changes from test to test in pytest's environment and means nothing to a run.
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+@dataclass
+class _Launcher:
+    process: subprocess.Popen[str]
+    control: socket.socket
+    env: dict[str, str]
+
+
+class WarmRuns:
+    """One spare launcher at a time, for the environment the last run asked for."""
+
+    def __init__(self) -> None:
+        self._spare: _Launcher | None = None
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    def _start(self, env: dict[str, str]) -> _Launcher:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            process = subprocess.Popen(
+                [*COMMAND, "--control-fd", str(theirs.fileno())],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+        return _Launcher(process, ours, env)
+
+    def _take(self, env: dict[str, str]) -> _Launcher:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and (spare.env != env or spare.process.poll() is not None):
+            self._stop(spare)
+            spare = None
+        return spare if spare is not None else self._start(env)
+
+    def run(
+        self, job_file: str, nproc: int, env: dict[str, str], timeout: float = 180
+    ) -> subprocess.CompletedProcess[str]:
+        """``torchrun --standalone --nproc-per-node nproc`` of the engine on ``job_file``."""
+        env = {key: value for key, value in env.items() if key not in VOLATILE}
+        launcher = self._take(env)
+        parse_started(read_line(launcher.control))
+        argv = ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}", "--max-restarts=0",
+                "--monitor-interval=0.02", *WARM_RANK_ARGS, "--job", job_file]  # fmt: skip
+        send_message(launcher.control, WarmJob(argv=argv, env=env))
+        with self._lock:
+            if self._spare is None:
+                self._spare = self._start(env)  # (the next run's, while this one trains)
+        try:
+            stdout, stderr = launcher.process.communicate(timeout=timeout)
+        finally:
+            self._stop(launcher)
+        return subprocess.CompletedProcess(
+            [*COMMAND, *argv], launcher.process.returncode, stdout, stderr
+        )
+
+    @staticmethod
+    def _stop(launcher: _Launcher) -> None:
+        launcher.control.close()
+        if launcher.process.poll() is None:
+            os.killpg(launcher.process.pid, 9)
+            launcher.process.communicate()
+
+    def close(self) -> None:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            self._stop(spare)
+
+
+WARM_RUNS = WarmRuns()
