@@ -32,7 +32,7 @@ demo: install
 test: install services browser
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 ## test-fast: only the tests not marked slow
 test-fast: install

@@ -216,7 +216,12 @@ class Settings(BaseSettings):
         "job; no account of the machine may use them.",
     )
     sandbox_uid_count: int = Field(
-        64, ge=1, le=65536, description="How many uids from sandbox_uid_base jobs may use."
+        64,
+        ge=1,
+        le=65536,
+        description="How many uids from sandbox_uid_base jobs may use: one per running job and "
+        "one per slot's prepared (warm) sandbox, so at least twice the slots of every worker of "
+        "the machine (with fewer free, a slot prepares no sandbox and its next job starts cold).",
     )
     sandbox_lock_dir: Path = Field(
         Path("/run/ace3-sandbox"),

@@ -9,7 +9,9 @@ sandbox: no process of the attempt outlives it.
 
 from __future__ import annotations
 
+import os
 import queue
+import select
 import threading
 from dataclasses import dataclass, field
 from typing import IO
@@ -149,7 +151,16 @@ def follow_output(settings: Settings, process: SandboxedProcess) -> RunningTorch
 
 
 def _wake_at_exit(process: SandboxedProcess, activity: threading.Event) -> None:
-    process.process.wait()
+    """Set ``activity`` once torchrun's sandbox has exited, without reaping it: the watch loop
+    does, so its PID is never freed while another thread might still signal it."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:  # (reaped already, or no pidfds here: the loop's next pass finds the exit)
+        return
+    try:
+        select.select([pidfd], [], [])  # (readable once the process has exited)
+    finally:
+        os.close(pidfd)
     activity.set()
 
 

@@ -54,7 +54,8 @@ from ace3_worker.messages import publish
 from ace3_worker.outcome import Outcomes
 from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError
 from ace3_worker.sandbox.limits import JobLimits
-from ace3_worker.warm import WarmSandbox, WarmSlot
+from ace3_worker.warm import WarmSlot
+from ace3_worker.warm_sandbox import WarmSandbox
 from ace3_worker.watch import Watcher, apply_beat
 from ace3_worker.workspace import Workspace
 
@@ -78,13 +79,19 @@ class Supervisor:
     job's message it handed back or passed on."""
 
     def __init__(
-        self, settings: Settings, node_id: str | None = None, *, keeps_warm_sandboxes: bool = False
+        self,
+        settings: Settings,
+        node_id: str | None = None,
+        *,
+        keeps_warm_sandboxes: bool = False,
+        slot: int = 0,
     ) -> None:
         """``node_id`` names this worker in multi-node gangs (one node per worker per attempt):
         the worker's registry id, shared by its slots (by default, this process's identity).
         ``keeps_warm_sandboxes``: a slot's supervisor, which lives as long as its process, keeps
         a sandbox prepared for its next job (:mod:`ace3_worker.warm`; unless
-        ``ACE3_WARM_LAUNCH=false``); one made for a single job starts it cold."""
+        ``ACE3_WARM_LAUNCH=false``); one made for a single job starts it cold. ``slot``: which of
+        the worker's slots (Celery pool processes) this one is."""
         self.settings = settings
         self.sessions = _sessions(settings.resolved_database_url)
         self.store = open_store(settings)
@@ -102,7 +109,9 @@ class Supervisor:
         self.devices = (
             None if pool is None else DeviceAllocator(pool, settings.resolved_worker_gpu_lock_dir)
         )
-        self.warm = WarmSlot(settings, self.workspace, self.limits, pool, keeps_warm_sandboxes)
+        self.warm = WarmSlot(
+            settings, self.workspace, self.limits, pool, keeps_warm_sandboxes, slot
+        )
 
     def run(self, job_id: str) -> None:
         """A message says there is work (``job_id``'s): take the job the fair queue says is
@@ -355,17 +364,17 @@ class Supervisor:
             )
 
         running, path = self.warm.start(warm, spec, env, cold)
-        logger.info("job %s %s: %s", job.id, membership.name, path.removeprefix("ace3: "))
-        running.lines.put(service_line(path))
-        self.warm.prepare()  # the next job's, while this one runs
-        watch = AttemptWatch(
-            job.id,
-            membership.attempt,
-            syncs_artifacts=membership.hosts_rank_zero,
-            preemptible=membership.nodes == 1,  # (a draining worker lets gangs run to the end)
-        )
-        events = reports.EventTail(directory.output_dir)
-        try:
+        try:  # (until the watch loop, which stops it on every path, owns it)
+            logger.info("job %s %s: %s", job.id, membership.name, path.removeprefix("ace3: "))
+            running.lines.put(service_line(path))
+            self.warm.prepare()  # the next job's, while this one runs
+            watch = AttemptWatch(
+                job.id,
+                membership.attempt,
+                syncs_artifacts=membership.hosts_rank_zero,
+                preemptible=membership.nodes == 1,  # (a draining worker lets gangs run to the end)
+            )
+            events = reports.EventTail(directory.output_dir)
             membership.started()
         except BaseException:
             running.stop()

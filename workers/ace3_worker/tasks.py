@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from billiard.process import current_process
 from celery import Task
 
 from ace3_control.queue import RUN_JOB_TASK
@@ -22,7 +23,10 @@ class SupervisedTask(Task):
     def supervisor(self) -> Supervisor:
         if self._supervisor is None:
             self._supervisor = Supervisor(
-                get_settings(), node_id=registered_worker_id(), keeps_warm_sandboxes=True
+                get_settings(),
+                node_id=registered_worker_id(),
+                keeps_warm_sandboxes=True,
+                slot=getattr(current_process(), "index", 0),  # (billiard's pool index)
             )
         return self._supervisor
 

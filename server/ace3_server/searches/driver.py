@@ -373,7 +373,9 @@ async def drive_once(
     publisher: JobPublisher,
     settings: Settings,
     driver_id: str,
-) -> None:
+) -> set[str]:
+    """One pass over the searches this process may drive; the jobs of their running trials."""
+    running: set[str] = set()
     async with session_factory() as session:
         now = utcnow()
         candidates = (
@@ -404,8 +406,18 @@ async def drive_once(
                 logger.exception("search %s: driver pass failed; retrying next pass", search_id)
                 continue
             await session.commit()
+            running |= set(
+                await session.scalars(
+                    select(SearchTrial.job_id).where(
+                        SearchTrial.search_id == search_id,
+                        SearchTrial.state == TrialState.RUNNING,
+                        SearchTrial.job_id.is_not(None),
+                    )
+                )
+            )
         for job_id in job_ids:
             await publish_safely(publisher, job_id)
+    return running
 
 
 class DriverWakes:
@@ -413,56 +425,65 @@ class DriverWakes:
     API process (:meth:`wake`), and a running trial's job that ended, so that its outcome is
     recorded and the next trial starts at once. On Postgres the API process's LISTEN
     connection tells of ended jobs (``hub``: migration 0015's ``ace3_job_ended``); on SQLite,
-    which notifies nobody, one query every ENDED_POLL_SECONDS looks for one."""
+    which notifies nobody, the jobs of the running trials are looked up by id every
+    ENDED_POLL_SECONDS while there are any. Each ended job wakes the driver once (a search
+    whose pass keeps failing, or that another process drives, never makes it spin)."""
 
     def __init__(
         self, session_factory: async_sessionmaker[AsyncSession], hub: StreamHub | None
     ) -> None:
         self.session_factory = session_factory
         self.hub = hub
-        self.jobs: set[str] = set()  # the jobs of running trials, as of the last pass
-        self._ended = asyncio.Event()
+        self._jobs: set[str] = set()  # the jobs of the running trials of the last pass
+        self._reported: set[str] = set()  # those that ended and woke the driver
+        self._woken = asyncio.Event()
         if hub is not None:
             hub.observe_ended(self._notified)
 
+    @property
+    def jobs(self) -> set[str]:
+        return self._jobs
+
+    @jobs.setter
+    def jobs(self, job_ids: set[str]) -> None:
+        self._jobs = job_ids
+        self._reported &= job_ids
+
     def wake(self) -> None:
-        self._ended.set()
+        self._woken.set()
 
     def _notified(self, job_id: str | None) -> None:
-        if job_id is None or job_id in self.jobs:  # (None: the listener may have missed some)
-            self._ended.set()
+        if job_id is None:  # (the listener reconnected: it may have missed some)
+            self._woken.set()
+        elif job_id in self._jobs and job_id not in self._reported:
+            self._reported.add(job_id)
+            self._woken.set()
 
     async def wait(self, timeout: float) -> None:
-        """Until woken, at most ``timeout`` seconds."""
+        """Until woken, at most ``timeout`` seconds. A job that ended before the last pass
+        read the running trials (so before its notification could be matched) counts too."""
         deadline = asyncio.get_running_loop().time() + timeout
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
-                if self.hub is not None:
-                    await self._ended.wait()
-                else:
-                    while not (self._ended.is_set() or await self._any_ended()):
+                while not self._woken.is_set() and not await self._newly_ended():
+                    if self.hub is not None:
+                        await self._woken.wait()
+                    else:
                         await asyncio.sleep(ENDED_POLL_SECONDS)
-        self._ended.clear()
+        self._woken.clear()
 
-    async def _any_ended(self) -> bool:
+    async def _newly_ended(self) -> bool:
+        pending = self._jobs - self._reported
+        if not pending:
+            return False
         async with self.session_factory() as session:
-            found = await session.scalar(
-                select(SearchTrial.id)
-                .join(Job, Job.id == SearchTrial.job_id)
-                .where(SearchTrial.state == TrialState.RUNNING, Job.state.in_(TERMINAL_STATES))
-                .limit(1)
+            ended = set(
+                await session.scalars(
+                    select(Job.id).where(Job.id.in_(pending), Job.state.in_(TERMINAL_STATES))
+                )
             )
-        return found is not None
-
-
-async def running_trial_jobs(session_factory: async_sessionmaker[AsyncSession]) -> set[str]:
-    async with session_factory() as session:
-        rows = await session.scalars(
-            select(SearchTrial.job_id).where(
-                SearchTrial.state == TrialState.RUNNING, SearchTrial.job_id.is_not(None)
-            )
-        )
-        return {job_id for job_id in rows if job_id is not None}
+        self._reported |= ended
+        return bool(ended)
 
 
 async def run_search_driver(
@@ -476,8 +497,7 @@ async def run_search_driver(
     driver_id = driver_identity()
     while True:
         try:
-            await drive_once(session_factory, publisher, settings, driver_id)
-            wakes.jobs = await running_trial_jobs(session_factory)
+            wakes.jobs = await drive_once(session_factory, publisher, settings, driver_id)
         except Exception:
             logger.exception("search driver pass failed; trying again")
         await wakes.wait(settings.search_tick_seconds)

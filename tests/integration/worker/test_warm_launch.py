@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,8 +25,9 @@ from ace3_worker.launch import LaunchSpec, RunningTorchrun, job_environment, sta
 from ace3_worker.launcher import torchrun_command, warm_torchrun_args
 from ace3_worker.sandbox.identity import JobIdentity
 from ace3_worker.sandbox.limits import JobLimits
-from ace3_worker.warm import WarmSandbox, WarmSlot
-from ace3_worker.workspace import Workspace
+from ace3_worker.warm import WarmSlot
+from ace3_worker.warm_sandbox import WarmSandbox
+from ace3_worker.workspace import Workspace, job_owner
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,6 +53,19 @@ def build_model():
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 10))
 """
 
+# Leaves a child behind: a fork that never execs holds whatever its rank's process held.
+FORKER = """
+import os, time
+from torch import nn
+
+
+def build_model():
+    if os.fork() == 0:
+        time.sleep(600)
+        os._exit(0)
+    return nn.Linear(64, 10)
+"""
+
 # What differs between any two runs of a job: the job, the agent's run and rendezvous.
 PER_RUN = {"ACE3_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
 
@@ -70,7 +85,12 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         targets=rng.integers(0, 10, 256),
     )
     (root / "model.py").write_text(MODEL)
-    for name, key in (("model.py", "models/o/m/model.py"), ("data.npz", "datasets/o/d/d.npz")):
+    (root / "forker.py").write_text(FORKER)
+    for name, key in (
+        ("model.py", "models/o/m/model.py"),
+        ("forker.py", "models/o/f/model.py"),
+        ("data.npz", "datasets/o/d/d.npz"),
+    ):
         store.put_file(key, root / name)
         rows[name] = SimpleNamespace(
             id=name, filename=name, storage_key=key, sha256=sha256_file(root / name),
@@ -94,6 +114,7 @@ def _directory(
     job_id: str,
     identity: JobIdentity | None,
     warm: WarmSandbox | None,
+    model: str = "model.py",
 ) -> JobDirectory:
     config = {"num_gpus": 2, "epochs": 2, "batch_size": 32, "seed": 11, "log_interval": 1}
     job = SimpleNamespace(id=job_id, config=config, model_kwargs={}, micro_batch_halvings=0)
@@ -102,24 +123,28 @@ def _directory(
         worker.store,
         job,  # type: ignore[arg-type]
         1,
-        worker.rows["model.py"],
+        worker.rows[model],
         worker.rows["data.npz"],
         None,
         None,
         visible_root=worker.workspace.plan.visible_root,
-        owner=warm_module.job_owner(identity),
+        owner=job_owner(identity),
         skeleton=slot.skeleton_for(warm),
     )
 
 
 def _run(
-    worker: SimpleNamespace, slot: WarmSlot, job_id: str, warm_args: bool = True
+    worker: SimpleNamespace,
+    slot: WarmSlot,
+    job_id: str,
+    warm_args: bool = True,
+    model: str = "model.py",
 ) -> tuple[JobDirectory, str, int]:
     """One 2-rank job through ``slot``: (its directory, the path's log line, exit status)."""
     warm = slot.take()
     identity = warm.identity if warm is not None else worker.workspace.lease_identity()
     try:
-        directory = _directory(worker, slot, job_id, identity, warm)
+        directory = _directory(worker, slot, job_id, identity, warm, model)
         job_file = str(directory.visible(directory.job_file))
         spec = LaunchSpec(
             torchrun_command(job_file, 2),
@@ -226,14 +251,14 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
     stale = slot.prepared
     assert stale is not None and stale.wait_started() is None
     monkeypatch.setattr(warm_module, "code_fingerprint", lambda: "0" * 64)
-    assert stale.unusable(warm_module.code_fingerprint()) == (
+    assert slot._unusable(stale) == (
         "the worker's code changed on disk after the prepared launcher started"
     )
     monkeypatch.undo()
     # One that died while it waited, too.
     stale.process.kill()
     stale.process.wait()
-    reason = stale.unusable(warm_module.code_fingerprint())
+    reason = slot._unusable(stale)
     assert reason is not None and reason.startswith("the prepared launcher exited"), reason
     directory, note, _ = _run(worker, slot, "jobdead")
     assert note.startswith("ace3: cold start: the prepared launcher exited"), note
@@ -241,3 +266,14 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
     slot.prepare()  # (the slot has a new one, ready for the next job)
     assert slot.prepared is not None and slot.prepared is not stale
     slot.discard(slot.take())  # type: ignore[arg-type]
+
+
+def test_a_child_a_rank_forked_does_not_keep_its_job_running(worker: SimpleNamespace) -> None:
+    """Its child holds what the rank held, the pipe torchrun's agent watched the rank's end by
+    included: the agent watches a forked rank by its pidfd, so the job ends with its rank."""
+    slot = _slot(worker)
+    slot.prepare()
+    started = time.monotonic()
+    _, note, code = _run(worker, slot, "jobforker", model="forker.py")
+    assert note.startswith("ace3: warm start") and code == 0
+    assert time.monotonic() - started < 60, "the job waited for its rank's child"

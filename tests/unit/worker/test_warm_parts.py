@@ -27,11 +27,11 @@ from ace3.config.warm_launch import (
     send_message,
 )
 from ace3_control.settings import Settings
-from ace3_worker import warm
+from ace3_worker import warm_sandbox
 from ace3_worker.gpu_sets import DeviceAllocator
 from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import torchrun_command, warm_torchrun_args
-from ace3_worker.warm import WarmSlot
+from ace3_worker.warm import WarmSlot, _share
 
 
 def test_messages_travel_as_one_line_each_and_come_back_typed() -> None:
@@ -46,6 +46,13 @@ def test_messages_travel_as_one_line_each_and_come_back_typed() -> None:
         assert parse_job(read_line(theirs)) == job
         theirs.close()
         assert read_line(ours) == b"", "the other side closed: no line"
+
+
+def test_the_launchers_first_line_is_a_started_message() -> None:
+    from ace3.runtime.warm_launcher import STARTED_LINE
+
+    assert STARTED_LINE.endswith(b"\n")
+    assert parse_started(STARTED_LINE[:-1]) == LauncherStarted()
 
 
 @pytest.mark.parametrize(
@@ -133,14 +140,60 @@ def test_a_cuda_slot_prepares_its_share_of_the_gpus_and_a_claim_keeps_them(
 
 
 def test_the_fingerprint_changes_when_the_code_on_disk_does(tmp_path: Path) -> None:
-    before = warm.code_fingerprint()
-    assert before == warm.code_fingerprint()
+    before = warm_sandbox.code_fingerprint()
+    assert before == warm_sandbox.code_fingerprint()
     source = Path(warm_launch.__file__)
     stat = source.stat()
     try:
         os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-        assert warm.code_fingerprint() != before
+        assert warm_sandbox.code_fingerprint() != before
     finally:
         os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert warm.code_fingerprint() == before
+    assert warm_sandbox.code_fingerprint() == before
     assert time.monotonic() > 0
+
+
+def test_each_slot_starts_with_its_own_share_of_the_gpus() -> None:
+    pool = ("0", "1", "2", "3")
+    assert [_share(pool, slot, 2) for slot in (0, 1, 2)] == ["0,1", "2,3", "0,1"]
+    assert _share(pool, 0, 1) == "0,1,2,3"
+    assert [_share(pool, slot, 3) for slot in (0, 1, 2, 3)] == ["0", "1", "2", "3"]
+    assert _share(("0",), 1, 4) == "0"
+
+
+def test_a_service_path_that_appears_under_the_python_retires_a_prepared_sandbox(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    plan = SimpleNamespace(
+        runtime_paths=(venv,), hidden=(venv / "data", venv / "ace3.db-wal", tmp_path / "store")
+    )
+    (tmp_path / "store").mkdir()  # (not under anything a sandbox binds: never in its view)
+    before = warm_sandbox.hidden_paths_present(plan)  # type: ignore[arg-type]
+    assert before == frozenset()
+    (venv / "ace3.db-wal").write_text("")
+    after = warm_sandbox.hidden_paths_present(plan)  # type: ignore[arg-type]
+    assert after == {venv / "ace3.db-wal"}
+    prepared = SimpleNamespace(
+        process=SimpleNamespace(poll=lambda: None), fingerprint="f", hidden=before
+    )
+    reason = warm_sandbox.WarmSandbox.unusable(prepared, "f", after)  # type: ignore[arg-type]
+    assert reason is not None and "ace3.db-wal" in reason
+    assert warm_sandbox.WarmSandbox.unusable(prepared, "f", before) is None  # type: ignore[arg-type]
+
+
+def test_the_sweep_removes_only_skeletons_nobody_holds(tmp_path: Path) -> None:
+    from ace3_worker.warm import _lock_directory
+
+    slot = WarmSlot(Settings(data_dir=tmp_path), None, None, None)  # type: ignore[arg-type]
+    slot.root.mkdir(parents=True)
+    (slot.root / "dead").mkdir()
+    (slot.root / "dead" / "etc").mkdir()
+    (slot.root / "live").mkdir()
+    held = _lock_directory(slot.root / "live")
+    try:
+        slot._sweep()
+        assert sorted(p.name for p in slot.root.iterdir()) == ["live"]
+    finally:
+        os.close(held)
