@@ -11,6 +11,7 @@ the code path a CUDA worker runs."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,7 +80,9 @@ def gpu_stack(
                     _stop(process)
 
 
-def _insert_jobs(database_url: str, owner_id: str, model_id: str, dataset_id: str) -> list[str]:
+def _insert_jobs(
+    database_url: str, owner_id: str, model_id: str, dataset_id: str, count: int
+) -> list[str]:
     config = ace3.TrainingConfig(num_gpus=2, batch_size=64, max_steps=2, epochs=1)
     engine = make_sync_engine(database_url, pooled=False)
     with Session(engine) as session:
@@ -91,10 +94,10 @@ def _insert_jobs(database_url: str, owner_id: str, model_id: str, dataset_id: st
                 config=config.model_dump(mode="json"),
                 model_kwargs={},
                 num_processes=2,
-                request_hash=f"gpu-sets-{index}",
+                request_hash=f"gpu-sets-{secrets.token_hex(4)}",
                 max_retries=0,
             )
-            for index in range(3)
+            for _ in range(count)
         ]
         session.add_all(jobs)
         session.commit()
@@ -119,8 +122,7 @@ def test_concurrent_jobs_each_get_their_own_devices_and_a_busy_worker_holds_no_m
     with ace3.Client(api_key=key, base_url=stack.base_url) as client:
         model = client.load_model(model_file)
         dataset = client.load_dataset(digits_files.train)
-        job_ids = _insert_jobs(database_url, owner_id, model.id, dataset.id)
-        pair, third = job_ids[:2], job_ids[2]
+        pair = _insert_jobs(database_url, owner_id, model.id, dataset.id, 2)
         for job_id in pair:
             publisher.publish(job_id)
 
@@ -128,6 +130,8 @@ def test_concurrent_jobs_each_get_their_own_devices_and_a_busy_worker_holds_no_m
             return [client.jobs.retrieve(job_id).state for job_id in ids]
 
         wait_for(lambda: states(pair) == ["running", "running"], 120, "both jobs to run")
+        # (queued only now: the reconciler re-publishes a job left queued for 10 s)
+        [third] = _insert_jobs(database_url, owner_id, model.id, dataset.id, 1)
         publisher.publish(third)
         time.sleep(0.5)  # (a prefetching worker takes a message within milliseconds)
         waiting = broker.llen(queue)

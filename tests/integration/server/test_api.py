@@ -67,6 +67,13 @@ def _wait_for_state(client: httpx.Client, job_id: str, state: str, timeout: floa
 
 
 # -- auth -----------------------------------------------------------------------------------------
+def _wait_until_ended(client: httpx.Client, job_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while client.get(f"/v1/jobs/{job_id}").json()["finished_at"] is None:
+        assert time.monotonic() < deadline, f"job {job_id} did not end in {timeout} s"
+        time.sleep(0.2)
+
+
 def test_missing_unknown_and_revoked_keys_get_the_same_401(stack: Stack) -> None:
     key, _ = stack.create_key("to-revoke")
     prefix = key.split("_")[1]
@@ -156,6 +163,7 @@ def test_another_owners_resources_are_404(
         ("body", "dataset_id"),
     }
     owner.post(f"/v1/jobs/{job_id}/cancel")
+    _wait_until_ended(owner, job_id)  # (the next tests compare this owner's job list)
 
 
 def test_invalid_python_is_refused_with_the_line(owner: httpx.Client) -> None:

@@ -111,7 +111,8 @@ def test_a_job_over_its_owner_s_quota_waits_until_the_first_ends(
         body = {
             "model_id": model.json()["id"],
             "dataset_id": data.json()["id"],
-            "config": {"max_steps": 1, "batch_size": 64, "num_gpus": 1, "validation_split": 0.0},
+            # (runs until cancelled: a job of a few steps ends before it is looked at)
+            "config": {"epochs": 1000, "batch_size": 64, "num_gpus": 1, "validation_split": 0.0},
             "priority": "high",
         }
         bad_priority = client.post("/v1/jobs", json={**body, "priority": "urgent"})
