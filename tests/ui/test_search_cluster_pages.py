@@ -46,12 +46,14 @@ def uploaded(ui_client: ace3.Client, digits_files: DigitsFiles) -> dict[str, str
     }
 
 
-def _search(ui_client: ace3.Client, uploaded: dict[str, str], name: str, **config: Any) -> Any:
+def _search(
+    ui_client: ace3.Client, uploaded: dict[str, str], name: str, epochs: int = 1, **config: Any
+) -> Any:
     hp = ace3.HPConfig(
         search_space=SPACE,
         algorithm="random",
         seed=3,
-        base_config=ace3.TrainingConfig(epochs=1, batch_size=64),
+        base_config=ace3.TrainingConfig(epochs=epochs, batch_size=64),
         **config,
     )
     return ui_client.searches.create(name=name, config=hp, **uploaded)
@@ -103,7 +105,10 @@ def test_cancel_a_search_from_its_page_and_no_page_for_others_searches(
     page: Any, stack: Stack, ui_key: tuple[str, str], ui_client: ace3.Client,
     uploaded: dict[str, str], tmp_path: Path,
 ) -> None:  # fmt: skip
-    search = _search(ui_client, uploaded, "ui-cancel", max_trials=20, parallel_trials=1)
+    # (trials that run until cancelled: a trial of one epoch ends before the page is read)
+    search = _search(
+        ui_client, uploaded, "ui-cancel", epochs=1000, max_trials=20, parallel_trials=1
+    )
     sign_in(page, stack, ui_key[0], f"#/searches/{search.id}")
     page.on("dialog", lambda dialog: dialog.accept())
     page.click("#cancel-search")

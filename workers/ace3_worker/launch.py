@@ -155,7 +155,7 @@ def _wake_at_exit(process: SandboxedProcess, activity: threading.Event) -> None:
     does, so its PID is never freed while another thread might still signal it."""
     try:
         pidfd = os.pidfd_open(process.pid)
-    except OSError:  # (reaped already, or no pidfds here: the loop's next pass finds the exit)
+    except (OSError, AttributeError):  # (reaped already, or no pidfds: the loop's next pass)
         return
     try:
         select.select([pidfd], [], [])  # (readable once the process has exited)

@@ -33,6 +33,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,6 +104,9 @@ class WarmSlot:
             return
         if draining():
             self._why_none = "the worker is draining (it prepares no more sandboxes)"
+            return
+        if not sys.platform.startswith("linux"):  # (ranks forked from a launcher: Linux only)
+            self._why_none = f"warm launchers need Linux (this is {sys.platform})"
             return
         try:
             self.prepared = self._start()

@@ -99,7 +99,7 @@ def watch_ranks_by_pidfd() -> None:
         launch(self, process_obj)  # (returns in this process only: the child leaves by os._exit)
         try:
             pidfd = os.pidfd_open(self.pid)
-        except OSError:  # (a kernel without pidfds: the pipe it is)
+        except (OSError, AttributeError):  # (a kernel without pidfds: the pipe it is)
             return
         self.sentinel = pidfd
         util.Finalize(self, os.close, (pidfd,))

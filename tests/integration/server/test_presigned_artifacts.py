@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,9 +18,17 @@ from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.models import Job, JobArtifact, JobState
 from ace3_control.settings import Settings
 from ace3_control.storage import open_store
-from tests.conftest import insert_job
+from tests.conftest import fresh_database, insert_job
 from tests.integration.server.in_process_api import add_key, serve
 from tests.object_store import ObjectStore
+
+
+@pytest.fixture()
+def database_url() -> Iterator[str]:
+    """A database of its own: the session stack's reconciler and worker would take the running
+    job this test inserts for theirs (re-queue it, fail it), and end it under the test."""
+    with fresh_database() as url:
+        yield url
 
 
 def test_running_jobs_artifacts_are_streamed_and_ended_ones_redirected(
