@@ -41,6 +41,9 @@ def _start_worker(stack: Stack, name: str, **overrides: str) -> subprocess.Popen
         "ACE3_WORKER_SLOTS": "1",
         "ACE3_WORKER_ADVERTISE_HOST": "127.0.0.1",
         "ACE3_WORK_DIR": str(stack.root / f"{name}-jobs"),
+        # (it runs nodes of multi-node jobs, which start cold: a sandbox it prepared would only
+        # take CPU from the tests' jobs)
+        "ACE3_WARM_LAUNCH": "false",
         **overrides,
     }
     log = (stack.root / f"{name}.log").open("ab")

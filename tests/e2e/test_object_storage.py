@@ -117,7 +117,13 @@ def second_s3_worker(
     """Another worker on the same database, broker and bucket, with a data directory of its own."""
     _, first, _ = s3_stack
     root = tmp_path_factory.mktemp("s3-worker2")
-    env = {**first.env, "ACE3_DATA_DIR": str(root), "ACE3_WORKER_SLOTS": "1"}
+    # (it runs a node of a multi-node job, which starts cold: nothing to prepare)
+    env = {
+        **first.env,
+        "ACE3_DATA_DIR": str(root),
+        "ACE3_WORKER_SLOTS": "1",
+        "ACE3_WARM_LAUNCH": "false",
+    }
     second = Stack(first.base_url, first.port, env, root)
     second.start_worker()
     try:

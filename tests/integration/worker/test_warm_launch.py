@@ -115,8 +115,9 @@ def _directory(
     identity: JobIdentity | None,
     warm: WarmSandbox | None,
     model: str = "model.py",
+    nproc: int = 2,
 ) -> JobDirectory:
-    config = {"num_gpus": 2, "epochs": 2, "batch_size": 32, "seed": 11, "log_interval": 1}
+    config = {"num_gpus": nproc, "epochs": 2, "batch_size": 32, "seed": 11, "log_interval": 1}
     job = SimpleNamespace(id=job_id, config=config, model_kwargs={}, micro_batch_halvings=0)
     return prepare_job_directory(
         worker.settings.resolved_work_dir,
@@ -139,19 +140,21 @@ def _run(
     job_id: str,
     warm_args: bool = True,
     model: str = "model.py",
+    nproc: int = 2,
 ) -> tuple[JobDirectory, str, int]:
-    """One 2-rank job through ``slot``: (its directory, the path's log line, exit status)."""
+    """One job of ``nproc`` ranks through ``slot``: (its directory, the path's log line, exit
+    status)."""
     warm = slot.take()
     identity = warm.identity if warm is not None else worker.workspace.lease_identity()
     try:
-        directory = _directory(worker, slot, job_id, identity, warm, model)
+        directory = _directory(worker, slot, job_id, identity, warm, model, nproc)
         job_file = str(directory.visible(directory.job_file))
         spec = LaunchSpec(
-            torchrun_command(job_file, 2),
-            warm_args=warm_torchrun_args(job_file, 2) if warm_args else None,
+            torchrun_command(job_file, nproc),
+            warm_args=warm_torchrun_args(job_file, nproc) if warm_args else None,
         )
         env = job_environment(
-            worker.settings, directory, identity, device="cpu", job_id=job_id, nproc=2
+            worker.settings, directory, identity, device="cpu", job_id=job_id, nproc=nproc
         )
 
         def cold() -> RunningTorchrun:
@@ -242,7 +245,7 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
     first = slot.prepared
     assert first is not None
     # A node of a multi-node job (no warm arguments): the same sandbox's uid and directory.
-    directory, note, _ = _run(worker, slot, "jobmulti", warm_args=False)
+    directory, note, _ = _run(worker, slot, "jobmulti", warm_args=False, nproc=1)
     assert note.startswith("ace3: cold start: a multi-node job's nodes meet over the host's"), note
     assert first.stopped and not first.handed and _losses(directory)
 
@@ -260,7 +263,7 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
     stale.process.wait()
     reason = slot._unusable(stale)
     assert reason is not None and reason.startswith("the prepared launcher exited"), reason
-    directory, note, _ = _run(worker, slot, "jobdead")
+    directory, note, _ = _run(worker, slot, "jobdead", nproc=1)
     assert note.startswith("ace3: cold start: the prepared launcher exited"), note
     assert stale.stopped and not stale.directory.root.exists()
     slot.prepare()  # (the slot has a new one, ready for the next job)
@@ -274,6 +277,6 @@ def test_a_child_a_rank_forked_does_not_keep_its_job_running(worker: SimpleNames
     slot = _slot(worker)
     slot.prepare()
     started = time.monotonic()
-    _, note, code = _run(worker, slot, "jobforker", model="forker.py")
+    _, note, code = _run(worker, slot, "jobforker", model="forker.py", nproc=1)
     assert note.startswith("ace3: warm start") and code == 0
     assert time.monotonic() - started < 60, "the job waited for its rank's child"
