@@ -17,7 +17,7 @@ import pytest
 import ace3
 from tests.conftest import DigitsFiles, Stack
 from tests.e2e.conftest import process_table, processes_of_job, wait_for
-from tests.model_files import OOM_ON_RANK_1_MODEL_FILE
+from tests.model_files import OOM_ON_RANK_1_MODEL_FILE, SLOW_STEP_MODEL_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -84,12 +84,17 @@ def test_a_rank_killed_by_sigkill_is_retried_and_ends_with_the_same_weights(
 ) -> None:
     import torch
 
-    model = client.load_model(digits_files.model)
+    # (steps of 30 ms: a job that starts warm trains its 115 steps of digits in a second,
+    # which could end it before rank 1 is found)
+    model_file = tmp_path / "slow_step.py"
+    model_file.write_text(SLOW_STEP_MODEL_FILE)
+    model = client.load_model(model_file)
     train_data = client.load_dataset(digits_files.train)
     config = ace3.TrainingConfig(num_gpus=2, batch_size=64, save_interval=5, log_interval=5, seed=7)
     trainer = ace3.DistributedTrainer(config)
-    reference = trainer.train(model, train_data, epochs=5, wait=False)
-    handle = trainer.train(model, train_data, epochs=5, wait=False)
+    kwargs = {"delay": 0.03}
+    reference = trainer.train(model, train_data, epochs=5, wait=False, model_kwargs=kwargs)
+    handle = trainer.train(model, train_data, epochs=5, wait=False, model_kwargs=kwargs)
     wait_for(lambda: len(client.jobs.checkpoints(handle.id)) >= 2, 120, "two checkpoints")
     victim = _rank_pid(handle.id, 1)
     assert victim is not None, "rank 1 of the job runs"

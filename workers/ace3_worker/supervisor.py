@@ -144,6 +144,7 @@ class Supervisor:
                 if devices is not None:
                     devices.release()
                 self.warm.prepare()  # (none is prepared after a job that never started)
+                self.warm.wait_until_ready()  # (the next message: to a slot that is ready)
 
     def _decline(self, job_id: str, reason: str) -> None:
         """Hand the message's job back for another worker (a gang's copy is passed on)."""

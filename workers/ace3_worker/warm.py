@@ -52,6 +52,8 @@ from ace3_worker.workspace import Workspace, job_owner
 logger = logging.getLogger(__name__)
 
 WARM_DIR = ".warm"
+# The longest a slot waits for its next launcher's imports before it takes another message.
+READY_WAIT_SECONDS = 60.0
 
 
 class WarmSlot:
@@ -159,6 +161,20 @@ class WarmSlot:
                 identity.release()
             raise
         return WarmSandbox(process, ours, identity, directory, lock, env, fingerprint, hidden)
+
+    def wait_until_ready(self) -> None:
+        """Wait until the prepared sandbox's launcher has imported everything (at most
+        READY_WAIT_SECONDS, and not while the worker drains). A slot calls it before it takes
+        another message: a message then goes to a slot whose sandbox is ready, never waits for
+        a launcher's imports while another slot has one ready (Celery hands a message to
+        whichever idle slot it likes)."""
+        warm = self.prepared
+        if warm is None or warm.wait_started() is not None:
+            return
+        deadline = time.monotonic() + READY_WAIT_SECONDS
+        while warm.ready_now(wait=0.5) is None:
+            if time.monotonic() > deadline or draining() or warm.process.poll() is not None:
+                return
 
     def take(self) -> WarmSandbox | None:
         """The prepared sandbox for the next attempt (no longer the slot's), or None."""

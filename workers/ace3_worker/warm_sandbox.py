@@ -124,13 +124,14 @@ class WarmSandbox:
         self.running = True
         return None
 
-    def ready_now(self) -> LauncherReady | None:
-        """Whether the launcher has said it is ready (it imported everything), without waiting
-        (a job handed before that waits in its socket until the imports are done)."""
+    def ready_now(self, wait: float = 0.0) -> LauncherReady | None:
+        """Whether the launcher has said it is ready (it imported everything), waiting at most
+        ``wait`` seconds (a job handed before that waits in its socket until it is)."""
         if self.ready is None and self.running:
             with contextlib.suppress(OSError, ValueError):
+                ready, _, _ = select.select([self.control], [], [], wait)
                 self.control.settimeout(0)
-                if b"\n" in self.control.recv(65536, socket.MSG_PEEK):  # (a whole line only)
+                if ready and b"\n" in self.control.recv(65536, socket.MSG_PEEK):  # (whole lines)
                     self.ready = parse_ready(read_line(self.control))
         return self.ready
 
