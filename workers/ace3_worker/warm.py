@@ -26,6 +26,7 @@ The sandbox itself and the conversation with its launcher are
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import logging
@@ -34,8 +35,10 @@ import secrets
 import shutil
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ace3.runtime.warm_launcher import COMMAND as LAUNCHER
@@ -54,11 +57,15 @@ logger = logging.getLogger(__name__)
 WARM_DIR = ".warm"
 # The longest a slot waits for its next launcher's imports before it takes another message.
 READY_WAIT_SECONDS = 60.0
+# The longest a slot waits for a preparation in flight (bubblewrap started, not its imports).
+PREPARE_WAIT_SECONDS = 30.0
 
 
 class WarmSlot:
-    """The warm sandbox of one worker slot (a worker process), prepared from its main thread:
-    bubblewrap's ``--die-with-parent`` follows the thread that started it."""
+    """The warm sandbox of one worker slot (a worker process). Sandboxes are prepared on a
+    thread of the slot's own that lives as long as its process (bubblewrap's
+    ``--die-with-parent`` follows the thread that started it), so preparing one never keeps
+    the slot's main thread from its job or its next message."""
 
     def __init__(
         self,
@@ -82,6 +89,9 @@ class WarmSlot:
         self.visible_devices = _share(pool, slot, settings.worker_slots) if pool else None
         self._why_none = "no sandbox was prepared yet (this slot's first job)"
         self._swept = False
+        self._lock = threading.Lock()
+        self._preparing: Future[None] | None = None
+        self._preparer: ThreadPoolExecutor | None = None
 
     @functools.cached_property
     def device(self) -> str:
@@ -98,11 +108,12 @@ class WarmSlot:
         return self.settings.resolved_work_dir / WARM_DIR
 
     def prepare(self) -> None:
-        """Start this slot's next sandbox, unless one is prepared, warm launch is off or the
-        worker is draining. It never raises: a failure is logged, and the next job starts
-        cold saying why. A slot holds two uids while a job runs (its job's and its next
-        sandbox's); with none free, the next job leases one when it is claimed."""
-        if self.prepared is not None or not (self.settings.warm_launch and self.keeps_sandboxes):
+        """Start preparing this slot's next sandbox (on the slot's preparing thread), unless
+        one is prepared or being prepared, warm launch is off or the worker is draining. It
+        never raises: a failure is logged, and the next job starts cold saying why. A slot holds
+        two uids while a job runs (its job's and its next sandbox's); with none free, the next
+        job leases one when it is claimed."""
+        if not (self.settings.warm_launch and self.keeps_sandboxes):
             return
         if draining():
             self._why_none = "the worker is draining (it prepares no more sandboxes)"
@@ -110,11 +121,29 @@ class WarmSlot:
         if not sys.platform.startswith("linux"):  # (ranks forked from a launcher: Linux only)
             self._why_none = f"warm launchers need Linux (this is {sys.platform})"
             return
+        with self._lock:
+            if self.prepared is not None or self._preparing is not None:
+                return
+            if self._preparer is None:  # (one thread, never ended: see the class's docstring)
+                self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ace3-warm")
+            self._preparing = self._preparer.submit(self._prepare_now)
+
+    def _prepare_now(self) -> None:
+        sandbox = None
         try:
-            self.prepared = self._start()
+            sandbox = self._start()
         except Exception as exc:
             logger.exception("could not prepare a warm sandbox")
             self._why_none = f"preparing a sandbox failed ({exc})"
+        with self._lock:
+            self.prepared, self._preparing = sandbox, None
+
+    def _settle(self) -> None:
+        """Wait for a preparation in flight (it takes a fraction of a second)."""
+        preparing = self._preparing
+        if preparing is not None:
+            with contextlib.suppress(TimeoutError):
+                preparing.result(timeout=PREPARE_WAIT_SECONDS)
 
     def _start(self) -> WarmSandbox:
         identity = self.workspace.lease_identity()
@@ -168,6 +197,7 @@ class WarmSlot:
         another message: a message then goes to a slot whose sandbox is ready, never waits for
         a launcher's imports while another slot has one ready (Celery hands a message to
         whichever idle slot it likes)."""
+        self._settle()
         warm = self.prepared
         if warm is None or warm.wait_started() is not None:
             return
@@ -178,7 +208,9 @@ class WarmSlot:
 
     def take(self) -> WarmSandbox | None:
         """The prepared sandbox for the next attempt (no longer the slot's), or None."""
-        warm, self.prepared = self.prepared, None
+        self._settle()
+        with self._lock:
+            warm, self.prepared = self.prepared, None
         return warm
 
     def skeleton_for(self, warm: WarmSandbox | None) -> Path | None:
@@ -196,7 +228,8 @@ class WarmSlot:
 
     def keep(self, warm: WarmSandbox) -> None:
         """The message found no job to run: the sandbox waits for the next one."""
-        self.prepared = warm
+        with self._lock:
+            self.prepared = warm
 
     def discard(self, warm: WarmSandbox, *, keep_identity: bool = False) -> None:
         """Done with a sandbox: stopped (:meth:`WarmSandbox.stop`), its skeleton removed unless

@@ -108,6 +108,15 @@ def _slot(worker: SimpleNamespace, **changes: Any) -> WarmSlot:
     return WarmSlot(settings, Workspace(settings, None, worker.store), worker.limits, None)  # type: ignore[arg-type]
 
 
+def _prepared(slot: WarmSlot) -> WarmSandbox | None:
+    """The slot's next sandbox, once its preparation (on the slot's own thread) is done."""
+    slot.prepare()
+    warm = slot.take()
+    if warm is not None:
+        slot.keep(warm)
+    return warm
+
+
 def _directory(
     worker: SimpleNamespace,
     slot: WarmSlot,
@@ -204,13 +213,11 @@ def _seen(directory: JobDirectory, rank: int) -> dict[str, Any]:
 
 def test_a_job_run_warm_matches_the_same_job_run_cold_bit_for_bit(worker: SimpleNamespace) -> None:
     slot = _slot(worker)
-    slot.prepare()
-    assert slot.prepared is not None
+    assert _prepared(slot) is not None
     warm_dir, warm_note, _ = _run(worker, slot, "jobwarm")
     assert warm_note.startswith("ace3: warm start: a sandbox prepared"), warm_note
     cold_slot = _slot(worker, warm_launch=False)
-    cold_slot.prepare()
-    assert cold_slot.prepared is None, "warm launch off: nothing is prepared"
+    assert _prepared(cold_slot) is None, "warm launch off: nothing is prepared"
     cold_dir, cold_note, _ = _run(worker, cold_slot, "jobcold")
     assert cold_note == "ace3: cold start: warm launch is off (ACE3_WARM_LAUNCH=false)"
 
@@ -241,8 +248,7 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
     worker: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slot = _slot(worker)
-    slot.prepare()
-    first = slot.prepared
+    first = _prepared(slot)
     assert first is not None
     # A node of a multi-node job (no warm arguments): the same sandbox's uid and directory.
     directory, note, _ = _run(worker, slot, "jobmulti", warm_args=False, nproc=1)
@@ -250,8 +256,7 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
     assert first.stopped and not first.handed and _losses(directory)
 
     # A launcher started before the code on disk changed is replaced, never used.
-    slot.prepare()
-    stale = slot.prepared
+    stale = _prepared(slot)
     assert stale is not None and stale.wait_started() is None
     monkeypatch.setattr(warm_module, "code_fingerprint", lambda: "0" * 64)
     assert slot._unusable(stale) == (
@@ -266,8 +271,8 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
     directory, note, _ = _run(worker, slot, "jobdead", nproc=1)
     assert note.startswith("ace3: cold start: the prepared launcher exited"), note
     assert stale.stopped and not stale.directory.root.exists()
-    slot.prepare()  # (the slot has a new one, ready for the next job)
-    assert slot.prepared is not None and slot.prepared is not stale
+    fresh = _prepared(slot)  # (the slot has a new one, ready for the next job)
+    assert fresh is not None and fresh is not stale
     slot.discard(slot.take())  # type: ignore[arg-type]
 
 
