@@ -3,7 +3,8 @@ priority, then owners take turns (one with 50 queued jobs does not starve one wi
 keep a job queued with waiting_reason ``quota``, and gangs fill oldest first.
 
 Each test works inside one transaction that first hides every other queued job of the session's
-database (the real stack shares it) and is rolled back at the end: nothing is left behind."""
+database (the real stack shares it) and is rolled back at the end: nothing is left behind. The
+concurrent claims commit, so they run on a database of their own."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ace3_control.capacity import Capacity
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.job_nodes import add_node
 from ace3_control.models import Job, JobState, Owner, StoredDataset, StoredModel, utcnow
+from tests.conftest import fresh_database
 
 CPU = Capacity("cpu", 8)
 
@@ -199,10 +201,18 @@ def test_a_message_s_job_that_fits_is_not_starved_by_many_that_do_not(
     assert claimed is not None and claimed.job_id == small
 
 
-def test_concurrent_claims_of_one_owner_keep_its_quota(database_url: str) -> None:
+@pytest.fixture()
+def own_database_url() -> Iterator[str]:
+    """A database of the test's own: jobs committed to the session's would be claimed by the
+    stack's worker (a claim takes the queue's best job, not only its message's)."""
+    with fresh_database() as url:
+        yield url
+
+
+def test_concurrent_claims_of_one_owner_keep_its_quota(own_database_url: str) -> None:
     """Two workers claim at once: the second waits for the first's claim of the owner's job
     (the owner's row lock), then finds the owner at its quota and leaves the second job queued."""
-    engine = make_sync_engine(database_url)
+    engine = make_sync_engine(own_database_url)
     sessions = sync_session_factory(engine)
     with sessions() as setup:
         jobs = Jobs(setup)
