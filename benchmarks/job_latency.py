@@ -77,19 +77,22 @@ QUIET_WINDOW = 0.5
 QUIET_MAX_WAIT = 20.0
 
 
-def _wall(value: datetime | None) -> float:
+def wall(value: datetime | None) -> float:
     assert value is not None
     return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
 
 
-def _cpu_idle_share(window: float) -> float:
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # (idle + iowait, all)
+def cpu_ticks() -> tuple[int, int]:
+    """The whole machine's CPU time since boot, all cores (/proc/stat, in clock ticks):
+    (idle + iowait, all)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields)
 
-    idle, total = sample()
+
+def _cpu_idle_share(window: float) -> float:
+    idle, total = cpu_ticks()
     time.sleep(window)
-    idle2, total2 = sample()
+    idle2, total2 = cpu_ticks()
     return (idle2 - idle) / max(1, total2 - total)
 
 
@@ -124,14 +127,14 @@ def one_job(
     path = next(
         line.line for line in logs if line.line.startswith("ace3: ") and "start" in line.line
     )
-    first_metric = min(_wall(metric.created_at) for metric in handle.metrics())
+    first_metric = min(wall(metric.created_at) for metric in handle.metrics())
     at = {
         **seen,
-        "launched": _wall(job.started_at),
-        "ranks up": _wall(ready.created_at),
+        "launched": wall(job.started_at),
+        "ranks up": wall(ready.created_at),
         "1st metric": first_metric,
-        "rank done": _wall(done.created_at),
-        "finished": _wall(job.finished_at),
+        "rank done": wall(done.created_at),
+        "finished": wall(job.finished_at),
     }
     # A job claimed and started within one poll of the event stream shows no ``starting``.
     at.setdefault("claimed", at["launched"])

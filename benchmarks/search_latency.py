@@ -24,7 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import ace3
@@ -35,22 +34,22 @@ sys.path.insert(0, str(REPO))
 
 from data import write_digits  # noqa: E402
 
-from benchmarks.job_latency import TEST_STACK_ENV, wait_until_quiet  # noqa: E402
+from benchmarks.job_latency import (  # noqa: E402
+    TEST_STACK_ENV,
+    cpu_ticks,
+    wait_until_quiet,
+    wall,
+)
 from benchmarks.stack import service  # noqa: E402
 
 MODEL = REPO / "tests" / "conformance" / "assets" / "model.py"
 SEARCH_ENV = {**TEST_STACK_ENV, "ACE3_SEARCH_TICK_SECONDS": "0.5"}
 
 
-def _wall(value: datetime | None) -> float:
-    assert value is not None
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-
-
 def cpu_busy_seconds() -> float:
-    """CPU time the whole machine has spent busy since boot (all cores, /proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    """CPU time the whole machine has spent busy since boot (all cores)."""
+    idle, total = cpu_ticks()
+    return (total - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def automatic(client: ace3.Client, train: Path, trials: int) -> tuple[float, list[str]]:
@@ -106,9 +105,9 @@ def job_seconds(client: ace3.Client, job_ids: list[str]) -> dict[str, float]:
     """Medians over the jobs: created to started, started to finished, created to finished."""
     rows = [client.jobs.retrieve(job_id) for job_id in job_ids]
     spans = {
-        "queued": [_wall(r.started_at) - _wall(r.created_at) for r in rows],
-        "running": [_wall(r.finished_at) - _wall(r.started_at) for r in rows],
-        "whole job": [_wall(r.finished_at) - _wall(r.created_at) for r in rows],
+        "queued": [wall(r.started_at) - wall(r.created_at) for r in rows],
+        "running": [wall(r.finished_at) - wall(r.started_at) for r in rows],
+        "whole job": [wall(r.finished_at) - wall(r.created_at) for r in rows],
     }
     return {name: statistics.median(values) for name, values in spans.items()}
 
