@@ -75,24 +75,13 @@ def database_url() -> Iterator[str]:
         yield url
 
 
-def _redis_database_number() -> int:
-    """1-15, at random; under pytest-xdist each worker process draws from numbers of its own
-    (their sessions run at once, and each flushes its number at the end)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not worker.startswith("gw"):
-        return secrets.randbelow(15) + 1
-    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    share = max(1, 15 // count)
-    return 1 + (int(worker[2:]) * share) % 15 + secrets.randbelow(share)
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A Redis database number of its own (1-15) for this run; flushed afterwards."""
     import redis
 
     host, port = REDIS_HOST_PORT.split(":")
-    number = _redis_database_number()
+    number = secrets.randbelow(15) + 1
     url = f"redis://{host}:{port}/{number}"
     client = redis.Redis.from_url(url)
     try:
