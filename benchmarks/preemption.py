@@ -1,4 +1,4 @@
-"""The per-step cost of the preemption check (:mod:`ace3.runtime.preemption`), side by side, on
+"""The per-step cost of the preemption check (:mod:`ace3.runtime.loop.preemption`), side by side, on
 2 gloo processes: a stand-in step (a fixed matrix product, ``--step-ms`` of work) run
 
 - **plain**: nothing else;
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk"))
 
 def _rank(rank: int, args: argparse.Namespace, port: int, out: dict[str, list[float]]) -> None:
     from ace3.config import TrainingConfig
-    from ace3.runtime.distributed import DistContext
-    from ace3.runtime.preemption import Preemption
+    from ace3.runtime.loop.preemption import Preemption
+    from ace3.runtime.process.distributed import DistContext
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

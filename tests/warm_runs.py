@@ -1,5 +1,5 @@
 """Single-node torchrun runs for the engine's tests, started the way a worker's warm sandbox
-starts them: through a launcher (:mod:`ace3.runtime.warm_launcher`, here outside any sandbox)
+starts them: through a launcher (:mod:`ace3.runtime.process.warm_launcher`, here outside any sandbox)
 that imported torch, torchrun's agent and the engine before the run was known, whose ranks are
 its forks. The next run's launcher imports while the current one trains, so a test pays
 neither torchrun's import of torch nor each rank's (a 4-rank run spent most of its time there).
@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from ace3.config.warm_launch import WarmJob, parse_started, read_line, send_message
-from ace3.runtime.warm_launcher import COMMAND, WARM_RANK_ARGS
+from ace3.runtime.process.warm_launcher import COMMAND, WARM_RANK_ARGS
 
 # What changes from test to test in pytest's environment and means nothing to a run.
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})

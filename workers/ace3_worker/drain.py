@@ -6,7 +6,7 @@ claimed) and waits for the running tasks. Its ``worker_shutting_down`` signal se
 :data:`DRAIN`, an event shared with the pool's processes (made before the pool forks them);
 each attempt's watch loop (:mod:`ace3_worker.watch`) sees it and preempts its attempt: SIGTERM to
 torchrun, which passes it to the ranks; they finish their step, agree on it, write a checkpoint
-and leave (:mod:`ace3.runtime.preemption`). The worker stores and verifies that checkpoint like
+and leave (:mod:`ace3.runtime.loop.preemption`). The worker stores and verifies that checkpoint like
 any other, re-queues the job (``job_transitions.requeue_after_preemption``: the job's
 ``preemptions`` + 1, not a retry) and the task ends; when every task has ended, the worker
 exits. The next attempt, on any worker, resumes from the job's newest verified checkpoint.

@@ -75,7 +75,7 @@ class GangNode:
             join_timeout=self.settings.gang_wait_seconds,
             shutdown_timeout=shutdown_timeout(self.settings),
         )
-        # ACE3_NODE_ID: unique among this machine's running nodes (see ace3.runtime.torchrun).
+        # ACE3_NODE_ID: unique among this machine's running nodes (see ace3.runtime.process.torchrun).
         return LaunchSpec(command, share_network=True, env={"ACE3_NODE_ID": str(os.getpid())})
 
     def started(self) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import os
 
-from ace3.runtime.torchrun import COMMAND as TORCHRUN
-from ace3.runtime.warm_launcher import WARM_RANK_ARGS
+from ace3.runtime.process.torchrun import COMMAND as TORCHRUN
+from ace3.runtime.process.warm_launcher import WARM_RANK_ARGS
 
 # Only these variables reach user code: no database, broker or API settings (ACE3_* are dropped).
 # PATH, HOME and TMPDIR are set by the sandbox to what the job sees.
@@ -50,7 +50,7 @@ MONITOR_INTERVAL = "--monitor-interval=0.02"
 def _shutdown(seconds: float) -> str:
     """How long torchrun waits for its ranks after it passes them a SIGTERM (a cancel, the
     runtime limit, a preemption; or its own, after a rank failed) before it kills them: the
-    ranks checkpoint on SIGTERM (ace3.runtime.preemption), so the worker gives it its longest
+    ranks checkpoint on SIGTERM (ace3.runtime.loop.preemption), so the worker gives it its longest
     grace (ace3_worker.drain.shutdown_timeout); the worker's own SIGKILL comes first."""
     return f"--shutdown-timeout={math.ceil(seconds)}"
 
@@ -75,7 +75,7 @@ def _standalone(nproc_per_node: int, shutdown_timeout: float) -> list[str]:
 def torchrun_command(
     job_file: str, nproc_per_node: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 ) -> list[str]:
-    """Single-node launch (the cold path). torchrun is the worker's (``ace3.runtime.torchrun``:
+    """Single-node launch (the cold path). torchrun is the worker's (``ace3.runtime.process.torchrun``:
     it ends without the interpreter's finalization, a second or more on a small machine)."""
     return [*TORCHRUN, *_standalone(nproc_per_node, shutdown_timeout), *_runtime(job_file)]
 
@@ -85,7 +85,7 @@ def warm_torchrun_args(
 ) -> list[str]:
     """The same launch as :func:`torchrun_command` for a warm launcher's torchrun (its
     arguments only): each rank is a fork of the launcher that runs the engine as a function
-    (:mod:`ace3.runtime.warm_launcher`) instead of a new ``python -m ace3.runtime``."""
+    (:mod:`ace3.runtime.process.warm_launcher`) instead of a new ``python -m ace3.runtime``."""
     return [
         *_standalone(nproc_per_node, shutdown_timeout),
         *WARM_RANK_ARGS,

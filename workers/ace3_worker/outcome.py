@@ -50,7 +50,7 @@ def max_micro_batch_halvings(config: dict[str, Any], num_processes: int) -> int:
         return 0
     # The global batch splits evenly over the data-parallel replicas (all the processes, unless
     # tensor parallelism groups them). With batch-size growth a step's micro-batch is as large
-    # as the path's largest size (ace3.runtime.batch_growth).
+    # as the path's largest size (ace3.runtime.loop.batch_growth).
     growth = batch_growth(settings)
     batch = max(settings.batch_size, growth.target_batch_size if growth else 0)
     processes = max(1, num_processes)
@@ -66,7 +66,7 @@ def final_metrics(events: reports.EventTail) -> dict[str, Any] | None:
 
 def ran_out_of_memory(watch: AttemptWatch) -> bool:
     """A rank left with OUT_OF_MEMORY_EXIT_CODE: it ran out of memory inside a step of a
-    multi-process job (ace3.runtime.steps), and torchrun stopped the others. Any rank of
+    multi-process job (ace3.runtime.loop.steps), and torchrun stopped the others. Any rank of
     torchrun's summary counts, not only its root cause: a peer waiting in the all-reduce can
     fail first on the closed connection ("Connection closed by peer")."""
     if watch.stopped_for is not None:

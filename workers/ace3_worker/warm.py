@@ -4,7 +4,7 @@ A prepared sandbox is what a cold start builds once it has claimed a job, built 
 leased, the attempt directory's skeleton (``etc/``, ``output/``, ``home/``, ``tmp/``:
 :func:`ace3_worker.job_dir.make_skeleton`) under ``<work_dir>/.warm/``, and bubblewrap started
 on it (:func:`ace3_worker.sandbox.launch.launch`, the same view, limits and allow-listed
-environment) running a warm launcher (:mod:`ace3.runtime.warm_launcher`) that imports torch,
+environment) running a warm launcher (:mod:`ace3.runtime.process.warm_launcher`) that imports torch,
 torchrun's agent and the engine, and no user code. When the slot claims a job, the skeleton is
 moved to the attempt's path (the sandbox's bind mount follows the directory), the job's inputs
 are copied into it as on the cold path, and the launcher gets torchrun's arguments and the job's
@@ -41,7 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ace3.runtime.warm_launcher import COMMAND as LAUNCHER
+from ace3.runtime.process.warm_launcher import COMMAND as LAUNCHER
 from ace3_control.settings import Settings
 from ace3_worker.device import worker_device
 from ace3_worker.drain import draining

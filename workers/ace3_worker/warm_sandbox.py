@@ -1,5 +1,5 @@
 """One warm sandbox: a job sandbox started before its job was known, whose launcher
-(:mod:`ace3.runtime.warm_launcher`) waits for that job on a control socket.
+(:mod:`ace3.runtime.process.warm_launcher`) waits for that job on a control socket.
 
 What the slot does with it (prepare, take, hand a job, or the cold path) is
 :mod:`ace3_worker.warm`'s. This module holds the sandbox's state and the worker's end of the

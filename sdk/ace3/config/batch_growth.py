@@ -2,7 +2,7 @@
 small effective batch, grow it after ``stable_steps`` optimizer steps without instability or
 out-of-memory, shrink it when either happens. Kept apart so that the training schema stays
 readable; ``TrainingConfig.dynamic_batch_size`` holds ``bool | DynamicBatchSizeConfig``. What the
-engine does with it: :mod:`ace3.runtime.batch_growth`.
+engine does with it: :mod:`ace3.runtime.loop.batch_growth`.
 
 ``dynamic_batch_size=True`` (the default) keeps the out-of-memory back-off alone (the micro-batch
 halves, the effective batch stays); ``False`` (or ``DynamicBatchSizeConfig(enabled=False)``)

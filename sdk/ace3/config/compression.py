@@ -1,8 +1,8 @@
 """The compression settings of :class:`~ace3.config.training.TrainingConfig`: ``pruning``
 (magnitude pruning on a schedule during training) and ``quantization`` (an int8 model after
 training). Kept apart so that the training schema stays readable; ``TrainingConfig`` inherits
-them. What the engine does with them: :mod:`ace3.runtime.pruning`,
-:mod:`ace3.runtime.quantization`."""
+them. What the engine does with them: :mod:`ace3.runtime.techniques.pruning`,
+:mod:`ace3.runtime.techniques.quantization`."""
 
 from __future__ import annotations
 

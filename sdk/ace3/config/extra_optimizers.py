@@ -1,6 +1,6 @@
 """Settings of the optimizers beyond the Adam family and SGD (``optimizer = "lion" | "sophia"
 | "galore_adamw" | "adafactor"``), each named by its optimizer. ``TrainingConfig`` inherits
-:class:`ExtraOptimizerFields`; the engine builds them in :mod:`ace3.runtime.extra_optimizers`.
+:class:`ExtraOptimizerFields`; the engine builds them in :mod:`ace3.runtime.loop.extra_optimizers`.
 
 Every field defaults to None, which means the optimizer's own default (given in its
 description); setting one for another optimizer is refused.

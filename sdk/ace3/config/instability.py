@@ -2,7 +2,7 @@
 diverging optimizer step before its update and warn, skip it, roll back to the last checkpoint
 with a lower learning rate, or stop. Kept apart so that the training schema stays readable;
 ``TrainingConfig`` inherits :class:`InstabilityFields`. What the engine does with them:
-:mod:`ace3.runtime.instability`."""
+:mod:`ace3.runtime.loop.instability`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """LoRA settings of :class:`~ace3.config.training.TrainingConfig` (``lora=ace3.LoRAConfig(...)``):
 low-rank adapters trained on named layers of the model while every base weight stays frozen.
 Kept apart so that the training schema stays readable; ``TrainingConfig`` inherits
-:class:`LoRAFields`. What the engine does with them: :mod:`ace3.runtime.lora`."""
+:class:`LoRAFields`. What the engine does with them: :mod:`ace3.runtime.techniques.lora`."""
 
 from __future__ import annotations
 

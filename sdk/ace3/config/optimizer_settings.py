@@ -2,7 +2,7 @@
 
 A job never receives pickled objects: the engine rebuilds the optimizer from the config's
 ``optimizer``, ``learning_rate``, ``weight_decay``, ``betas``, ``eps`` and ``momentum``
-(``ace3.runtime.optim.build_optimizer``). :func:`optimizer_settings` reads those from the
+(``ace3.runtime.loop.optim.build_optimizer``). :func:`optimizer_settings` reads those from the
 optimizer the user built, and refuses, with :class:`ace3.errors.UnsupportedFeatureError` naming
 the option, anything the rebuilt optimizer would not reproduce exactly.
 

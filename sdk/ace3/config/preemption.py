@@ -1,7 +1,7 @@
 """Preemption settings of :class:`~ace3.config.training.TrainingConfig`: what a run does on
 SIGTERM (a spot-instance notice, a worker being drained). Kept apart so that the training
 schema stays readable; ``TrainingConfig`` inherits :class:`PreemptionFields`. What the engine
-does with them: :mod:`ace3.runtime.preemption`; what the worker does: ``ace3_worker.drain``."""
+does with them: :mod:`ace3.runtime.loop.preemption`; what the worker does: ``ace3_worker.drain``."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ class ProfilerSpec(_Spec):
 
     Counted in optimizer steps from the start of the attempt: skip ``wait`` steps, warm up for
     ``warmup``, record ``active``; the recording stops at the end of training if that comes
-    first. The engine (``ace3.runtime.profiler_hook.ProfilerHook``) writes ``trace.json``
+    first. The engine (``ace3.runtime.observe.profiler_hook.ProfilerHook``) writes ``trace.json``
     (Chrome trace) and ``key_averages.json`` (per-operator totals) into ``output_dir``.
     ``cuda`` is dropped, with a warning, on a rank without a GPU.
     """

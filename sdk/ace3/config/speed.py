@@ -1,7 +1,7 @@
 """Speed settings of :class:`~ace3.config.training.TrainingConfig`: ``torch.compile``, TF32,
 the optimizer's kernel implementation and the attention kernels. Kept apart so that the
 training schema stays readable; ``TrainingConfig`` inherits :class:`SpeedFields`. What the
-engine does with them: :mod:`ace3.runtime.speed`.
+engine does with them: :mod:`ace3.runtime.loop.speed`.
 """
 
 from __future__ import annotations

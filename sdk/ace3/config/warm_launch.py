@@ -1,6 +1,6 @@
 """What the worker and a warm launcher say to each other over the launcher's control socket.
 
-A warm launcher (:mod:`ace3.runtime.warm_launcher`) runs in a job sandbox started before any
+A warm launcher (:mod:`ace3.runtime.process.warm_launcher`) runs in a job sandbox started before any
 job was assigned to it. It imports torch, torchrun's agent and the engine, says so with one
 :class:`LauncherReady` line, then waits for one :class:`WarmJob` line: torchrun's arguments and
 the job's whole environment. It closes the socket when it has read that line, so nothing the

@@ -5,7 +5,7 @@ failure the traceback goes to stderr and the exit status is 1; a rank that ran o
 inside a step of a multi-process job (:class:`ace3.errors.StepOutOfMemoryError`) exits with
 ``OUT_OF_MEMORY_EXIT_CODE`` (75) instead, which the worker answers with another attempt at half
 the micro-batch. A rank stopped by SIGTERM after its preemption checkpoint
-(:mod:`ace3.runtime.preemption`) exits with ``PREEMPTED_EXIT_CODE`` (76).
+(:mod:`ace3.runtime.loop.preemption`) exits with ``PREEMPTED_EXIT_CODE`` (76).
 
 The process ends with ``os._exit`` after an orderly shutdown (group destroyed, atexit handlers
 run, streams flushed): Gloo's worker threads outlive ``destroy_process_group`` and can release
@@ -27,8 +27,8 @@ from ace3.errors import (
     StepOutOfMemoryError,
     TrainingPreemptedError,
 )
-from ace3.runtime.log_prefix import install_log_prefix
-from ace3.runtime.parent_death import exit_with_parent
+from ace3.runtime.process.log_prefix import install_log_prefix
+from ace3.runtime.process.parent_death import exit_with_parent
 
 # Checkpoint files a job keeps in its output directory (at least): the worker has stored the
 # older ones long before (it reads the events file every quarter of a second).
@@ -46,12 +46,12 @@ def _train(job_path: str) -> None:
     from pathlib import Path
 
     from ace3.runtime.build import build
-    from ace3.runtime.distributed import init_distributed
-    from ace3.runtime.hook_factory import engine_hooks
     from ace3.runtime.job_spec import load_job_spec
-    from ace3.runtime.loop import RunPlace, TrainingLoop
-    from ace3.runtime.memory_meter import PeakMemoryMeter
-    from ace3.runtime.speed import speed_settings
+    from ace3.runtime.loop.loop import RunPlace, TrainingLoop
+    from ace3.runtime.loop.speed import speed_settings
+    from ace3.runtime.observe.hook_factory import engine_hooks
+    from ace3.runtime.observe.memory_meter import PeakMemoryMeter
+    from ace3.runtime.process.distributed import init_distributed
 
     job = load_job_spec(job_path)
     ctx = init_distributed(job.config)
@@ -98,15 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     finally:
-        if "ace3.runtime.distributed" in sys.modules:
-            sys.modules["ace3.runtime.distributed"].destroy_distributed()
+        if "ace3.runtime.process.distributed" in sys.modules:
+            sys.modules["ace3.runtime.process.distributed"].destroy_distributed()
         sys.stdout.flush()
         sys.stderr.flush()
 
 
 def finish() -> None:
     """What the interpreter's shutdown does that a rank needs: atexit handlers run, streams
-    flushed (a warm launcher's rank calls it too: :mod:`ace3.runtime.warm_launcher`)."""
+    flushed (a warm launcher's rank calls it too: :mod:`ace3.runtime.process.warm_launcher`)."""
     try:
         atexit._run_exitfuncs()
     finally:

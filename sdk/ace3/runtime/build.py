@@ -21,27 +21,27 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig, unsupported_settings
-from ace3.runtime.batch_growth import batch_plan_for
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
-from ace3.runtime.datasets import load_datasets
-from ace3.runtime.distillation import make_distiller
-from ace3.runtime.distributed import DistContext
-from ace3.runtime.extensions import compression_extensions
-from ace3.runtime.freezing import apply_freezing
-from ace3.runtime.initial_weights import load_initial_weights, read_weights
+from ace3.runtime.data.datasets import load_datasets
 from ace3.runtime.job_spec import JobSpec
-from ace3.runtime.lora import apply_lora, remove_adapters
-from ace3.runtime.lora_merge import LoRAExtension
-from ace3.runtime.optim import build_scheduler
+from ace3.runtime.loop.batch_growth import batch_plan_for
+from ace3.runtime.loop.extensions import compression_extensions
+from ace3.runtime.loop.optim import build_scheduler
+from ace3.runtime.loop.precision import resolve_precision
+from ace3.runtime.loop.preemption import Preemption
+from ace3.runtime.loop.rng import rank_seed, seed_all
+from ace3.runtime.loop.speed import compile_model, uncompile
+from ace3.runtime.loop.step_counts import total_optimizer_steps
+from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel import Strategy, strategy_for
-from ace3.runtime.precision import resolve_precision
-from ace3.runtime.preemption import Preemption
-from ace3.runtime.rng import rank_seed, seed_all
-from ace3.runtime.speed import compile_model, uncompile
-from ace3.runtime.step_counts import total_optimizer_steps
-from ace3.runtime.teacher import build_job_teacher, local_teacher, prepare_teacher
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.process.distributed import DistContext
+from ace3.runtime.techniques.distillation import make_distiller
+from ace3.runtime.techniques.freezing import apply_freezing
+from ace3.runtime.techniques.initial_weights import load_initial_weights, read_weights
+from ace3.runtime.techniques.lora import apply_lora, remove_adapters
+from ace3.runtime.techniques.lora_merge import LoRAExtension
+from ace3.runtime.techniques.teacher import build_job_teacher, local_teacher, prepare_teacher
 from ace3.runtime.user_code import UserCode, build_model, load_user_code
 
 DROPOUT_TYPES = (

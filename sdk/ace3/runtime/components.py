@@ -10,16 +10,16 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
-from ace3.runtime.extensions import LoopExtension
-from ace3.runtime.optim import ScheduleDriver
+from ace3.runtime.loop.extensions import LoopExtension
+from ace3.runtime.loop.optim import ScheduleDriver
+from ace3.runtime.loop.precision import Precision
+from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.base import Strategy
-from ace3.runtime.precision import Precision
-from ace3.runtime.train_state import TrainState
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.batch_growth import BatchGrowth
-    from ace3.runtime.distillation import Distiller
+    from ace3.runtime.loop.batch_growth import BatchGrowth
+    from ace3.runtime.techniques.distillation import Distiller
 
 
 @dataclass
@@ -46,9 +46,9 @@ class Components:
     micro_batch_split: int = 1
     # Parts of the engine the loop calls at fixed points (pruning, quantization, ...).
     extensions: list[LoopExtension] = field(default_factory=list)
-    # How many loader batches a step takes: batch-size growth (ace3.runtime.batch_growth, also
+    # How many loader batches a step takes: batch-size growth (ace3.runtime.loop.batch_growth, also
     # one of the extensions); None: gradient_accumulation_steps.
     batch_plan: BatchGrowth | None = None
     # Knowledge distillation (config.distillation): the training loss, the projections' step
-    # and the loss-part metrics (ace3.runtime.distillation); None otherwise.
+    # and the loss-part metrics (ace3.runtime.techniques.distillation); None otherwise.
     distiller: Distiller | None = None

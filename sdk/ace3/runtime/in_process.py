@@ -33,17 +33,17 @@ from ace3.config.events import (
 )
 from ace3.runtime.build import build_local
 from ace3.runtime.checkpoint.files import load_checkpoint
-from ace3.runtime.dataset_files import make_dataset
-from ace3.runtime.datasets import DEFAULT_VALIDATION_SPLIT, load_dataset, split_holdout
-from ace3.runtime.distributed import destroy_distributed, init_distributed
-from ace3.runtime.hook_factory import engine_hooks
-from ace3.runtime.hooks import TrainingHook
+from ace3.runtime.data.dataset_files import make_dataset
+from ace3.runtime.data.datasets import DEFAULT_VALIDATION_SPLIT, load_dataset, split_holdout
 from ace3.runtime.job_spec import DatasetSpec
-from ace3.runtime.loop import RunPlace, TrainingLoop
-from ace3.runtime.lora import remove_adapters
-from ace3.runtime.memory_meter import PeakMemoryMeter
-from ace3.runtime.reporting import EventWriter
-from ace3.runtime.speed import speed_settings, uncompile
+from ace3.runtime.loop.hooks import TrainingHook
+from ace3.runtime.loop.loop import RunPlace, TrainingLoop
+from ace3.runtime.loop.speed import speed_settings, uncompile
+from ace3.runtime.observe.hook_factory import engine_hooks
+from ace3.runtime.observe.memory_meter import PeakMemoryMeter
+from ace3.runtime.observe.reporting import EventWriter
+from ace3.runtime.process.distributed import destroy_distributed, init_distributed
+from ace3.runtime.techniques.lora import remove_adapters
 from ace3.runtime.user_code import LossFn, MetricsFn, UserCode
 
 

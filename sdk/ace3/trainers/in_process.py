@@ -108,8 +108,8 @@ def run_locally(
     compute_loss: Any,
     compute_metrics: Any,
 ) -> LocalTrainingResult:
-    from ace3.runtime.callback_hook import CallbackHook
     from ace3.runtime.in_process import train_in_process
+    from ace3.runtime.observe.callback_hook import CallbackHook
     from ace3.training.profiling import MemoryProfiler, active_profilers
 
     if config.max_runtime_seconds is not None:

@@ -32,7 +32,7 @@ def as_safetensors(path: Path, scratch: Path) -> Path:
         return path
     from safetensors.torch import save_file
 
-    from ace3.runtime.initial_weights import read_weights
+    from ace3.runtime.techniques.initial_weights import read_weights
 
     weights = {name: value.contiguous() for name, value in read_weights(path).items()}
     target = scratch / f"{path.stem}.safetensors"

@@ -3,7 +3,7 @@
 Each class is a ``torch.optim.lr_scheduler`` scheduler (a subclass of the torch class where
 torch has one), so it works in any torch training loop, and each has ``to_spec()``: the
 :class:`ace3.config.specs.SchedulerSpec` (name and hyperparameters, never the optimizer) that carries
-it to a remote job, where ``ace3.runtime.optim.build_scheduler`` rebuilds it.
+it to a remote job, where ``ace3.runtime.loop.optim.build_scheduler`` rebuilds it.
 
 When ACE3 drives a schedule, every schedule but ``plateau`` advances once per **optimizer
 step** (not per epoch, not per micro-batch: with gradient accumulation, once per accumulated

@@ -380,8 +380,8 @@ def test_validation_uses_the_buffers_the_checkpoint_holds(
     # Evaluate the saved model on the same held-out split in one process.
     sys.path.insert(0, str(SDK))
     from ace3.config import TrainingConfig
-    from ace3.runtime.dataset_files import load_data_file
-    from ace3.runtime.datasets import split_holdout
+    from ace3.runtime.data.dataset_files import load_data_file
+    from ace3.runtime.data.datasets import split_holdout
 
     config = TrainingConfig.model_validate(job["config"])
     _, validation = split_holdout(

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ace3.config import AMPConfig, TrainingConfig
-from ace3.runtime.precision import resolve_precision
+from ace3.runtime.loop.precision import resolve_precision
 from ace3.training.amp import (
     DynamicLossScaler,
     GradientScaler,

@@ -18,14 +18,14 @@ from torch.utils.data import TensorDataset
 
 import ace3
 from ace3.config.batch_growth import batch_growth
-from ace3.runtime.batch_growth import (
+from ace3.runtime.loop.batch_growth import (
     BatchGrowth,
     concatenate_batches,
     grown,
     grown_path_steps,
     shrunk,
 )
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.loop.train_state import TrainState
 
 
 def growth(**fields: Any) -> ace3.DynamicBatchSizeConfig:

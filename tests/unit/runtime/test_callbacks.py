@@ -15,8 +15,8 @@ from torch import nn
 
 import ace3.training.callbacks as callbacks_module
 from ace3.config import TrainingConfig
-from ace3.runtime.callback_hook import CallbackHook
-from ace3.runtime.hooks import HookList, RunContext
+from ace3.runtime.loop.hooks import HookList, RunContext
+from ace3.runtime.observe.callback_hook import CallbackHook
 from ace3.training.callbacks import (
     Callback,
     CallbackError,
@@ -76,7 +76,7 @@ def drive(
     val_losses: Sequence[float],
     val_accuracies: Sequence[float] | None = None,
 ) -> Record:
-    """The trainer's hook protocol (see ace3.runtime.hooks) around real SGD steps."""
+    """The trainer's hook protocol (see ace3.runtime.loop.hooks) around real SGD steps."""
     model, optimizer = run.model, run.optimizer
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
     y = torch.arange(8) % 3

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from ace3.runtime.checkpoint import shard_transfer
 from ace3.runtime.checkpoint.sharded import collect_shards
-from ace3.runtime.distributed import DistContext
+from ace3.runtime.process.distributed import DistContext
 
 
 def _rank(rank: int, init_file: str, stagings: list[str]) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ace3.config import TrainingConfig
-from ace3.runtime.distributed import resolve_device_and_backend
+from ace3.runtime.process.distributed import resolve_device_and_backend
 
 
 @pytest.fixture()

@@ -23,7 +23,7 @@ from torch.utils.data import TensorDataset
 import ace3
 from ace3.config import unsupported_settings
 from ace3.errors import UnsupportedFeatureError
-from ace3.runtime.teacher import local_teacher
+from ace3.runtime.techniques.teacher import local_teacher
 from ace3.trainers._submit import refuse_local_only
 
 

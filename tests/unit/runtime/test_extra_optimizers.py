@@ -16,12 +16,12 @@ import ace3
 from ace3.config import TrainingConfig, unsupported_settings
 from ace3.config.optimizer_settings import optimizer_settings
 from ace3.errors import UnsupportedFeatureError
-from ace3.runtime.extra_optimizers import (
+from ace3.runtime.loop.extra_optimizers import (
     MissingOptimizerPackageError,
     graph_keeping_backward,
     needs_grad_graph,
 )
-from ace3.runtime.optim import build_optimizer, build_scheduler
+from ace3.runtime.loop.optim import build_optimizer, build_scheduler
 
 STEPS = 3
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ace3
-from ace3.runtime.freezing import apply_freezing
+from ace3.runtime.techniques.freezing import apply_freezing
 
 _inputs = torch.linspace(-1.0, 1.0, 192).reshape(48, 4)
 DATA = TensorDataset(_inputs, _inputs.sum(dim=1, keepdim=True))

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ace3
-from ace3.runtime.initial_weights import load_initial_weights, read_weights
+from ace3.runtime.techniques.initial_weights import load_initial_weights, read_weights
 
 _inputs = torch.linspace(-1.0, 1.0, 256).reshape(64, 4)
 DATA = TensorDataset(_inputs, (_inputs.sum(dim=1) > 0).long())

@@ -18,10 +18,10 @@ from torch.utils.data import TensorDataset
 import ace3
 import ace3.runtime.build
 from ace3.config.events import InstabilityRecord, RefusedRecord, parse_record
-from ace3.runtime.extensions import LoopExtension
+from ace3.runtime.loop.extensions import LoopExtension
+from ace3.runtime.loop.run_metrics import MAX_RANKS_SHOWN, per_rank_values
+from ace3.runtime.loop.steps import count_tokens
 from ace3.runtime.parallel.base import Strategy
-from ace3.runtime.run_metrics import MAX_RANKS_SHOWN, per_rank_values
-from ace3.runtime.steps import count_tokens
 from ace3_worker.ingest import instability_notice
 
 _inputs = torch.linspace(-1.0, 1.0, 160).reshape(40, 4)
@@ -221,8 +221,8 @@ def test_per_rank_series_are_bounded() -> None:
 
 
 def test_a_loss_scaler_s_overflow_is_no_spike_but_a_finite_spike_is() -> None:
-    from ace3.runtime.distributed import DistContext
-    from ace3.runtime.instability import InstabilityGuard
+    from ace3.runtime.loop.instability import InstabilityGuard
+    from ace3.runtime.process.distributed import DistContext
 
     ctx = DistContext(
         rank=0, local_rank=0, world_size=1, backend="gloo", device=torch.device("cpu")

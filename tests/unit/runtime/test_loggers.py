@@ -17,9 +17,9 @@ from torch import nn
 
 from ace3.config import TrainingConfig
 from ace3.config.specs import TensorBoardSpec
-from ace3.runtime.hooks import HookList, RunContext
-from ace3.runtime.logger_hooks import LoggerMetricsHook
-from ace3.runtime.tensorboard_hook import TensorBoardHook, image_grid
+from ace3.runtime.loop.hooks import HookList, RunContext
+from ace3.runtime.observe.logger_hooks import LoggerMetricsHook
+from ace3.runtime.observe.tensorboard_hook import TensorBoardHook, image_grid
 from ace3.training.loggers import (
     Logger,
     LoggerArgumentError,

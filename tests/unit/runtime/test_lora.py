@@ -18,12 +18,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ace3
-from ace3.runtime.hooks import TrainingHook
 from ace3.runtime.in_process import train_in_process
-from ace3.runtime.initial_weights import load_initial_weights, read_weights
-from ace3.runtime.lora import apply_lora
-from ace3.runtime.lora_merge import merged_state_dict
-from ace3.runtime.precision import resolve_precision
+from ace3.runtime.loop.hooks import TrainingHook
+from ace3.runtime.loop.precision import resolve_precision
+from ace3.runtime.techniques.initial_weights import load_initial_weights, read_weights
+from ace3.runtime.techniques.lora import apply_lora
+from ace3.runtime.techniques.lora_merge import merged_state_dict
 
 pytest.importorskip("peft")
 
@@ -208,9 +208,9 @@ def _run_job(
     """One attempt of a job as the worker starts it (job spec, model file, data file, the
     weights it starts from), in this process; returns its output directory."""
     from ace3.runtime.build import build
-    from ace3.runtime.distributed import destroy_distributed, init_distributed
     from ace3.runtime.job_spec import JobSpec
-    from ace3.runtime.loop import RunPlace, TrainingLoop
+    from ace3.runtime.loop.loop import RunPlace, TrainingLoop
+    from ace3.runtime.process.distributed import destroy_distributed, init_distributed
 
     (root / "model.py").write_text(MODEL_FILE)
     if not (root / "data.npz").exists():

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ace3.runtime.hooks import HookList
+from ace3.runtime.loop.hooks import HookList
 from ace3.training.loggers import LoggerArgumentError, LoggerUnavailableError, MLflowLogger
 from tests.unit.runtime.test_loggers import make_run, small_model
 

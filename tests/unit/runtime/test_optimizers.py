@@ -1,5 +1,5 @@
 """ace3.training.optimizers: state size, convergence, exact resume, 8-bit quantization, carrying settings;
-ace3.runtime.optim.build_optimizer for every optimizer name."""
+ace3.runtime.loop.optim.build_optimizer for every optimizer name."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
-from ace3.runtime.optim import build_optimizer, current_learning_rate
+from ace3.runtime.loop.optim import build_optimizer, current_learning_rate
 from ace3.training.optimizers import (
     Adam8bit,
     MemoryEfficientAdam,

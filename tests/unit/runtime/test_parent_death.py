@@ -18,14 +18,14 @@ pytestmark = pytest.mark.skipif(
 PARENT = """
 import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, *sys.argv[1:]] if sys.argv[1] != "--wrap" else
-                         [sys.executable, "-m", "ace3.runtime.parent_death", str(os.getpid()),
+                         [sys.executable, "-m", "ace3.runtime.process.parent_death", str(os.getpid()),
                           "sleep", "120"])
 print(child.pid, flush=True)
 time.sleep(120)
 """
 RANK = (
     "-c",
-    "from ace3.runtime.parent_death import exit_with_parent; import time; exit_with_parent();"
+    "from ace3.runtime.process.parent_death import exit_with_parent; import time; exit_with_parent();"
     " print('armed', flush=True); time.sleep(120)",
 )
 
@@ -68,7 +68,8 @@ def test_a_rank_exits_when_its_torchrun_agent_dies() -> None:
 
 def test_the_wrapper_refuses_to_start_if_its_parent_already_changed() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ace3.runtime.parent_death", "1", "true"], capture_output=True
+        [sys.executable, "-m", "ace3.runtime.process.parent_death", "1", "true"],
+        capture_output=True,
     )
     assert result.returncode == 137
 

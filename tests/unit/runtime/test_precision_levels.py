@@ -1,4 +1,4 @@
-"""Engine precision levels O0-O3 (ace3.runtime.precision) on CPU: dtypes, training, checkpoints."""
+"""Engine precision levels O0-O3 (ace3.runtime.loop.precision) on CPU: dtypes, training, checkpoints."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ace3.config import TrainingConfig
-from ace3.runtime.evaluation import evaluate
-from ace3.runtime.precision import Precision, cast_floating, resolve_precision
+from ace3.runtime.loop.evaluation import evaluate
+from ace3.runtime.loop.precision import Precision, cast_floating, resolve_precision
 from ace3.training.amp import GradientScaler, StaticLossScaler
 
 CPU = torch.device("cpu")

@@ -15,8 +15,8 @@ from torch import nn
 import ace3.training.profiling as profiling
 from ace3.config import TrainingConfig
 from ace3.config.specs import ProfilerSpec
-from ace3.runtime.hooks import HookList, RunContext
-from ace3.runtime.memory_meter import (
+from ace3.runtime.loop.hooks import HookList, RunContext
+from ace3.runtime.observe.memory_meter import (
     MIB,
     PeakMemoryMeter,
     RssSampler,
@@ -24,14 +24,14 @@ from ace3.runtime.memory_meter import (
     memory_summary,
     training_state_bytes,
 )
-from ace3.runtime.profile_events import (
+from ace3.runtime.observe.profile_events import (
     KEY_AVERAGES_FILE,
     TRACE_FILE,
     read_key_averages,
     rebuild_event_list,
     write_key_averages,
 )
-from ace3.runtime.profiler_hook import ProfilerHook
+from ace3.runtime.observe.profiler_hook import ProfilerHook
 from ace3.training.profiling import (
     MemoryProfiler,
     ProfilerActivity,
@@ -359,7 +359,7 @@ def test_training_state_bytes_counts_params_grads_and_optimizer_state() -> None:
 def test_the_high_water_mark_sees_a_brief_peak_with_no_thread_and_survives_a_second_sampler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from ace3.runtime import memory_meter
+    from ace3.runtime.observe import memory_meter
 
     first = memory_meter.RssSampler()
     first.start()
@@ -500,8 +500,8 @@ def test_training_state_counts_o2_master_weights_once() -> None:
     import torch
 
     from ace3.config import TrainingConfig
-    from ace3.runtime.memory_meter import training_state_bytes
-    from ace3.runtime.precision import resolve_precision
+    from ace3.runtime.loop.precision import resolve_precision
+    from ace3.runtime.observe.memory_meter import training_state_bytes
 
     model = torch.nn.Linear(64, 64)  # 4160 parameters
     precision = resolve_precision(

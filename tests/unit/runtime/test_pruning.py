@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ace3
-from ace3.runtime.distributed import DistContext
-from ace3.runtime.pruning import Pruner, scheduled_sparsity
+from ace3.runtime.process.distributed import DistContext
+from ace3.runtime.techniques.pruning import Pruner, scheduled_sparsity
 
 BASE: dict[str, Any] = {"epochs": 3, "batch_size": 64, "learning_rate": 1e-2, "seed": 0,
                         "log_interval": 10}  # fmt: skip

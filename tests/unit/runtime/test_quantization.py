@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ace3
-from ace3.runtime.quantization import ARTIFACT, quantize_linear
+from ace3.runtime.techniques.quantization import ARTIFACT, quantize_linear
 from ace3.training.quantized import save_quantized_model
 
 pytest.importorskip("torchao", reason="the quantization extra (torchao) is not installed")

@@ -14,10 +14,10 @@ from torch.utils.data import TensorDataset
 
 import ace3
 import ace3.runtime.in_process
-from ace3.runtime.metric_window import MetricWindow
-from ace3.runtime.reporting import EventWriter
-from ace3.runtime.step_counts import planned_total_steps
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.loop.metric_window import MetricWindow
+from ace3.runtime.loop.step_counts import planned_total_steps
+from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.observe.reporting import EventWriter
 
 # 50 samples: batch 4 gives 13 loader batches an epoch; accumulating 3 leaves a short last
 # group of 1, so an epoch is 5 optimizer steps.
@@ -274,7 +274,7 @@ def test_watching_the_loss_launches_no_cuda_synchronisation() -> None:
 def test_a_metric_name_the_contract_refuses_is_a_clear_error(recorder: Recorder) -> None:
     """compute_metrics names become val_<name>; one the worker would refuse stops the run at
     the first validation, naming the field, instead of losing the metrics silently."""
-    from ace3.runtime.reporting import EventRecordError
+    from ace3.runtime.observe.reporting import EventRecordError
 
     def metrics(model: nn.Module, batch: Any) -> dict[str, float]:
         return {"x" * 300: 1.0}

@@ -15,7 +15,7 @@ from ace3.runtime.checkpoint.files import (
     load_checkpoint,
     save_atomic,
 )
-from ace3.runtime.rng import capture_rng, restore_rng
+from ace3.runtime.loop.rng import capture_rng, restore_rng
 
 
 def _state(step: int) -> dict:

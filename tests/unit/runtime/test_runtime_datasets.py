@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ace3.config import TrainingConfig
-from ace3.runtime.datasets import load_dataset, load_datasets, split_holdout
+from ace3.runtime.data.datasets import load_dataset, load_datasets, split_holdout
 from ace3.runtime.job_spec import DatasetSpec
 
 

@@ -6,7 +6,7 @@ import io
 import subprocess
 import sys
 
-from ace3.runtime.log_prefix import PrefixedStream
+from ace3.runtime.process.log_prefix import PrefixedStream
 
 
 def test_every_line_is_prefixed() -> None:
@@ -31,7 +31,7 @@ def test_empty_lines_are_prefixed() -> None:
 def test_process_streams_and_traceback_prefixed() -> None:
     code = (
         "import sys, warnings\n"
-        "from ace3.runtime.log_prefix import install_log_prefix\n"
+        "from ace3.runtime.process.log_prefix import install_log_prefix\n"
         "install_log_prefix(1)\n"
         "print('hello')\n"
         "warnings.warn('careful')\n"

@@ -16,13 +16,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ace3.config import TrainingConfig
 from ace3.runtime.build import override_dropout
-from ace3.runtime.evaluation import evaluate
+from ace3.runtime.data.loaders import ShardSampler, SkipSampler
 from ace3.runtime.job_spec import load_job_spec
-from ace3.runtime.loaders import ShardSampler, SkipSampler
-from ace3.runtime.losses import count_correct, default_loss, forward_loss
-from ace3.runtime.optim import build_optimizer
-from ace3.runtime.precision import resolve_precision
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.loop.evaluation import evaluate
+from ace3.runtime.loop.losses import count_correct, default_loss, forward_loss
+from ace3.runtime.loop.optim import build_optimizer
+from ace3.runtime.loop.precision import resolve_precision
+from ace3.runtime.loop.train_state import TrainState
 
 JOB = {
     "job_id": "j1",

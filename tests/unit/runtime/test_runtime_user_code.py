@@ -125,7 +125,7 @@ def test_a_teacher_package_named_like_the_students_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two packages with the same top-level module would give the teacher the student's code."""
-    from ace3.runtime.teacher import TEACHER_MODULE_NAME
+    from ace3.runtime.techniques.teacher import TEACHER_MODULE_NAME
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     for role, width in (("student", 2), ("teacher", 64)):

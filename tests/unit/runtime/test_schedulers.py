@@ -18,7 +18,7 @@ from ace3 import schedulers
 from ace3.config import TrainingConfig
 from ace3.config.specs import SchedulerSpec
 from ace3.errors import UnsupportedFeatureError
-from ace3.runtime.optim import ScheduleDriver, build_optimizer, build_scheduler
+from ace3.runtime.loop.optim import ScheduleDriver, build_optimizer, build_scheduler
 
 
 def _optimizer(lr: float = 1.0) -> torch.optim.Optimizer:

@@ -17,7 +17,7 @@ import ace3
 from ace3.config import TrainingConfig, unsupported_settings
 from ace3.errors import UnsupportedFeatureError
 from ace3.runtime.checkpoint.files import load_checkpoint
-from ace3.runtime.optim import build_optimizer
+from ace3.runtime.loop.optim import build_optimizer
 
 # compile=True against eager, float32 on the CPU: inductor may fuse and reorder the
 # reductions, so the losses agree to this relative tolerance (in practice they are equal).

@@ -1,4 +1,4 @@
-"""The worker's torchrun (``ace3.runtime.torchrun``, started by its path) ends as torchrun does:
+"""The worker's torchrun (``ace3.runtime.process.torchrun``, started by its path) ends as torchrun does:
 the same exit status (a successful run: every job of the stack tests) and, when a rank fails,
 the same error summary on stderr (the worker reads the failed rank's exit code from it:
 ``ace3_worker.failures``)."""
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ace3.runtime import torchrun as worker_torchrun
-from ace3.runtime.torchrun import COMMAND, _exit_status
+from ace3.runtime.process import torchrun as worker_torchrun
+from ace3.runtime.process.torchrun import COMMAND, _exit_status
 
 RANK = "import sys; print('rank ran', flush=True); sys.exit(int(sys.argv[1]))\n"
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from ace3.runtime import torchrun as worker_torchrun
+from ace3.runtime.process import torchrun as worker_torchrun
 from ace3_control import job_transitions
 from ace3_control.job_nodes import drop_silent_waiting, members
 from ace3_control.models import Job, JobNode, utcnow
@@ -215,7 +215,7 @@ def test_every_node_launches_torchrun_against_the_leader_s_c10d_rendezvous(
         )
 
     leader, follower = command(True), command(False)
-    run = leader.index(str(TORCHRUN_SCRIPT))  # (ace3.runtime.torchrun, by its path)
+    run = leader.index(str(TORCHRUN_SCRIPT))  # (ace3.runtime.process.torchrun, by its path)
     assert leader[run + 1 : run + 12] == [
         "--nnodes=2",
         "--nproc-per-node=4",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ace3.config.events import StartRecord
-from ace3.runtime import torchrun as worker_torchrun
+from ace3.runtime.process import torchrun as worker_torchrun
 from ace3_worker.failures import failure_message
 from ace3_worker.launcher import rank_environment, torchrun_command
 from ace3_worker.reports import EventTail, parse_log_line
@@ -70,7 +70,7 @@ def test_cpu_threads_are_shared_by_every_rank_of_every_slot(
 
 def test_torchrun_command_runs_one_process_per_gpu() -> None:
     command = torchrun_command("/job/job.json", 4)
-    # (the worker's torchrun, started by its path: ace3.runtime.torchrun)
+    # (the worker's torchrun, started by its path: ace3.runtime.process.torchrun)
     assert command[:3] == [sys.executable, str(TORCHRUN_SCRIPT), "--standalone"]
     assert "--nproc-per-node=4" in command and "--max-restarts=0" in command
     assert command[-3:] == ["ace3.runtime", "--job", "/job/job.json"]

@@ -49,7 +49,7 @@ def test_messages_travel_as_one_line_each_and_come_back_typed() -> None:
 
 
 def test_the_launchers_first_line_is_a_started_message() -> None:
-    from ace3.runtime.warm_launcher import STARTED_LINE
+    from ace3.runtime.process.warm_launcher import STARTED_LINE
 
     assert STARTED_LINE.endswith(b"\n")
     assert parse_started(STARTED_LINE[:-1]) == LauncherStarted()

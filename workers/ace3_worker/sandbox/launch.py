@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from ace3.runtime import parent_death
+from ace3.runtime.process import parent_death
 from ace3_worker.job_dir import JobDirectory, JobOwner
 from ace3_worker.sandbox.bubblewrap import SandboxView, UidSwitch, bubblewrap_argv, setpriv_prefix
 from ace3_worker.sandbox.gpus import gpu_device_nodes
@@ -198,7 +198,7 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
 
 
 def _parent_death_prefix() -> list[str]:
-    """torchrun is SIGKILLed by the kernel if this supervisor dies (ace3.runtime.parent_death);
+    """torchrun is SIGKILLed by the kernel if this supervisor dies (ace3.runtime.process.parent_death);
     inside bubblewrap, ``--die-with-parent`` does that. The module is started by its path:
     ``-m`` would import the ``ace3`` package (the SDK, about 0.6 s) before torchrun even
     starts, for a module that needs only the standard library."""

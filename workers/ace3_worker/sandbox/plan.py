@@ -105,7 +105,7 @@ PROBE_COMMAND = (
     sys.executable,
     "-I",
     "-c",
-    "import ace3.runtime.parent_death; print('sandbox ok')",
+    "import ace3.runtime.process.parent_death; print('sandbox ok')",
 )
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ace3.files import WrittenFile, write_atomic
-from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.process.distributed import DistContext, barrier
 
 SHARDED_FORMAT = 2
 ARCHIVE_SUFFIX = ".dcp.tar"

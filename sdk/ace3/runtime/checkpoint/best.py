@@ -19,7 +19,7 @@ from ace3.errors import UnsupportedFeatureError
 
 if TYPE_CHECKING:
     from ace3.config import TrainingConfig
-    from ace3.runtime.loop import TrainingLoop
+    from ace3.runtime.loop.loop import TrainingLoop
 
 CARRY_KEY = "best_checkpoint"
 

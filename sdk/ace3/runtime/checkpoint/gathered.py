@@ -28,9 +28,9 @@ from ace3.runtime.checkpoint.plain import (
     resume_position,
     schedule_state,
 )
-from ace3.runtime.distributed import DistContext
+from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.dims import ParallelDims
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.process.distributed import DistContext
 
 if TYPE_CHECKING:
     from ace3.runtime.components import Components

@@ -3,7 +3,7 @@ on resume: the loss scaler, the schedule, the RNG states and the loop position.
 
 A plain checkpoint holds plain tensors and containers only (``torch.load(weights_only=True)``):
 the full-precision ``model`` state dict, the ``optimizer`` state dict, the scheduler and loss
-scaler state, the train state (:class:`ace3.runtime.train_state.TrainState`), every rank's RNG
+scaler state, the train state (:class:`ace3.runtime.loop.train_state.TrainState`), every rank's RNG
 states and the number of data-parallel replicas that wrote it (``world_size``).
 """
 
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ace3.runtime.distributed import DistContext, barrier
-from ace3.runtime.rng import capture_rng, restore_rng
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.loop.rng import capture_rng, restore_rng
+from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.components import Components

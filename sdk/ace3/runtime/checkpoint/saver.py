@@ -37,10 +37,10 @@ from ace3.runtime.checkpoint.background import BackgroundWriter
 from ace3.runtime.checkpoint.best import CARRY_KEY, BestCheckpoint, refuse_unmeasurable_monitor
 from ace3.runtime.checkpoint.files import SavedCheckpoint, prune_checkpoint_files
 from ace3.runtime.checkpoint.plain import gather_rng
-from ace3.runtime.distributed import barrier
+from ace3.runtime.process.distributed import barrier
 
 if TYPE_CHECKING:
-    from ace3.runtime.loop import TrainingLoop
+    from ace3.runtime.loop.loop import TrainingLoop
 
 
 @dataclass(frozen=True)

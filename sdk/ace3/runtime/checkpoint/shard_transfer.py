@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ace3.runtime.distributed import DistContext, barrier
+from ace3.runtime.process.distributed import DistContext, barrier
 
 CHUNK_BYTES = 16 * 1024 * 1024
 

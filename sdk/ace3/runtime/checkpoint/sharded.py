@@ -53,10 +53,10 @@ from ace3.runtime.checkpoint.archive import (
 from ace3.runtime.checkpoint.background import stage_to_cpu
 from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.checkpoint.shard_transfer import collect_shards
-from ace3.runtime.distributed import DistContext, barrier
-from ace3.runtime.loaders import batches_per_epoch, train_sampler
-from ace3.runtime.rng import rank_seed, restore_rng, seed_all
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.data.loaders import batches_per_epoch, train_sampler
+from ace3.runtime.loop.rng import rank_seed, restore_rng, seed_all
+from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.checkpoint.background import BackgroundWriter

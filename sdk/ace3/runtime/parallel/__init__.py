@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 from ace3.config import TrainingConfig, runs_pipeline, runs_tensor_parallel
-from ace3.runtime.distributed import DistContext
 from ace3.runtime.parallel.base import Strategy
 from ace3.runtime.parallel.ddp import DataParallel
 from ace3.runtime.parallel.dims import ParallelDims
@@ -23,6 +22,7 @@ from ace3.runtime.parallel.pipeline import PipelineParallel
 from ace3.runtime.parallel.sharding import sharding_plan
 from ace3.runtime.parallel.tensor import TensorParallel
 from ace3.runtime.parallel.zero1 import ZeroRedundancy
+from ace3.runtime.process.distributed import DistContext
 
 
 def strategy_for(config: TrainingConfig, ctx: DistContext) -> Strategy:

@@ -6,7 +6,7 @@ A strategy is made for one job attempt (:func:`ace3.runtime.parallel.strategy_fo
    this rank's module), :meth:`Strategy.make_optimizer` builds the optimizer over it and
    :meth:`Strategy.wrap` sets :attr:`Strategy.forward`, what forward passes run through;
    :meth:`Strategy.restore` loads a checkpoint into all of it;
-2. **step** (:class:`ace3.runtime.steps.StepRunner`): :meth:`before_step`,
+2. **step** (:class:`ace3.runtime.loop.steps.StepRunner`): :meth:`before_step`,
    :meth:`forward_backward` (micro-batches, each under :meth:`sync_context`),
    :meth:`after_backward`, :meth:`clip_gradients` (or :meth:`grad_norm` alone);
 3. **validation**: :meth:`evaluate`;
@@ -33,14 +33,18 @@ from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense
 
 from ace3.config import TrainingConfig
 from ace3.runtime.checkpoint.files import SavedCheckpoint
-from ace3.runtime.distributed import DistContext
-from ace3.runtime.extra_optimizers import graph_keeping_backward, needs_grad_graph, plain_backward
-from ace3.runtime.losses import batch_size_of, forward_loss, move_to_device
-from ace3.runtime.memory_meter import training_state_bytes
-from ace3.runtime.optim import build_optimizer
+from ace3.runtime.loop.extra_optimizers import (
+    graph_keeping_backward,
+    needs_grad_graph,
+    plain_backward,
+)
+from ace3.runtime.loop.losses import batch_size_of, forward_loss, move_to_device
+from ace3.runtime.loop.optim import build_optimizer
+from ace3.runtime.loop.precision import Precision
+from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.observe.memory_meter import training_state_bytes
 from ace3.runtime.parallel.dims import ParallelDims
-from ace3.runtime.precision import Precision
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:

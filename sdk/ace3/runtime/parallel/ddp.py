@@ -39,12 +39,12 @@ from ace3.runtime.checkpoint.sharded import (
     load_sharded_model_and_optimizer,
     resume_train_state,
 )
-from ace3.runtime.distributed import DistContext, barrier
-from ace3.runtime.evaluation import evaluate
-from ace3.runtime.grad_checkpointing import enable_gradient_checkpointing
+from ace3.runtime.loop.evaluation import evaluate
+from ace3.runtime.loop.precision import Precision
+from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.base import Strategy, average_over
-from ace3.runtime.precision import Precision
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.process.distributed import DistContext, barrier
+from ace3.runtime.techniques.grad_checkpointing import enable_gradient_checkpointing
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ace3.runtime.evaluation import evaluate
-from ace3.runtime.optim import build_optimizer
+from ace3.runtime.loop.evaluation import evaluate
+from ace3.runtime.loop.optim import build_optimizer
+from ace3.runtime.loop.precision import Precision
 from ace3.runtime.parallel.base import full_norm, total_grad_norm
 from ace3.runtime.parallel.ddp import checkpoint_activations, place_on_device
 from ace3.runtime.parallel.sharding import (
@@ -33,7 +34,6 @@ from ace3.runtime.parallel.sharding import (
     write_back,
 )
 from ace3.runtime.parallel.zero1 import ZeroRedundancy
-from ace3.runtime.precision import Precision
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:

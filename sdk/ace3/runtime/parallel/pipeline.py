@@ -18,12 +18,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ace3.config import pipeline_layout
+from ace3.runtime.loop.precision import Precision
 from ace3.runtime.parallel.base import MicroBatches
 from ace3.runtime.parallel.pipeline_schedule import PipelineRunner, broadcast_from_last
 from ace3.runtime.parallel.split_model import SplitModel
 from ace3.runtime.parallel.stage_split import pipeline_stages
 from ace3.runtime.parallel.tensor_plan import parallelize
-from ace3.runtime.precision import Precision
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:

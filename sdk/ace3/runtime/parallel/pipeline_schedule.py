@@ -11,7 +11,7 @@ sample whose loss is not counted, so every micro-batch has the shape the stages 
 the first step (a pipeline's receive buffers have fixed shapes).
 
 Loss: the last stage computes the default loss (cross-entropy for integer targets, mean
-squared error for float ones, as :mod:`ace3.runtime.losses`) per sample, so that the padded
+squared error for float ones, as :mod:`ace3.runtime.loop.losses`) per sample, so that the padded
 samples drop out; each micro-batch's loss is its samples' sum divided by the batch's real
 sample count and by the batches accumulated in the optimizer step. Summed over micro-batches
 and batches this is the mean loss a single process computes on the same samples, and its
@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ace3.runtime.losses import (
+from ace3.runtime.loop.losses import (
     batch_size_of,
     count_correct,
     move_to_device,

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from ace3.config import TrainingConfig
-from ace3.runtime.distributed import DistContext
-from ace3.runtime.memory_meter import training_state_bytes
+from ace3.runtime.observe.memory_meter import training_state_bytes
+from ace3.runtime.process.distributed import DistContext
 
 STAGE_SUMMARY = {
     1: "optimizer state sharded (DDP + ZeroRedundancyOptimizer)",
@@ -154,7 +154,7 @@ def zero_redundancy_optimizer(
 ) -> torch.optim.Optimizer:
     """A ``ZeroRedundancyOptimizer`` running ``template``'s class with its hyperparameters over
     each rank's share of ``params`` (``template`` is the optimizer the config names, built
-    by ``ace3.runtime.optim.build_optimizer`` over the same parameters; it is discarded)."""
+    by ``ace3.runtime.loop.optim.build_optimizer`` over the same parameters; it is discarded)."""
     import inspect
 
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -26,7 +26,8 @@ from torch import nn
 from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
 from ace3.runtime.checkpoint.gathered import GatheredCheckpoint
 from ace3.runtime.checkpoint.plain import gather_rng
-from ace3.runtime.distributed import barrier
+from ace3.runtime.loop.precision import Precision
+from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.base import Strategy, average_over
 from ace3.runtime.parallel.sharding import (
     local_state_bytes,
@@ -36,8 +37,7 @@ from ace3.runtime.parallel.sharding import (
     shard_model,
     sharding_plan,
 )
-from ace3.runtime.precision import Precision
-from ace3.runtime.train_state import TrainState
+from ace3.runtime.process.distributed import barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.checkpoint.background import BackgroundWriter

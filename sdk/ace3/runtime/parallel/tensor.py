@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ace3.runtime.evaluation import evaluate
+from ace3.runtime.loop.evaluation import evaluate
+from ace3.runtime.loop.precision import Precision
 from ace3.runtime.parallel.split_model import SplitModel
 from ace3.runtime.parallel.tensor_plan import parallelize
-from ace3.runtime.precision import Precision
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from ace3.runtime.checkpoint.sharded import (
     load_full_model_and_optimizer,
     save_sharded_checkpoint,
 )
-from ace3.runtime.distributed import barrier
+from ace3.runtime.loop.precision import Precision
 from ace3.runtime.parallel.ddp import DataParallel
 from ace3.runtime.parallel.sharding import (
     STAGE_SUMMARY,
@@ -29,7 +29,7 @@ from ace3.runtime.parallel.sharding import (
     local_state_bytes,
     zero_redundancy_optimizer,
 )
-from ace3.runtime.precision import Precision
+from ace3.runtime.process.distributed import barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.checkpoint.background import BackgroundWriter

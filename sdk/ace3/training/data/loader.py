@@ -67,7 +67,7 @@ def _check_bool(name: str, value: Any) -> None:
 def resolve_dataset(dataset: Any) -> Any:
     """A torch dataset for ``dataset``: itself, or the ``train`` split of a local path."""
     if isinstance(dataset, (str, os.PathLike)):
-        from ace3.runtime.datasets import load_dataset
+        from ace3.runtime.data.datasets import load_dataset
         from ace3.runtime.job_spec import DatasetSpec
 
         path = Path(dataset)

@@ -25,8 +25,8 @@ The package: :mod:`.base` (``Logger``, the errors), :mod:`.arguments`, and one m
 logger (:mod:`.training_logger`, :mod:`.tensorboard_logger`, :mod:`.wandb_logger`,
 :mod:`.mlflow_logger`).
 
-No torch import here: the engine-side pieces live in :mod:`ace3.runtime.logger_hooks` and
-:mod:`ace3.runtime.tensorboard_hook`.
+No torch import here: the engine-side pieces live in :mod:`ace3.runtime.observe.logger_hooks` and
+:mod:`ace3.runtime.observe.tensorboard_hook`.
 """
 
 from ace3.training.loggers.base import Logger, LoggerArgumentError, LoggerUnavailableError

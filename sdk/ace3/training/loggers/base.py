@@ -27,7 +27,7 @@ class Logger:
         return {}
 
     def engine_hooks(self, local: bool) -> list[Any]:
-        """Engine hooks (``ace3.runtime.hooks.TrainingHook``) for an in-process run
+        """Engine hooks (``ace3.runtime.loop.hooks.TrainingHook``) for an in-process run
         (``local=True``); a remote job gets none."""
         return []
 

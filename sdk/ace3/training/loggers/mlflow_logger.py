@@ -91,7 +91,7 @@ class MLflowLogger(Logger):
     def engine_hooks(self, local: bool) -> list[Any]:
         if not local:
             return []
-        from ace3.runtime.logger_hooks import LoggerMetricsHook
+        from ace3.runtime.observe.logger_hooks import LoggerMetricsHook
 
         return [LoggerMetricsHook(self)]
 

@@ -32,7 +32,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ace3.runtime.memory_meter import MIB, RssSampler, cuda_in_use, efficiency_percent
+from ace3.runtime.observe.memory_meter import MIB, RssSampler, cuda_in_use, efficiency_percent
 from ace3.training.profiling.registry import ProfilingError, register, unregister
 
 
@@ -121,7 +121,7 @@ class MemoryProfiler:
 
     # -- what trainers report -------------------------------------------------------------
     def note_training_state(self, state_bytes: int) -> None:
-        """The training state's size in bytes (``ace3.runtime.memory_meter.training_state_bytes``
+        """The training state's size in bytes (``ace3.runtime.observe.memory_meter.training_state_bytes``
         after training); with several calls (several runs) the largest is kept."""
         if isinstance(state_bytes, bool) or not isinstance(state_bytes, int) or state_bytes < 0:
             raise ValueError(f"state_bytes must be an int >= 0, got {state_bytes!r}")
@@ -170,7 +170,7 @@ class MemoryProfiler:
 
     def note_job_summary(self, job_id: str, summary: dict[str, Any]) -> bool:
         """:meth:`note_remote_job` from a job summary holding the fields of
-        ``ace3.runtime.memory_meter.memory_summary``; False (nothing noted) when the summary
+        ``ace3.runtime.observe.memory_meter.memory_summary``; False (nothing noted) when the summary
         has no ``peak_memory_mb``."""
         if not isinstance(summary, dict):
             raise TypeError(f"summary must be a dict, got {type(summary).__name__}")
@@ -188,7 +188,7 @@ class MemoryProfiler:
 
     # -- the result -----------------------------------------------------------------------
     def _tracked_state_bytes(self) -> int | None:
-        from ace3.runtime.memory_meter import training_state_bytes
+        from ace3.runtime.observe.memory_meter import training_state_bytes
 
         sizes = []
         for model_ref, opt_ref in self._tracked:

@@ -232,7 +232,11 @@ class TrainingProfiler:
         The files are copied, so ``directory`` may be deleted afterwards. Raises
         ``FileNotFoundError``/``ValueError`` when the directory does not hold valid results.
         """
-        from ace3.runtime.profile_events import KEY_AVERAGES_FILE, TRACE_FILE, read_key_averages
+        from ace3.runtime.observe.profile_events import (
+            KEY_AVERAGES_FILE,
+            TRACE_FILE,
+            read_key_averages,
+        )
 
         if not isinstance(job_id, str) or not job_id:
             raise ValueError(f"job_id must be a non-empty string, got {job_id!r}")
@@ -304,7 +308,7 @@ class TrainingProfiler:
         remote = self._pick(source)
         if remote is None:
             return self._local_profile().key_averages(group_by_input_shape=group_by_input_shape)
-        from ace3.runtime.profile_events import rebuild_event_list
+        from ace3.runtime.observe.profile_events import rebuild_event_list
 
         body, meta = remote.body, remote.body["meta"]
         records = body["events_by_input_shape"] if group_by_input_shape else body["events"]

@@ -1,0 +1,1 @@
+"""The job's datasets: reading dataset files, resolving datasets, the distributed loaders."""

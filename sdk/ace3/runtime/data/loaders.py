@@ -1,0 +1,121 @@
+"""Data loaders: distributed shuffling for training, exact sharding for validation.
+
+Training uses a ``DistributedSampler`` (shuffled by ``seed`` and the epoch) and can skip the
+micro-batches a resumed run already consumed. Validation uses :class:`ShardSampler`, which gives
+every sample to exactly one rank (no padding duplicates), so summed metrics are exact.
+Loaders get their own ``torch.Generator`` so they never consume the global torch RNG.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+from ace3.runtime.loop.losses import move_to_device
+
+
+class SkipSampler(Sampler[int]):
+    """Yields the indices of ``sampler`` after the first ``skip``."""
+
+    def __init__(self, sampler: Sampler[int], skip: int) -> None:
+        self.sampler = sampler
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        assert isinstance(self.sampler, Sized)
+        return max(0, len(self.sampler) - self.skip)
+
+
+class ShardSampler(Sampler[int]):
+    """Indices ``rank, rank + world, ...`` in order: every sample on exactly one rank."""
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        self.length, self.rank, self.world_size = length, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def train_sampler(
+    dataset: Dataset[Any], rank: int, world_size: int, seed: int
+) -> DistributedSampler[Any]:
+    return DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
+    )
+
+
+def train_loader(
+    dataset: Dataset[Any],
+    sampler: DistributedSampler[Any],
+    batch_size: int,
+    skip_batches: int,
+    num_workers: int,
+    seed: int,
+    pin_memory: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader[Any]:
+    """Loader over ``sampler``'s current epoch, starting after ``skip_batches`` batches."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=SkipSampler(sampler, skip_batches * batch_size),
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        drop_last=False,
+        generator=_generator(seed),
+        collate_fn=collate_fn,
+    )
+
+
+def batches_per_epoch(sampler: DistributedSampler[Any], batch_size: int) -> int:
+    return -(-len(sampler) // batch_size)
+
+
+def validation_loader(
+    dataset: Dataset[Any],
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    num_workers: int,
+    pin_memory: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader[Any]:
+    assert isinstance(dataset, Sized)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=ShardSampler(len(dataset), rank, world_size),
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        drop_last=False,
+        generator=_generator(0),
+        collate_fn=collate_fn,
+    )
+
+
+def example_batch(parts: Any, sampler: Any, device: torch.device) -> Any:
+    """The first training batch on ``device`` (for hooks' graphs and images); None if
+    unavailable."""
+    try:
+        loader = train_loader(
+            parts.train_set, sampler, parts.per_rank_batch, 0, 0, 0,
+            pin_memory=False, collate_fn=parts.collate_fn,
+        )  # fmt: skip
+        return move_to_device(next(iter(loader)), device)
+    except Exception:
+        return None

@@ -1,0 +1,118 @@
+"""Validation over the whole validation set, exact across ranks.
+
+Every rank evaluates its own shard (no duplicates), then the summed loss, correct count, sample
+count and any ``compute_metrics`` sums are all-reduced. ``val_accuracy`` is reported only when
+every batch was class logits ``[N, C]`` with integer targets ``[N]``.
+
+``lockstep=True`` is for sharded models (ZeRO-2/3), whose forward passes are collectives
+(parameters are all-gathered): ranks agree on the largest number of batches any of them has,
+and a rank with fewer runs the same forward passes on a padding batch (its last one, or the
+first sample of the set) whose results are not counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, default_collate
+
+from ace3.runtime.loop.losses import batch_size_of, count_correct, forward_loss, move_to_device
+from ace3.runtime.loop.precision import Precision
+from ace3.runtime.user_code import UserCode
+
+
+def _local_sums(
+    model: nn.Module,
+    loader: DataLoader[Any],
+    device: torch.device,
+    precision: Precision,
+    user: UserCode,
+    padding_batches: int = 0,
+) -> tuple[list[float], dict[str, float]]:
+    """[loss*n, n, correct, non-classification batches] and weighted user metric sums; then
+    ``padding_batches`` uncounted forward passes (see ``lockstep``)."""
+    loss_sum, samples, correct, not_classification = 0.0, 0, 0, 0
+    extra: dict[str, float] = {}
+    raw = None
+    for raw in loader:
+        batch = move_to_device(raw, device)
+        n = batch_size_of(batch)
+        with precision.autocast():
+            result = forward_loss(model, batch, user.compute_loss)
+        loss_sum += float(result.loss.float().item()) * n
+        samples += n
+        hits = count_correct(result.outputs, result.targets)
+        if hits is None:
+            not_classification += 1
+        else:
+            correct += hits
+        if user.compute_metrics is not None:
+            with precision.autocast():
+                values = user.compute_metrics(model, batch)
+            for name, value in dict(values).items():
+                extra[name] = extra.get(name, 0.0) + float(value) * n
+    if padding_batches:
+        if raw is None:
+            collate = loader.collate_fn or default_collate
+            raw = collate([loader.dataset[0]])
+        batch = move_to_device(raw, device)
+        for _ in range(padding_batches):
+            with precision.autocast():
+                forward_loss(model, batch, user.compute_loss)
+                if user.compute_metrics is not None:
+                    user.compute_metrics(model, batch)
+    return [loss_sum, float(samples), float(correct), float(not_classification)], extra
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader[Any],
+    device: torch.device,
+    precision: Precision,
+    user: UserCode,
+    lockstep: bool = False,
+    reduce_device: torch.device | None = None,
+) -> dict[str, float]:
+    """``val_loss`` (and ``val_accuracy``, ``val_<metric>``) over the whole validation set.
+
+    ``model`` is the unwrapped module (not DDP): ranks may see different numbers of batches,
+    unless ``lockstep`` (a sharded model; see the module docstring). ``reduce_device``: where
+    the sums are reduced when the model runs elsewhere (a CPU model in a NCCL job).
+    """
+    padding = 0
+    if lockstep and dist.is_initialized() and dist.get_world_size() > 1:
+        most = torch.tensor([len(loader)], dtype=torch.float64, device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        padding = int(most.item()) - len(loader)
+    was_training = model.training
+    model.eval()
+    try:
+        sums, extra = _local_sums(model, loader, device, precision, user, padding)
+    finally:
+        model.train(was_training)
+    names = sorted(extra)
+    if user.compute_metrics is not None and dist.is_initialized() and dist.get_world_size() > 1:
+        # Metric names can differ between ranks only if user code is rank-dependent; gather them.
+        gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+        dist.all_gather_object(gathered, names)
+        names = sorted({name for rank_names in gathered for name in rank_names})
+    vector = torch.tensor(
+        sums + [extra.get(name, 0.0) for name in names],
+        dtype=torch.float64,
+        device=reduce_device or device,
+    )
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(vector)
+    loss_sum, samples, correct, not_classification = vector[:4].tolist()
+    if samples == 0:
+        return {}
+    metrics = {"val_loss": loss_sum / samples}
+    if not_classification == 0:
+        metrics["val_accuracy"] = correct / samples
+    for name, total in zip(names, vector[4:].tolist(), strict=True):
+        metrics[f"val_{name}"] = total / samples
+    return metrics

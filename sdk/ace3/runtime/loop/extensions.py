@@ -1,0 +1,104 @@
+"""Loop extensions: parts of the engine that act on the model at fixed points of the training
+loop (:class:`ace3.runtime.loop.loop.TrainingLoop`), without branches of their own in it.
+
+The loop calls every extension of ``Components.extensions`` on every rank, in list order, at
+the same points, so an extension may run collectives (validation, broadcasts)::
+
+    start(loop)        once, before the first step (after the hooks' on_train_begin)
+    after_step(loop)   after each optimizer step (loop.state.step counts it already)
+    step_end(loop)     at the end of each step, after its metrics, its checkpoint and the
+                       stop check (preemption stops here: :mod:`ace3.runtime.loop.preemption`)
+    saving()           a context around every checkpoint the loop writes
+    finish(loop)       after the final checkpoint; returns entries for the summary
+    on_instability(loop, reason)
+                       the instability guard found a step unstable and warned, skipped it or
+                       rolled the run back (after the rollback; every rank at the same step;
+                       batch-size growth shrinks the batch); not when it stops the run
+    close()            always, last, however the run ended (an exception included)
+
+:func:`compression_extensions` builds the ones a config asks for: pruning
+(:mod:`ace3.runtime.techniques.pruning`) then post-training quantization
+(:mod:`ace3.runtime.techniques.quantization`), in that order (the int8 model is made from the pruned one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ace3.config import TrainingConfig
+from ace3.runtime.process.distributed import DistContext
+
+if TYPE_CHECKING:
+    from ace3.runtime.loop.loop import TrainingLoop
+
+
+class LoopExtension:
+    """Base class: every point is a no-op (see the module docstring for when each runs)."""
+
+    def start(self, loop: TrainingLoop) -> None:
+        return None
+
+    def after_step(self, loop: TrainingLoop) -> None:
+        return None
+
+    def step_end(self, loop: TrainingLoop) -> None:
+        return None
+
+    def saving(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def on_instability(self, loop: TrainingLoop, reason: str) -> None:
+        return None
+
+    def finish(self, loop: TrainingLoop) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+
+def matching_modules(
+    model: nn.Module,
+    patterns: list[str] | None,
+    kinds: tuple[type[nn.Module], ...],
+    field: str,
+) -> list[tuple[str, nn.Module]]:
+    """The modules of ``kinds`` whose names match one of ``patterns`` (fnmatch; every one when
+    None), in model order. ValueError naming ``field`` when a pattern matches none of them, or
+    when there is none at all."""
+    candidates = [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
+    what = " or ".join(kind.__name__ for kind in kinds)
+    if not candidates:
+        raise ValueError(f"{field}: the model has no {what} layer")
+    if not patterns:
+        return candidates
+    shown = ", ".join(name or "<root>" for name, _ in candidates[:12])
+    more = f", ... ({len(candidates)} in all)" if len(candidates) > 12 else ""
+    for pattern in patterns:
+        if not any(fnmatchcase(name, pattern) for name, _ in candidates):
+            raise ValueError(
+                f"{field}: the pattern {pattern!r} matches no {what} layer of the model "
+                f"(its {what} layers: {shown}{more})"
+            )
+    return [(n, m) for n, m in candidates if any(fnmatchcase(n, p) for p in patterns)]
+
+
+def compression_extensions(
+    config: TrainingConfig, model: nn.Module, ctx: DistContext, total_steps: int
+) -> list[LoopExtension]:
+    """The extensions ``config`` asks for, built over this rank's ``model`` (a bad setting
+    fails here, before the first step)."""
+    found: list[LoopExtension] = []
+    if config.pruning is not None:
+        from ace3.runtime.techniques.pruning import Pruner
+
+        found.append(Pruner(config.pruning, model, ctx, total_steps))
+    if config.quantization is not None:
+        from ace3.runtime.techniques.quantization import PostTrainingQuantization
+
+        found.append(PostTrainingQuantization(config.quantization, model))
+    return found

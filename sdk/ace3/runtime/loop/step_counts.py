@@ -1,0 +1,86 @@
+"""How many optimizer steps a run takes: the one formula the schedule, the run's plan (the
+``start`` record) and the loop agree on.
+
+An epoch is ``batches_per_epoch`` loader batches of one data replica (a rank of a
+data-parallel job; the single replica of a model- or pipeline-parallel job, whose ranks all read
+the same batches), run as optimizer steps of ``gradient_accumulation_steps`` batches each, the
+last group of the epoch shorter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from ace3.config import TrainingConfig
+from ace3.runtime.data.loaders import batches_per_epoch, train_sampler
+from ace3.runtime.loop.train_state import TrainState
+
+
+def replica_batches_per_epoch(
+    train_set: Dataset[Any], data_rank: int, data_world: int, seed: int, replica_batch: int
+) -> int:
+    """Loader batches of one data replica per epoch (``DistributedSampler`` pads the dataset to
+    a multiple of the replicas, so every replica has the same count)."""
+    sampler = train_sampler(train_set, data_rank, data_world, seed)
+    return batches_per_epoch(sampler, replica_batch)
+
+
+def steps_per_epoch(batches_per_epoch: int, accumulation: int) -> int:
+    """Optimizer steps of a whole epoch: one per ``accumulation`` micro-batches, the last group
+    shorter."""
+    return -(-batches_per_epoch // accumulation)
+
+
+def planned_total_steps(
+    batches_per_epoch: int,
+    accumulation: int,
+    epochs: int,
+    max_steps: int | None,
+    state: TrainState,
+) -> int:
+    """The optimizer steps the run plans in all, counted from step 0 (a resumed run's earlier
+    steps included): an upper bound that ``state.step`` never exceeds.
+
+    It follows :meth:`TrainingLoop._train_epoch`: an epoch's ``batches_per_epoch`` loader batches
+    (of one rank, or of the one data replica of a model- or pipeline-parallel job) run as
+    optimizer steps of ``accumulation`` batches each, the last group shorter, so a whole epoch takes ``ceil(batches_per_epoch / accumulation)`` steps. A resumed
+    run first finishes its epoch from ``batch_in_epoch``, grouped by the accumulation it runs
+    with now (``ceil((batches_per_epoch - batch_in_epoch) / accumulation)``, none when the
+    checkpoint closed the epoch or came from a run with more micro-batches per epoch), then runs
+    the remaining whole epochs. ``max_steps`` stops the loop once the step reaches it (never
+    below the step resumed from). Nothing else adds steps: out-of-memory recovery cuts the same
+    loader batches into more micro-batches inside the same optimizer step, and a pipeline step
+    takes the same group of batches; a callback's stop or ``max_steps`` only end the run
+    sooner. With batch-size growth (accumulation 1, loader batches of ``min_batch_size``) this
+    is the bound of a run that never grows: a step takes one loader batch or more.
+    """
+    remaining = 0
+    if state.epoch < epochs:
+        rest_of_epoch = max(0, batches_per_epoch - state.batch_in_epoch)
+        remaining = steps_per_epoch(rest_of_epoch, accumulation) + (
+            epochs - state.epoch - 1
+        ) * steps_per_epoch(batches_per_epoch, accumulation)
+    total = state.step + remaining
+    if max_steps is not None:
+        total = min(total, max(max_steps, state.step))
+    return total
+
+
+def total_optimizer_steps(
+    config: TrainingConfig, train_set: Dataset[Any], data_world: int, replica_batch: int
+) -> int:
+    """Optimizer steps of a whole fresh run (what schedules without a horizon use): the plan of
+    :func:`planned_total_steps` from step 0; with batch-size growth, the steps of its path
+    (:func:`ace3.runtime.loop.batch_growth.grown_path_steps`)."""
+    from ace3.config.batch_growth import batch_growth
+    from ace3.runtime.loop.batch_growth import grown_path_steps  # (it imports this module)
+
+    batches = replica_batches_per_epoch(train_set, 0, data_world, config.seed, replica_batch)
+    growth = batch_growth(config)
+    if growth is not None:
+        return grown_path_steps(growth, batches, config.epochs, config.max_steps, TrainState())
+    return planned_total_steps(
+        batches, config.gradient_accumulation_steps, config.epochs, config.max_steps, TrainState()
+    )

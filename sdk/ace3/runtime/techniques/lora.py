@@ -1,0 +1,249 @@
+"""``lora``: low-rank adapters (Hugging Face's ``peft``) on the layers ``target_modules`` names.
+
+Applied on every rank by :func:`ace3.runtime.build.assemble` to the model the user code built,
+after ``freeze``/``trainable`` and before the parallelism strategy places, casts and wraps it:
+``peft.inject_adapter_in_model`` replaces each target layer by a LoRA layer that holds the
+original one as ``base_layer`` (the same parameter objects) next to ``lora_A``/``lora_B``. Every
+base parameter gets ``requires_grad=False`` (so no gradient, no all-reduce, no optimizer state);
+the adapters train, and the biases ``bias`` names. Parameters that ``trainable`` names train
+fully next to the adapters (peft's "modules to save").
+
+Checkpoints hold the adapters only: while adapters are on, the model's ``state_dict()`` leaves
+out the frozen base parameters and adds :data:`FINGERPRINT_KEY`, the sha256 of the base weights
+as the model file built them (a state-dict hook, so the plain format, ZeRO-1's sharded one and
+the weights files of hooks all follow without a branch of their own). A resumed attempt builds
+the base again from the model file with the job's seed (the engine seeds torch before
+``build_model``), injects the adapters and loads them; loading refuses a checkpoint whose
+fingerprint differs from the rebuilt base's (another model file, or a model file whose weights
+are not a function of the seed), and does not ask for the frozen base weights.
+
+At the end (:mod:`ace3.runtime.techniques.lora_merge`): rank 0 writes the merged model (base weights plus
+``lora_alpha / r * B @ A``, the original module names, float32) to
+``output_dir/artifacts/merged_model.safetensors`` for a job; an in-process run hands the
+caller's module back with its own layers, the adapters merged into their weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+import torch
+from torch import nn
+
+from ace3.config import TrainingConfig
+
+ADAPTER = "default"  # peft's adapter name; the parameter names hold it (fc1.lora_A.default...)
+FINGERPRINT_KEY = "_ace3_lora_base_sha256"
+_ATTRIBUTE = "_ace3_lora_adapters"  # on the adapted model: its LoRAAdapters
+ADAPTABLE = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+PEFT_HINT = (
+    "lora needs the peft package where the training runs: pip install 'ace3[finetune]' "
+    "(or pip install peft); workers install it with the worker extra"
+)
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as error:
+        raise ImportError(f"{PEFT_HINT} ({error})") from error
+    return peft
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """A module's full name, its last components (``fc1`` matches ``layers.0.fc1``) or an
+    fnmatch pattern over its full name."""
+    return fnmatchcase(name, pattern) or fnmatchcase(name, "*." + pattern)
+
+
+def select_targets(model: nn.Module, patterns: list[str]) -> list[str]:
+    """The full names of the layers to adapt. ValueError naming the entry and listing the
+    model's modules when an entry matches no layer LoRA adapts."""
+    named = [(name, module) for name, module in model.named_modules() if name]
+    chosen: dict[str, None] = {}
+    for pattern in patterns:
+        hits = [n for n, m in named if isinstance(m, ADAPTABLE) and _matches(n, pattern)]
+        if not hits:
+            shown = ", ".join(f"{n} ({type(m).__name__})" for n, m in named[:24])
+            more = f", ... ({len(named)} in all)" if len(named) > 24 else ""
+            others = [n for n, _ in named if _matches(n, pattern)]
+            why = (
+                f"matches {', '.join(others[:5])}, none of them a layer LoRA adapts"
+                if others
+                else "matches no module of the model"
+            )
+            raise ValueError(
+                f"lora.target_modules: {pattern!r} {why} (nn.Linear, nn.Embedding, "
+                f"nn.Conv1d/2d/3d); the model's modules: {shown or 'none'}{more}"
+            )
+        chosen.update(dict.fromkeys(hits))
+    return list(chosen)
+
+
+def base_fingerprint(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """sha256 over the names, shapes, dtypes and bytes of ``named`` (a uint8 tensor of 32)."""
+    digest = hashlib.sha256()
+    for name, tensor in named:
+        value = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tuple(value.shape)}|{value.dtype}|".encode())
+        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).clone()
+
+
+@dataclass
+class LoRAAdapters:
+    """The adapters injected into one model, and how its state dict leaves the base out."""
+
+    model: nn.Module
+    config: TrainingConfig
+    layers: dict[str, nn.Module]  # full name -> peft's LoRA layer
+    frozen: set[str]  # names (as the adapted model has them) of the frozen parameters
+    fingerprint: torch.Tensor
+    grad_before: dict[int, bool]  # id(parameter) -> requires_grad before injection
+    handles: list[Any] = field(default_factory=list)
+    whole: bool = False  # state_dict() keeps everything (for the merge)
+
+    # -- figures --------------------------------------------------------------------------------
+    def counts(self) -> tuple[int, int]:
+        """(trainable, total) parameter elements of the adapted model."""
+        params = list(self.model.parameters())
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        return trainable, sum(p.numel() for p in params)
+
+    def summary(self) -> dict[str, Any]:
+        trainable, total = self.counts()
+        return {"trainable_parameters": trainable, "total_parameters": total}
+
+    def describe(self) -> str:
+        lora = self.config.lora
+        assert lora is not None
+        trainable, total = self.counts()
+        names = list(self.layers)
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        return (
+            f"LoRA r={lora.r} alpha={lora.lora_alpha:g} dropout={lora.lora_dropout:g} "
+            f"bias={lora.bias} on {len(names)} layer(s) ({shown}): training {trainable:,} of "
+            f"{total:,} parameters ({trainable / total:.2%}); the base weights are frozen"
+        )
+
+    # -- the state dict: adapters only ----------------------------------------------------------
+    def _install_hooks(self) -> None:
+        model = self.model
+        # (torch marks the hook objects it is given: plain functions, not bound methods)
+        self.handles = [
+            model.register_state_dict_post_hook(
+                functools.partial(type(self)._leave_base_out, self)
+            ),
+            model.register_load_state_dict_pre_hook(
+                functools.partial(type(self)._check_fingerprint, self)
+            ),
+            model.register_load_state_dict_post_hook(
+                functools.partial(type(self)._base_not_missing, self)
+            ),
+        ]
+
+    def _leave_base_out(self, module: nn.Module, state: Any, prefix: str, _: Any) -> None:
+        if self.whole:
+            return
+        for name in self.frozen:
+            state.pop(prefix + name, None)
+        state[prefix + FINGERPRINT_KEY] = self.fingerprint.clone()
+
+    def _check_fingerprint(self, module: nn.Module, state: Any, prefix: str, *_: Any) -> None:
+        saved = state.pop(prefix + FINGERPRINT_KEY, None)
+        if saved is None:
+            return
+        if not torch.equal(saved.detach().to("cpu", torch.uint8), self.fingerprint):
+            raise ValueError(
+                "these LoRA adapters were trained on other base weights than the ones the "
+                "model was built with now (the checkpoint holds the adapters and a fingerprint "
+                "of their base; the base is rebuilt from the model file and the job's seed): "
+                "use the same model file, and build its weights from the seed or from files "
+                "it ships"
+            )
+
+    def _base_not_missing(self, module: nn.Module, keys: Any) -> None:
+        keys.missing_keys[:] = [key for key in keys.missing_keys if key not in self.frozen]
+
+    @contextlib.contextmanager
+    def whole_state(self) -> Iterator[None]:
+        """``state_dict()`` with the base weights (and no fingerprint) inside this block."""
+        self.whole = True
+        try:
+            yield
+        finally:
+            self.whole = False
+
+    # -- the end --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def unload(self, merge: bool) -> None:
+        """Give the model its own layers back (with ``merge``, each with its adapters merged
+        into its weights: peft's merge) and the ``requires_grad`` flags it had; remove the
+        state-dict hooks."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.model.__dict__.pop(_ATTRIBUTE, None)
+        for name, layer in self.layers.items():
+            if merge:
+                layer.merge(safe_merge=True, adapter_names=[ADAPTER])  # type: ignore[operator]
+            parent_name, _, child = name.rpartition(".")
+            parent = self.model.get_submodule(parent_name) if parent_name else self.model
+            setattr(parent, child, layer.get_base_layer())  # type: ignore[operator]
+        for param in self.model.parameters():
+            param.requires_grad_(self.grad_before.get(id(param), True))
+        self.layers = {}
+
+
+def apply_lora(model: nn.Module, config: TrainingConfig) -> LoRAAdapters | None:
+    """Inject ``config.lora``'s adapters into ``model`` in place (None without ``lora``); see
+    the module docstring. Call after :func:`ace3.runtime.techniques.freezing.apply_freezing`."""
+    lora = config.lora
+    if lora is None:
+        return None
+    targets = select_targets(model, lora.target_modules)
+    peft = _peft()
+    grad_before = {id(p): p.requires_grad for p in model.parameters()}
+    # trainable=[...] with lora: what apply_freezing left trainable trains fully
+    keep = {id(p) for p in model.parameters() if p.requires_grad} if config.trainable else set()
+    peft_config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        bias=lora.bias,
+        target_modules="^(?:" + "|".join(map(re.escape, targets)) + ")$",
+    )
+    peft.inject_adapter_in_model(peft_config, model, adapter_name=ADAPTER)
+    for param in model.parameters():
+        if id(param) in keep:
+            param.requires_grad_(True)
+    layers = {name: model.get_submodule(name) for name in targets}
+    named = list(model.named_parameters())
+    frozen = [(name, param) for name, param in named if not param.requires_grad]
+    adapters = LoRAAdapters(
+        model=model,
+        config=config,
+        layers=layers,
+        frozen={name for name, _ in frozen},
+        fingerprint=base_fingerprint(frozen),
+        grad_before=grad_before,
+    )
+    adapters._install_hooks()
+    model.__dict__[_ATTRIBUTE] = adapters
+    return adapters
+
+
+def remove_adapters(model: nn.Module, merge: bool) -> None:
+    """Undo :func:`apply_lora` on ``model`` if it was applied (see
+    :meth:`LoRAAdapters.unload`): an in-process run's end (``merge``), or a build that failed
+    (the caller's module as it was given)."""
+    adapters = model.__dict__.get(_ATTRIBUTE)
+    if isinstance(adapters, LoRAAdapters):
+        adapters.unload(merge)
