@@ -22,7 +22,6 @@ from ace3.runtime.observe.memory_meter import (
     RssSampler,
     efficiency_percent,
     memory_summary,
-    training_state_bytes,
 )
 from ace3.runtime.observe.profile_events import (
     KEY_AVERAGES_FILE,
@@ -32,6 +31,7 @@ from ace3.runtime.observe.profile_events import (
     write_key_averages,
 )
 from ace3.runtime.observe.profiler_hook import ProfilerHook
+from ace3.runtime.observe.state_size import training_state_bytes
 from ace3.training.profiling import (
     MemoryProfiler,
     ProfilerActivity,
@@ -501,7 +501,7 @@ def test_training_state_counts_o2_master_weights_once() -> None:
 
     from ace3.config import TrainingConfig
     from ace3.runtime.loop.precision import resolve_precision
-    from ace3.runtime.observe.memory_meter import training_state_bytes
+    from ace3.runtime.observe.state_size import training_state_bytes
 
     model = torch.nn.Linear(64, 64)  # 4160 parameters
     precision = resolve_precision(

@@ -42,7 +42,7 @@ from ace3.runtime.loop.losses import batch_size_of, forward_loss, move_to_device
 from ace3.runtime.loop.optim import build_optimizer
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.loop.train_state import TrainState
-from ace3.runtime.observe.memory_meter import training_state_bytes
+from ace3.runtime.observe.state_size import training_state_bytes
 from ace3.runtime.parallel.dims import ParallelDims
 from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.user_code import UserCode

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ace3.config import TrainingConfig
-from ace3.runtime.observe.memory_meter import training_state_bytes
+from ace3.runtime.observe.state_size import training_state_bytes
 from ace3.runtime.process.distributed import DistContext
 
 STAGE_SUMMARY = {

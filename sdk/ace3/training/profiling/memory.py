@@ -121,7 +121,7 @@ class MemoryProfiler:
 
     # -- what trainers report -------------------------------------------------------------
     def note_training_state(self, state_bytes: int) -> None:
-        """The training state's size in bytes (``ace3.runtime.observe.memory_meter.training_state_bytes``
+        """The training state's size in bytes (``ace3.runtime.observe.state_size.training_state_bytes``
         after training); with several calls (several runs) the largest is kept."""
         if isinstance(state_bytes, bool) or not isinstance(state_bytes, int) or state_bytes < 0:
             raise ValueError(f"state_bytes must be an int >= 0, got {state_bytes!r}")
@@ -188,7 +188,7 @@ class MemoryProfiler:
 
     # -- the result -----------------------------------------------------------------------
     def _tracked_state_bytes(self) -> int | None:
-        from ace3.runtime.observe.memory_meter import training_state_bytes
+        from ace3.runtime.observe.state_size import training_state_bytes
 
         sizes = []
         for model_ref, opt_ref in self._tracked:
