@@ -10,14 +10,13 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from ace3.config.base import OFFLOAD_FIELDS, _Schema
 from ace3.config.batch_growth import DynamicBatchSizeConfig, batch_size_from_growth
 from ace3.config.checkpointing import CheckpointFields
 from ace3.config.compression import CompressionFields
@@ -26,15 +25,23 @@ from ace3.config.extra_optimizers import ExtraOptimizerFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.instability import InstabilityFields
 from ace3.config.lora import LoRAFields
+from ace3.config.precision import AmpDtype as AmpDtype
+from ace3.config.precision import AmpLevel as AmpLevel
+from ace3.config.precision import PrecisionFields
 from ace3.config.preemption import PreemptionFields
+from ace3.config.scale import Backend as Backend
+from ace3.config.scale import Parallelism as Parallelism
+from ace3.config.scale import PipelineSchedule as PipelineSchedule
+from ace3.config.scale import ScaleFields
+from ace3.config.scale import ShardingStrategy as ShardingStrategy
 from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorBoardSpec
 from ace3.config.speed import SpeedFields
+from ace3.config.training_checks import (
+    OFFLOAD_WITH_STAGE_1,
+    check_batch_split,
+    pipeline_processes_default,
+)
 
-AmpLevel = Literal["O0", "O1", "O2", "O3"]
-Parallelism = Literal["data", "model", "pipeline"]
-ShardingStrategy = Literal["layer", "tensor", "pipeline"]
-PipelineSchedule = Literal["gpipe", "1f1b"]
-Backend = Literal["auto", "nccl", "gloo"]
 OptimizerName = Literal[
     "adamw",
     "adam",
@@ -46,13 +53,6 @@ OptimizerName = Literal[
     "galore_adamw",
     "adafactor",
 ]
-AmpDtype = Literal["auto", "float16", "bfloat16"]
-
-
-class _Schema(BaseModel):
-    """Strict base: unknown fields are an error (a typo must never be silently ignored)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class TrainingConfig(
@@ -65,6 +65,8 @@ class TrainingConfig(
     PreemptionFields,
     SpeedFields,
     ExtraOptimizerFields,
+    PrecisionFields,
+    ScaleFields,
     _Schema,
 ):
     """Everything a training job needs to know besides its model and data.
@@ -78,86 +80,6 @@ class TrainingConfig(
     (32 per device x 8 steps = 256); on several it matches its data-parallel example
     (256 across all GPUs).
     """
-
-    # -- scale -------------------------------------------------------------------------------
-    num_gpus: int = Field(
-        1,
-        ge=1,
-        le=1024,
-        description="Processes per node: one per GPU (or CPU slot on a CPU worker).",
-    )
-    num_nodes: int = Field(1, ge=1, le=1024, description="Machines (workers) that train together.")
-    backend: Backend = Field(
-        "auto",
-        description="torch.distributed backend: auto = nccl on CUDA workers, gloo on CPU workers.",
-    )
-    node_rank: int | None = Field(
-        None,
-        ge=0,
-        description="Local launches only: this machine's rank. The service assigns ranks itself.",
-    )
-    master_addr: str | None = Field(
-        None,
-        min_length=1,
-        description="Local launches only: rendezvous host. The service assigns it itself.",
-    )
-    master_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Local launches only: rendezvous port. The service assigns it itself.",
-    )
-    parallelism: Parallelism = Field("data", description="How work is split across processes.")
-    model_sharding_strategy: ShardingStrategy | None = Field(
-        None, description="With parallelism='model': layer, tensor or pipeline."
-    )
-    num_stages: int | None = Field(
-        None, ge=1, description="Pipeline stages (parallelism='pipeline')."
-    )
-    micro_batch_size: int | None = Field(
-        None,
-        ge=1,
-        description="Pipeline micro-batch size: each batch_size batch runs as batch_size / "
-        "micro_batch_size micro-batches (default: num_stages micro-batches).",
-    )
-    pipeline_schedule: PipelineSchedule = Field(
-        "1f1b",
-        description="Pipeline schedule (torch.distributed.pipelining): gpipe (all forwards, then "
-        "all backwards) or 1f1b (one forward, one backward: fewer activations held).",
-    )
-    pipeline_split_points: list[int] | None = Field(
-        None,
-        description="Pipeline stages: indices of the nn.Sequential layers where stages 2..N "
-        "start (num_stages - 1 increasing indices); default: balanced by parameter count.",
-    )
-    data_parallel_size: int | None = Field(
-        None,
-        ge=1,
-        le=1024,
-        description="Data-parallel degree D, if you want it checked: it is always what the "
-        "processes leave, num_gpus * num_nodes / (pipeline_parallel_size * "
-        "tensor_parallel_size); another value is refused.",
-    )
-    tensor_parallel_size: int | None = Field(
-        None,
-        ge=1,
-        le=1024,
-        description="Tensor-parallel degree T: linear layers sharded over T consecutive ranks; "
-        "data parallelism over what remains: num_gpus * num_nodes = D x P x T.",
-    )
-    pipeline_parallel_size: int | None = Field(
-        None,
-        ge=1,
-        le=1024,
-        description="Pipeline degree P (num_stages is its alias): the model cut into P stages, "
-        "one per rank of each pipeline; data parallelism over what remains.",
-    )
-    zero_stage: Literal[0, 1, 2, 3] = Field(
-        0,
-        description="ZeRO sharding: 0 plain DDP; 1 optimizer state sharded (DDP + "
-        "ZeroRedundancyOptimizer); 2 + gradients (FSDP, parameters kept gathered between forward "
-        "and backward); 3 + parameters (FSDP, fully sharded). 0 with any offload runs stage 3.",
-    )
 
     # -- optimisation ------------------------------------------------------------------------
     epochs: int = Field(3, ge=1, le=100_000, description="Passes over the training data.")
@@ -201,32 +123,6 @@ class TrainingConfig(
     dropout: float | None = Field(
         None, ge=0.0, lt=1.0, description="Override p of every nn.Dropout in the model."
     )
-
-    # -- precision ---------------------------------------------------------------------------
-    mixed_precision: bool = Field(False, description="Autocast forward passes to a 16-bit type.")
-    amp_dtype: AmpDtype = Field(
-        "auto", description="auto = bfloat16 where supported (CPU, Ampere+), else float16."
-    )
-    amp_level: AmpLevel = Field("O1", description="O0 fp32, O1 autocast; O2/O3 cast weights too.")
-    loss_scaling: Literal["dynamic", "static"] | float = Field(
-        "dynamic",
-        description="Loss scaling for float16: dynamic, static (init_loss_scale) or a fixed value.",
-    )
-    keep_batchnorm_fp32: bool | None = Field(
-        None, description="O2/O3: keep BatchNorm in float32 (default: True for O2, False for O3)."
-    )
-    init_loss_scale: float = Field(2.0**16, gt=0.0, description="First loss scale.")
-    loss_scale_growth_factor: float = Field(
-        2.0, gt=1.0, description="Dynamic scaling: multiply the scale after a clean window."
-    )
-    loss_scale_backoff_factor: float = Field(
-        0.5, gt=0.0, lt=1.0, description="Dynamic scaling: multiply the scale on overflow."
-    )
-    loss_scale_window: int = Field(
-        2000, ge=1, description="Dynamic scaling: overflow-free steps before the scale grows."
-    )
-    min_loss_scale: float = Field(1.0, gt=0.0, description="Dynamic scaling: lower bound.")
-    max_loss_scale: float = Field(2.0**24, gt=0.0, description="Dynamic scaling: upper bound.")
 
     # -- memory ------------------------------------------------------------------------------
     gradient_checkpointing: bool = Field(
@@ -341,18 +237,7 @@ class TrainingConfig(
         """``parallelism='pipeline'`` with ``num_stages`` (or ``pipeline_parallel_size``) and no
         ``num_gpus`` runs one process per stage, times the tensor and data degrees given (the
         document's pipeline example gives only ``num_stages``)."""
-        if not (
-            isinstance(data, Mapping)
-            and data.get("parallelism") == "pipeline"
-            and data.get("num_gpus") is None
-            and data.get("num_nodes", 1) == 1
-        ):
-            return data
-        stages = data.get("pipeline_parallel_size") or data.get("num_stages")
-        ways, replicas = data.get("tensor_parallel_size") or 1, data.get("data_parallel_size") or 1
-        if all(isinstance(value, int) for value in (stages, ways, replicas)):
-            return {**data, "num_gpus": stages * ways * replicas}
-        return data
+        return pipeline_processes_default(data)
 
     @model_validator(mode="before")
     @classmethod
@@ -371,7 +256,7 @@ class TrainingConfig(
             split = (info.data.get("tensor_parallel_size") or 1) * (
                 info.data.get("pipeline_parallel_size") or 1
             )
-            _check_batch_split(batch_size, info.data.get("num_gpus", 1), nodes, split)
+            check_batch_split(batch_size, info.data.get("num_gpus", 1), nodes, split)
         return batch_size
 
     @field_validator("betas")
@@ -385,7 +270,7 @@ class TrainingConfig(
     @classmethod
     def _offload_needs_fsdp(cls, value: bool, info: ValidationInfo) -> bool:
         if value and info.data.get("zero_stage") == 1:
-            raise ValueError(_OFFLOAD_WITH_STAGE_1.format(field=info.field_name))
+            raise ValueError(OFFLOAD_WITH_STAGE_1.format(field=info.field_name))
         return value
 
     @field_validator("zero_stage")
@@ -393,9 +278,9 @@ class TrainingConfig(
     def _stage_1_cannot_offload(cls, stage: int, info: ValidationInfo) -> int:
         # At construction the offload fields come later and check themselves; this catches an
         # assignment of zero_stage=1 to a config that already offloads.
-        offloading = [name for name in _OFFLOAD_FIELDS if info.data.get(name)]
+        offloading = [name for name in OFFLOAD_FIELDS if info.data.get(name)]
         if stage == 1 and offloading:
-            raise ValueError(_OFFLOAD_WITH_STAGE_1.format(field=offloading[0]))
+            raise ValueError(OFFLOAD_WITH_STAGE_1.format(field=offloading[0]))
         return stage
 
     @field_validator("num_gpus", "num_nodes")
@@ -407,37 +292,8 @@ class TrainingConfig(
             split = (info.data.get("tensor_parallel_size") or 1) * (
                 info.data.get("pipeline_parallel_size") or 1
             )
-            _check_batch_split(info.data["batch_size"], value, other, split)
+            check_batch_split(info.data["batch_size"], value, other, split)
         return value
 
 
-_OFFLOAD_FIELDS = ("cpu_offload", "offload_optimizer", "offload_parameters")
-_OFFLOAD_WITH_STAGE_1 = (
-    "{field}=True needs zero_stage 2 or 3 (FSDP offloads the sharded parameters, gradients and "
-    "optimizer state to the CPU), or zero_stage=0, which then runs ZeRO-3 with offload; "
-    "zero_stage=1 (ZeroRedundancyOptimizer) keeps its optimizer shard on the device: set "
-    "zero_stage=2 or 3, or turn {field} off"
-)
-
-
-def _check_batch_split(batch_size: int, num_gpus: int, num_nodes: int, split: int = 1) -> None:
-    """The global batch splits evenly over the data-parallel replicas (``split``: the ranks
-    of one replica, pipeline x tensor degree; a layout that does not divide is refused
-    elsewhere)."""
-    world_size = num_gpus * num_nodes
-    if split > 1:
-        if world_size % split:
-            return
-        replicas = world_size // split
-        if batch_size % replicas:
-            raise ValueError(
-                f"batch_size ({batch_size}) must be divisible by the {replicas} data-parallel "
-                f"replicas (num_gpus * num_nodes = {world_size} over pipeline x tensor = "
-                f"{split}): it is the global batch, split evenly"
-            )
-        return
-    if batch_size % world_size:
-        raise ValueError(
-            f"batch_size ({batch_size}) must be divisible by the number of processes "
-            f"num_gpus * num_nodes = {world_size}: it is the global batch, split evenly"
-        )
+_OFFLOAD_FIELDS = OFFLOAD_FIELDS  # (its former name)
