@@ -33,10 +33,11 @@ browser:
 demo: install bytecode
 	@bash scripts/demo.sh
 
-## test: lint and the import rules, then every test (unit, integration, end-to-end) against real Postgres, Redis, Celery, torchrun
+## test: lint, the import rules and the type checker, then every test (unit, integration, end-to-end) against real Postgres, Redis, Celery, torchrun
 test: install bytecode services browser
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/pytest -q --durations=25
 
 ## test-fast: only the tests not marked slow
@@ -47,10 +48,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .ace3 .pytest_cache .ruff_cache
+	rm -rf $(VENV) .ace3 .pytest_cache .ruff_cache .mypy_cache
