@@ -12,13 +12,9 @@ turns every dynamic behaviour off.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-if TYPE_CHECKING:
-    from ace3.config.training import TrainingConfig
-    from ace3.config.unsupported import ConfigProblem
 
 LearningRateRule = Literal["none", "linear", "sqrt"]
 
@@ -77,13 +73,20 @@ class DynamicBatchSizeConfig(BaseModel):
         return self
 
 
-def batch_growth(config: TrainingConfig) -> DynamicBatchSizeConfig | None:
+class HasDynamicBatchSize(Protocol):
+    """What the helpers below read of a :class:`~ace3.config.training.TrainingConfig`."""
+
+    @property
+    def dynamic_batch_size(self) -> bool | DynamicBatchSizeConfig: ...
+
+
+def batch_growth(config: HasDynamicBatchSize) -> DynamicBatchSizeConfig | None:
     """The growth settings when batch-size growth is on, else None."""
     value = config.dynamic_batch_size
     return value if isinstance(value, DynamicBatchSizeConfig) and value.enabled else None
 
 
-def recovers_from_oom(config: TrainingConfig) -> bool:
+def recovers_from_oom(config: HasDynamicBatchSize) -> bool:
     """Whether an out-of-memory step is retried with a smaller micro-batch (``True`` or growth
     on)."""
     return bool(config.dynamic_batch_size)
@@ -106,39 +109,3 @@ def batch_size_from_growth(data: Any) -> Any:
     else:
         return data
     return {**data, "batch_size": low} if isinstance(low, int) else data
-
-
-def batch_growth_problems(config: TrainingConfig) -> list[ConfigProblem]:
-    """What batch-size growth cannot run with, each with its reason (for
-    :func:`ace3.config.unsupported.unsupported_settings`)."""
-    from ace3.config.layout import parallel_degrees, runs_pipeline
-    from ace3.config.unsupported import ConfigProblem
-
-    growth = batch_growth(config)
-    if growth is None:
-        return []
-    problems: list[ConfigProblem] = []
-
-    def refuse(field: str, reason: str) -> None:
-        problems.append(ConfigProblem(field=field, reason=f"{field}: {reason}"))
-
-    if runs_pipeline(config):
-        refuse("dynamic_batch_size", "batch-size growth with pipeline parallelism is not "
-               "implemented: the pipeline's micro-batches have a fixed size; use "
-               "dynamic_batch_size=True (or a fixed batch_size)")  # fmt: skip
-    if config.gradient_accumulation_steps != 1:
-        refuse("gradient_accumulation_steps", f"{config.gradient_accumulation_steps} with "
-               "batch-size growth: the growth sets how many loader batches a step takes "
-               "(target_batch_size / min_batch_size at most); leave it at 1")  # fmt: skip
-    if config.batch_size != growth.min_batch_size:
-        refuse("batch_size", f"{config.batch_size} with batch-size growth: the loader's batch "
-               f"is min_batch_size ({growth.min_batch_size}); leave batch_size out (or give "
-               "the same value, and a DataLoader of that batch size in-process)")  # fmt: skip
-    processes = max(1, config.world_size)
-    stages, ways = parallel_degrees(config, processes)
-    replicas = max(1, processes // max(1, stages * ways))
-    if growth.min_batch_size % replicas:
-        refuse("dynamic_batch_size.min_batch_size", f"{growth.min_batch_size} must be divisible "
-               f"by the {replicas} data-parallel replicas: every size is a global batch, split "
-               "evenly")  # fmt: skip
-    return problems

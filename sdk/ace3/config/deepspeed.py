@@ -41,16 +41,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ace3.config import ConfigProblem, TrainingConfig
 from ace3.config.deepspeed_sections import (
     DeepSpeedMapping,
     read_flag,
     read_number,
     read_section,
 )
+from ace3.config.problem import ConfigProblem
 from ace3.errors import UnsupportedFeatureError
 
-__all__ = ["is_deepspeed_config", "training_config_from_deepspeed"]
+__all__ = ["is_deepspeed_config", "training_fields_from_deepspeed"]
 
 
 # Keys only a DeepSpeed dict has (none is a TrainingConfig field): how a dict is recognised.
@@ -77,8 +77,10 @@ _ACCEPTED_TOP_LEVEL: dict[str, tuple[Any, str]] = {
 }
 
 
-def training_config_from_deepspeed(ds_config: Mapping[str, Any], **fields: Any) -> TrainingConfig:
-    """The :class:`TrainingConfig` for a DeepSpeed dict; see the module docstring."""
+def training_fields_from_deepspeed(ds_config: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """The :class:`~ace3.config.training.TrainingConfig` fields for a DeepSpeed dict and the
+    keyword ``fields`` (``TrainingConfig.from_deepspeed`` validates them); see the module
+    docstring."""
     if not isinstance(ds_config, Mapping):
         raise TypeError(f"ds_config must be a dict, not {type(ds_config).__name__}")
     world_size = int(fields.get("num_gpus", 1)) * int(fields.get("num_nodes", 1))
@@ -133,7 +135,7 @@ def training_config_from_deepspeed(ds_config: Mapping[str, Any], **fields: Any) 
             f"{', '.join(clash)} {'is' if len(clash) == 1 else 'are'} set by the DeepSpeed "
             "config already: pass it there, or drop it from the keyword arguments"
         )
-    return TrainingConfig(**{**mapping.fields, **fields})
+    return {**mapping.fields, **fields}
 
 
 def _enabled(section: Any) -> bool:

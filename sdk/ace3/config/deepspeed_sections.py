@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ace3.config import ConfigProblem
+from ace3.config.problem import ConfigProblem
 
 __all__ = ["TUNING_REASON", "DeepSpeedMapping", "read_flag", "read_number", "read_section"]
 

@@ -8,13 +8,9 @@ description); setting one for another optimizer is refused.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-if TYPE_CHECKING:
-    from ace3.config.training import TrainingConfig
-    from ace3.config.unsupported import ConfigProblem
 
 #: The optimizers from the ``pytorch-optimizer`` package (``pip install 'ace3[optimizers]'``).
 LIBRARY_OPTIMIZERS = ("lion", "sophia", "galore_adamw")
@@ -138,57 +134,8 @@ class ExtraOptimizerFields(BaseModel):
         return eps
 
 
-def optimizer_setting(config: TrainingConfig, field: str) -> object:
+def optimizer_setting(config: ExtraOptimizerFields, field: str) -> object:
     """The value the engine uses for an optimizer-specific ``field``: the config's, or the
     default."""
     value = getattr(config, field)
     return DEFAULTS[field] if value is None else value
-
-
-def extra_optimizer_problems(config: TrainingConfig) -> list[ConfigProblem]:
-    """Optimizer-specific settings given for another optimizer, and the layouts the new
-    optimizers do not run with, each with its reason."""
-    from ace3.config.layout import runs_pipeline, runs_tensor_parallel
-    from ace3.config.unsupported import ConfigProblem  # (it imports this module's users)
-
-    problems: list[ConfigProblem] = []
-
-    def refuse(field: str, reason: str) -> None:
-        problems.append(ConfigProblem(field=field, reason=f"{field}: {reason}"))
-
-    name = config.optimizer
-    for field, owner in FIELD_OWNERS.items():
-        if getattr(config, field) is not None and owner != name:
-            refuse(field, f"a setting of optimizer={owner!r}, but optimizer={name!r}: remove "
-                   f"it or set optimizer={owner!r}")  # fmt: skip
-    if name in ("lion", "sophia", "adafactor") and tuple(config.betas) != (0.9, 0.999):
-        own = "lion_betas" if name == "lion" else "sophia_betas"
-        refuse("betas", f"the Adam family's; optimizer={name!r} does not use them"
-               + ("" if name == "adafactor" else f": set {own}"))  # fmt: skip
-    if name not in EXTRA_OPTIMIZERS:
-        return problems
-    if runs_pipeline(config) or runs_tensor_parallel(config):
-        refuse("optimizer", f"{name!r} with pipeline or tensor parallelism is not implemented: "
-               "use data parallelism (zero_stage 0)")  # fmt: skip
-    elif config.effective_zero_stage >= 1:
-        refuse("optimizer", f"{name!r} with ZeRO-{config.effective_zero_stage} is not "
-               "implemented (its state is not sharded by ZeroRedundancyOptimizer or FSDP here): "
-               "use zero_stage=0 and no offload")  # fmt: skip
-    if name == "sophia":
-        if config.world_size > 1:
-            refuse("optimizer", "'sophia' runs on one process: its Hutchinson Hessian estimate "
-                   "differentiates the gradient's own graph (create_graph=True), which DDP's "
-                   "all-reduce does not keep; use num_gpus=1 and num_nodes=1")  # fmt: skip
-        if config.mixed_precision:
-            refuse("mixed_precision", "not implemented with optimizer='sophia' (the Hessian "
-                   "estimate would differentiate the scaled 16-bit gradients): turn it off")  # fmt: skip
-        if config.max_grad_norm is not None:
-            refuse("max_grad_norm", "optimizer='sophia' clips its own update per coordinate "
-                   "(sophia_rho); clipping the gradient in place would break the graph its "
-                   "Hessian estimate needs: remove max_grad_norm")  # fmt: skip
-        if config.distillation is not None:
-            refuse("distillation", "not implemented with optimizer='sophia': use another "
-                   "optimizer")  # fmt: skip
-    if name == "galore_adamw" and config.lora is not None:
-        refuse("lora", "GaLore and LoRA are two ways to train with low-rank updates: use one")
-    return problems

@@ -6,13 +6,9 @@ with a lower learning rate, or stop. Kept apart so that the training schema stay
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from ace3.config.training import TrainingConfig
-    from ace3.config.unsupported import ConfigProblem
 
 InstabilityAction = Literal["warn", "skip", "rollback", "stop"]
 
@@ -69,34 +65,3 @@ class InstabilityFields(BaseModel):
     instability: InstabilityConfig | None = Field(
         None, description="Detect unstable steps (NaN, loss explosion, gradient spike)."
     )
-
-
-def instability_problems(config: TrainingConfig) -> list[ConfigProblem]:
-    """What ``instability`` cannot run with, each with its reason (for
-    :func:`ace3.config.unsupported.unsupported_settings`)."""
-    from ace3.config.layout import runs_pipeline, runs_tensor_parallel
-    from ace3.config.unsupported import ConfigProblem  # (it imports this module's users)
-
-    guard = config.instability
-    if guard is None or guard.action != "rollback":
-        return []
-    problems: list[ConfigProblem] = []
-    if runs_pipeline(config) or runs_tensor_parallel(config) or config.effective_zero_stage:
-        problems.append(ConfigProblem(field="instability", reason=(
-            "instability.action='rollback' is implemented for plain data parallelism "
-            "(zero_stage=0, no pipeline or tensor parallelism, no offload) only: reloading a "
-            "sharded or split checkpoint in the middle of a run is not; use action='skip' or "
-            "'stop' with this layout"
-        )))  # fmt: skip
-    if config.num_nodes > 1:
-        problems.append(ConfigProblem(field="instability", reason=(
-            "instability.action='rollback' on more than one node is not implemented: every "
-            "rank reloads the checkpoint file rank 0 wrote, which only its own node holds; use "
-            "action='skip' or 'stop'"
-        )))  # fmt: skip
-    if config.save_interval is None:
-        problems.append(ConfigProblem(field="instability", reason=(
-            "instability.action='rollback' needs checkpoints to roll back to: set "
-            "save_interval (optimizer steps between checkpoints)"
-        )))  # fmt: skip
-    return problems

@@ -5,13 +5,9 @@ Kept apart so that the training schema stays readable; ``TrainingConfig`` inheri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-
-if TYPE_CHECKING:
-    from ace3.config.training import TrainingConfig
-    from ace3.config.unsupported import ConfigProblem
 
 MAX_TARGETS = 256
 
@@ -61,50 +57,3 @@ class LoRAFields(BaseModel):
     lora: LoRAConfig | None = Field(
         None, description="Train LoRA adapters on these layers; the base weights stay frozen."
     )
-
-
-def lora_problems(config: TrainingConfig) -> list[ConfigProblem]:
-    """What a job with ``lora`` cannot run with, each with its reason (for
-    :func:`ace3.config.unsupported.unsupported_settings`)."""
-    from ace3.config.layout import runs_pipeline, runs_tensor_parallel
-    from ace3.config.training import _OFFLOAD_FIELDS
-    from ace3.config.unsupported import ConfigProblem  # (it imports this module's users)
-
-    if config.lora is None:
-        return []
-    problems: list[ConfigProblem] = []
-
-    def refuse(field: str, reason: str) -> None:
-        problems.append(ConfigProblem(field=field, reason=f"{field} with lora: {reason}"))
-
-    if config.freeze:
-        refuse("freeze", "LoRA already freezes every base weight, so freeze has nothing to "
-               "add: remove it (trainable=[...] names base parameters that train fully next "
-               "to the adapters)")  # fmt: skip
-    if runs_pipeline(config):
-        refuse("pipeline_parallel_size", "not implemented: the pipeline splits the model by "
-               "its layers before the adapters would be placed; use data parallelism "
-               "(zero_stage 0 or 1)")  # fmt: skip
-    if runs_tensor_parallel(config):
-        refuse("tensor_parallel_size", "not implemented: the tensor plans shard nn.Linear "
-               "layers that LoRA replaces; use data parallelism (zero_stage 0 or 1)")  # fmt: skip
-    split = runs_pipeline(config) or runs_tensor_parallel(config)  # (refused above)
-    if config.effective_zero_stage >= 2 and not split:
-        field = (
-            "zero_stage"
-            if config.zero_stage >= 2
-            else next(name for name in _OFFLOAD_FIELDS if getattr(config, name))
-        )
-        refuse(field, f"ZeRO stage {config.effective_zero_stage} (FSDP) is not implemented "
-               "with LoRA: the adapters are a small share of the model, so ZeRO-1 (zero_stage="
-               "1) or plain data parallelism (zero_stage=0) already hold little optimizer "
-               "state")  # fmt: skip
-    if config.pruning is not None:
-        refuse("pruning", "not implemented: pruning would mask the frozen base weights and the "
-               "adapter matrices alike, and the merged model would lose the masks; prune the "
-               "merged model in a job of its own (init_from its merged_model.safetensors)")  # fmt: skip
-    if config.quantization is not None:
-        refuse("quantization", "not implemented: the int8 model would be made from the adapted "
-               "layers, not the merged ones; quantize the merged model in a job of its own "
-               "(init_from its merged_model.safetensors)")  # fmt: skip
-    return problems

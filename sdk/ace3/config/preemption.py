@@ -5,13 +5,7 @@ does with them: :mod:`ace3.runtime.loop.preemption`; what the worker does: ``ace
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from ace3.config.training import TrainingConfig
-    from ace3.config.unsupported import ConfigProblem
 
 # The longest grace a job may ask for (torchrun waits this long for its ranks after a SIGTERM).
 MAX_PREEMPTION_GRACE_SECONDS = 600.0
@@ -40,25 +34,3 @@ class PreemptionFields(BaseModel):
         description="Seconds the ranks have after SIGTERM to finish the step and save before "
         "SIGKILL; None: the worker's ACE3_WORKER_DRAIN_GRACE_SECONDS (which also caps it).",
     )
-
-
-def preemption_problems(config: TrainingConfig) -> list[ConfigProblem]:
-    """What the preemption settings cannot run with, each with its reason (for
-    :func:`ace3.config.unsupported.unsupported_settings`)."""
-    from ace3.config.unsupported import ConfigProblem  # (it imports this module's users)
-
-    field = "preemption_grace_seconds"
-    if config.preemption_grace_seconds is None:
-        return []
-    if not config.checkpoint_on_sigterm:
-        return [ConfigProblem(field=field, reason=(
-            f"{field} with checkpoint_on_sigterm=False: there is nothing to give a grace period "
-            "to (SIGTERM ends the processes at once); remove one of them"
-        ))]  # fmt: skip
-    if config.num_nodes > 1:
-        return [ConfigProblem(field=field, reason=(
-            f"{field} with num_nodes > 1 is not implemented: a draining worker lets a "
-            "multi-node attempt run to its end instead of preempting it (its ranks still "
-            "checkpoint on a SIGTERM from outside); remove it"
-        ))]  # fmt: skip
-    return []

@@ -227,9 +227,9 @@ class TrainingConfig(
         hold (``num_gpus``, ``epochs``, ...). Every key that cannot be honoured exactly is
         refused with :class:`~ace3.errors.UnsupportedFeatureError`, naming its path; see
         :mod:`ace3.config.deepspeed` for the mapping."""
-        from ace3.config.deepspeed import training_config_from_deepspeed
+        from ace3.config.deepspeed import training_fields_from_deepspeed
 
-        return training_config_from_deepspeed(ds_config, **fields)
+        return cls(**training_fields_from_deepspeed(ds_config, **fields))
 
     @model_validator(mode="before")
     @classmethod

@@ -5,29 +5,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
-from ace3.config.batch_growth import batch_growth_problems
+from ace3.config.base import OFFLOAD_FIELDS
 from ace3.config.distillation_checks import distillation_problems
-from ace3.config.extra_optimizers import extra_optimizer_problems
-from ace3.config.instability import instability_problems
 from ace3.config.layout import (
     parallel_degrees,
     pipeline_layout,
     runs_pipeline,
     runs_tensor_parallel,
 )
-from ace3.config.lora import lora_problems
-from ace3.config.preemption import preemption_problems
-from ace3.config.speed import speed_problems
-from ace3.config.training import _OFFLOAD_FIELDS, TrainingConfig
+from ace3.config.problem import ConfigProblem
+from ace3.config.section_checks import (
+    batch_growth_problems,
+    extra_optimizer_problems,
+    instability_problems,
+    lora_problems,
+    preemption_problems,
+    speed_problems,
+)
+from ace3.config.training import TrainingConfig
 
-
-class ConfigProblem(BaseModel):
-    """One reason a config cannot run: the field and what to do about it."""
-
-    field: str
-    reason: str
+__all__ = ["ConfigProblem", "unsupported_settings"]
 
 
 # Settings the engine does not implement yet: the values it accepts, and why others are refused.
@@ -200,7 +197,7 @@ def _model_parallel_problems(config: TrainingConfig) -> list[ConfigProblem]:
     what = "pipeline" if pipelined else "tensor"
     what = "pipeline and tensor" if pipelined and tensored else what
     if config.offload:
-        asked = next(name for name in _OFFLOAD_FIELDS if getattr(config, name))
+        asked = next(name for name in OFFLOAD_FIELDS if getattr(config, name))
         refuse(asked, f"offload with {what} parallelism is not implemented (the "
                "gathered checkpoints and the clipping norm would cross devices): turn it "
                "off; zero_stage=2 or 3 shards the state over the replicas")  # fmt: skip

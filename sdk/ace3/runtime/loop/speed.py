@@ -12,7 +12,7 @@ hands them over). In place means the module keeps its own parameter names: check
 downloads and ``init_from`` see no ``_orig_mod.`` prefix. Validation runs the same compiled
 module (in eval mode: one more graph). An in-process run leaves the caller's module
 uncompiled at the end (:func:`uncompile`). Pipeline and tensor parallelism are refused
-(:func:`ace3.config.speed.speed_problems`).
+(:func:`ace3.config.section_checks.speed_problems`).
 
 **allow_tf32** and **attention_backend** (:func:`speed_settings`): a context around the whole
 run (build, training, validation, saves). On CUDA, TF32 is turned on for matmuls and cuDNN
