@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, Insert, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -99,12 +99,14 @@ async def session_scope(factory: async_sessionmaker[AsyncSession]) -> AsyncItera
         yield session
 
 
-def insert_ignoring_duplicates(dialect_name: str, table: Any, rows: list[dict[str, Any]]) -> Any:
+def insert_ignoring_duplicates(dialect_name: str, table: Any, rows: list[dict[str, Any]]) -> Insert:
     """INSERT ... ON CONFLICT DO NOTHING: reports are stored idempotently by their natural key."""
     if dialect_name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    elif dialect_name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    else:  # pragma: no cover - _driver_url accepts only these two
-        raise ValueError(f"unsupported dialect {dialect_name}")
-    return dialect_insert(table).values(rows).on_conflict_do_nothing()
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return postgresql_insert(table).values(rows).on_conflict_do_nothing()
+    if dialect_name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).values(rows).on_conflict_do_nothing()
+    raise ValueError(f"unsupported dialect {dialect_name}")  # pragma: no cover - only these two

@@ -61,7 +61,7 @@ def add_node(
     return insert_ignoring_duplicates(dialect_name, JobNode.__table__, [row])
 
 
-def members(job_id: str, attempt: int) -> Select[tuple[JobNode]]:
+def members(job_id: str, attempt: int) -> Select[JobNode]:
     return (
         select(JobNode)
         .where(JobNode.job_id == job_id, JobNode.attempt == attempt)
@@ -69,7 +69,7 @@ def members(job_id: str, attempt: int) -> Select[tuple[JobNode]]:
     )
 
 
-def slot_of(job_id: str, attempt: int, worker_id: str) -> Select[tuple[int]]:
+def slot_of(job_id: str, attempt: int, worker_id: str) -> Select[int]:
     """The node rank ``worker_id`` holds in the attempt, if any."""
     return select(JobNode.node_rank).where(
         JobNode.job_id == job_id, JobNode.attempt == attempt, JobNode.worker_id == worker_id

@@ -38,7 +38,7 @@ def is_live(worker: Worker, settings: Settings, now: datetime | None = None) -> 
     return now - worker.last_seen_at <= stale_after(worker, settings)
 
 
-def workers_of_queue(queue: str) -> Select[tuple[Worker]]:
+def workers_of_queue(queue: str) -> Select[Worker]:
     return select(Worker).where(Worker.queue == queue).order_by(Worker.started_at, Worker.id)
 
 
