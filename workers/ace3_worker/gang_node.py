@@ -23,12 +23,13 @@ from sqlalchemy import select
 from ace3_control import job_nodes, job_transitions
 from ace3_control.models import ACTIVE_STATES, Job, JobState, NodeState, utcnow
 from ace3_worker import reports
-from ace3_worker.attempt import AttemptWatch, Beat
+from ace3_worker.attempt import Beat
 from ace3_worker.drain import shutdown_timeout
 from ace3_worker.gang import POLL_SECONDS, GangMember, NodeSeat, node_reports
 from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import multinode_torchrun_command
 from ace3_worker.outcome import Outcomes, final_metrics
+from ace3_worker.watch import AttemptWatch
 
 logger = logging.getLogger(__name__)
 
@@ -162,14 +163,15 @@ class GangNode:
         one node, the ranks of the others may die of the broken connection first, and they were
         stopped by that cancel, not failed on their own. (Only the cancel flag: a peer that
         failed meanwhile may have failed *because* of this node, whose error is then the cause.)"""
-        if returncode != 0 and not watch.stopping:
+        cancelled = False
+        if returncode != 0 and not watch.run.stopping:
             try:
                 last = self.beat()
             except Exception:
                 logger.warning("job %s: reading the cancel flag at exit failed", self.seat.job_id)
             else:
-                watch.cancel_requested = last.owned and last.cancel_requested
-        node = self.outcomes.node_exit(watch, returncode)
+                cancelled = last.owned and last.cancel_requested
+        node = self.outcomes.node_exit(watch, returncode, cancelled_at_exit=cancelled)
         self._report_exit(
             exit_code=node.exit_code,
             error=node.error,
@@ -204,7 +206,7 @@ class GangNode:
     def decide(self, watch: AttemptWatch) -> None:
         """The leader waits for every node's report (or its silence) and records the attempt."""
         seat = self.seat
-        if not seat.is_leader or watch.lease_lost:
+        if not seat.is_leader or watch.run.lease_lost:
             return
         verdict = self.collect()
         if verdict is None:

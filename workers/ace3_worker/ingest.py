@@ -13,6 +13,9 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +28,7 @@ from ace3.config.events import (
     NonFiniteLossRecord,
     PreemptedRecord,
     RefusedRecord,
+    RunPlan,
     StartRecord,
 )
 from ace3_control import job_transitions
@@ -34,12 +38,11 @@ from ace3_control.storage import ArtifactStore
 from ace3_worker import reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.attempt import (
+    ERROR_TAIL_LINES,
     MAX_GUARD_NOTICES_PER_ATTEMPT,
     MAX_NOTICES_PER_ATTEMPT,
     MAX_TYPED_RECORDS_PER_ATTEMPT,
     POLL_SECONDS,
-    AttemptWatch,
-    PendingRecord,
 )
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.log_limits import LogLimiter
@@ -51,6 +54,52 @@ LINES_PER_PASS = 2000
 RECORDS_PER_PASS = 500
 SERVICE_STREAM = "service"  # the worker's own notices in a job's log (a job cannot write it)
 FINAL_SYNC_TRIES = 3
+
+
+@dataclass
+class PendingRecord:
+    """An events record read but not yet stored, with what reading it decided."""
+
+    record: EventRecord | RefusedRecord
+    checkpoint: reports.StagedCheckpoint | None = None  # a valid checkpoint, copied to the store
+    notice: str | None = None  # the warning for the job's log
+    plan: RunPlan | None = None  # an accepted start record's plan, for the job row
+    typed: bool = False  # an instability or preempted record to store in job_records
+
+
+@dataclass
+class JobOutput:
+    """What the attempt's output told the worker, and what of it is not stored yet. Written by
+    :class:`Ingest` only; the watch loop and the outcome read it."""
+
+    # Whether this worker syncs the artifacts: the node that hosts rank 0 (the only one on a
+    # single-node job; on a multi-node job, the node whose torchrun prints rank 0's lines).
+    syncs_artifacts: bool = True
+    # The ranks' own stderr (user tracebacks) apart from torchrun's, which only summarises them.
+    rank_stderr_tail: deque[tuple[int, str]] = field(
+        default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES)
+    )
+    launcher_stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES))
+    # Drained but not yet stored (the database was unreachable): retried on the next pass.
+    pending_lines: list[reports.LogLine] = field(default_factory=list)
+    pending_records: list[PendingRecord] = field(default_factory=list)
+    # Checkpoint files already copied into the store (a repeated record is not copied again).
+    staged_checkpoints: set[str] = field(default_factory=set)
+    notices_left: int = MAX_NOTICES_PER_ATTEMPT
+    guard_notices_left: int = MAX_GUARD_NOTICES_PER_ATTEMPT
+    typed_records_left: int = MAX_TYPED_RECORDS_PER_ATTEMPT
+    typed_records_dropped: int = 0  # past the bound: counted, not stored
+
+
+class IngestTarget(Protocol):
+    """What the ingest needs of an attempt (:class:`ace3_worker.watch.AttemptWatch`): its
+    number, and the :class:`JobOutput` it writes."""
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def output(self) -> JobOutput: ...
 
 
 def service_line(text: str) -> reports.LogLine:
@@ -104,7 +153,7 @@ class Ingest:
         self,
         job: Job,
         directory: JobDirectory,
-        watch: AttemptWatch,
+        watch: IngestTarget,
         lines: queue.Queue[reports.LogLine],
         events: reports.EventTail,
         limiter: LogLimiter | None = None,
@@ -112,8 +161,9 @@ class Ingest:
         """Store one bounded batch of log lines and event records; return whether more were
         waiting (the caller's next pass takes them). Nothing is lost when the database is down:
         what was taken stays pending for the next pass."""
+        output = watch.output
         batch: list[reports.LogLine] = []
-        while len(watch.pending_lines) + len(batch) < LINES_PER_PASS:
+        while len(output.pending_lines) + len(batch) < LINES_PER_PASS:
             try:
                 batch.append(lines.get_nowait())
             except queue.Empty:
@@ -123,26 +173,26 @@ class Ingest:
             batch.append(service_line(dropped))
         for item in batch:
             if item.rank == 0:
-                watch.syncs_artifacts = True  # rank 0 (which writes the artifacts) is here
+                output.syncs_artifacts = True  # rank 0 (which writes the artifacts) is here
             if item.stream != "stderr":
                 continue
             if item.rank is None:
-                watch.launcher_stderr_tail.append(item.line)
+                output.launcher_stderr_tail.append(item.line)
             else:
-                watch.rank_stderr_tail.append((item.rank, item.line))
-        watch.pending_lines += batch
-        if len(watch.pending_records) < RECORDS_PER_PASS:
-            watch.pending_records += [
-                self._take(watch, job, directory, events, record) for record in events.read_new()
+                output.rank_stderr_tail.append((item.rank, item.line))
+        output.pending_lines += batch
+        if len(output.pending_records) < RECORDS_PER_PASS:
+            output.pending_records += [
+                self._take(output, job, directory, events, record) for record in events.read_new()
             ]
-        taken = watch.pending_records[:RECORDS_PER_PASS]
-        more = more or events.has_more or len(watch.pending_records) > len(taken)
-        if not watch.pending_lines and not taken:
+        taken = output.pending_records[:RECORDS_PER_PASS]
+        more = more or events.has_more or len(output.pending_records) > len(taken)
+        if not output.pending_lines and not taken:
             return more
         notices = [service_line(item.notice) for item in taken if item.notice is not None]
         stale_keys: list[str] = []
         with self.sessions() as session:
-            reports.store_log_lines(session, job.id, watch.attempt, watch.pending_lines + notices)
+            reports.store_log_lines(session, job.id, watch.attempt, output.pending_lines + notices)
             for item in taken:
                 if isinstance(item.record, MetricsRecord):
                     reports.store_metrics(session, job.id, item.record)
@@ -165,15 +215,15 @@ class Ingest:
                         reports.best_by(job.config),
                     )
             session.commit()
-        watch.pending_lines = []
-        del watch.pending_records[: len(taken)]
+        output.pending_lines = []
+        del output.pending_records[: len(taken)]
         for key in stale_keys:
             self.store.delete(key)
         return more
 
     def _take(
         self,
-        watch: AttemptWatch,
+        output: JobOutput,
         job: Job,
         directory: JobDirectory,
         events: reports.EventTail,
@@ -189,13 +239,13 @@ class Ingest:
         elif isinstance(record, NonFiniteLossRecord):
             item.notice = f"ace3: {record.metric} became {record.value} at step {record.step}"
         elif isinstance(record, InstabilityRecord | PreemptedRecord):
-            self._take_typed(watch, job, item, record)
+            self._take_typed(output, job, item, record)
             return item
         elif isinstance(record, CheckpointRecord):
             outcome = reports.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan
             )
-            if outcome is None and record.name in watch.staged_checkpoints:
+            if outcome is None and record.name in output.staged_checkpoints:
                 outcome = f"checkpoint {record.name} was already taken"
             outcome = outcome or reports.stage_checkpoint(
                 self.store, job.id, record, directory.output_dir, self.settings.max_checkpoint_bytes
@@ -203,14 +253,14 @@ class Ingest:
             if isinstance(outcome, str):
                 item.notice = f"ace3: refused a checkpoint record: {outcome}"
             else:
-                watch.staged_checkpoints.add(record.name)
+                output.staged_checkpoints.add(record.name)
                 item.checkpoint = outcome
         if item.notice is not None:
             # (a job that writes refused records without end gets a bounded number of lines)
-            watch.notices_left -= 1
-            if watch.notices_left < 0:
+            output.notices_left -= 1
+            if output.notices_left < 0:
                 item.notice = None
-            elif watch.notices_left == 0:
+            elif output.notices_left == 0:
                 item.notice += (
                     f" (the last of {MAX_NOTICES_PER_ATTEMPT} refusals logged for this attempt;"
                     " later ones are not)"
@@ -221,7 +271,7 @@ class Ingest:
 
     def _take_typed(
         self,
-        watch: AttemptWatch,
+        output: JobOutput,
         job: Job,
         item: PendingRecord,
         record: InstabilityRecord | PreemptedRecord,
@@ -229,20 +279,20 @@ class Ingest:
         """An instability or preempted record: stored in job_records (at most
         MAX_TYPED_RECORDS_PER_ATTEMPT an attempt, the rest counted) and told in the job's log
         within a notice budget of its own (apart from the refusals')."""
-        if watch.typed_records_left > 0:
-            watch.typed_records_left -= 1
+        if output.typed_records_left > 0:
+            output.typed_records_left -= 1
             item.typed = True
         else:
-            watch.typed_records_dropped += 1
-        watch.guard_notices_left -= 1
-        if watch.guard_notices_left < 0:
+            output.typed_records_dropped += 1
+        output.guard_notices_left -= 1
+        if output.guard_notices_left < 0:
             return
         if isinstance(record, InstabilityRecord):
             item.notice = instability_notice(record)
         else:
             saved = f"checkpoint {record.checkpoint}" if record.checkpoint else "no checkpoint"
             item.notice = f"ace3: the run was preempted (SIGTERM) after step {record.step}: {saved}"
-        if watch.guard_notices_left == 0:
+        if output.guard_notices_left == 0:
             item.notice += (
                 f" (the last of {MAX_GUARD_NOTICES_PER_ATTEMPT} instability and preemption"
                 f" notices logged for this attempt; later ones are not, and at most"

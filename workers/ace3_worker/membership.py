@@ -22,12 +22,12 @@ from ace3_control import job_transitions
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker import reports
-from ace3_worker.attempt import AttemptWatch, Beat
+from ace3_worker.attempt import Beat
 from ace3_worker.drain import shutdown_timeout
 from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import torchrun_command, warm_torchrun_args
 from ace3_worker.outcome import Outcomes
-from ace3_worker.watch import Watcher
+from ace3_worker.watch import AttemptWatch, Watcher
 
 
 class Membership(Protocol):

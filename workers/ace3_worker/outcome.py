@@ -27,12 +27,13 @@ from ace3_control import job_nodes, job_transitions
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker import reports
-from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS, AttemptWatch
+from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS
 from ace3_worker.drain import draining
 from ace3_worker.failures import RankFailure, failed_ranks, failure_message, root_cause
 from ace3_worker.ingest import service_line
 from ace3_worker.messages import publish
 from ace3_worker.sandbox.limits import JobLimits
+from ace3_worker.watch import AttemptWatch
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +70,11 @@ def ran_out_of_memory(watch: AttemptWatch) -> bool:
     multi-process job (ace3.runtime.loop.steps), and torchrun stopped the others. Any rank of
     torchrun's summary counts, not only its root cause: a peer waiting in the all-reduce can
     fail first on the closed connection ("Connection closed by peer")."""
-    if watch.stopped_for is not None:
+    if watch.run.stopped_for is not None:
         return False
     return any(
         failure.exit_code == OUT_OF_MEMORY_EXIT_CODE
-        for failure in failed_ranks(watch.launcher_stderr_tail)
+        for failure in failed_ranks(watch.output.launcher_stderr_tail)
     )
 
 
@@ -82,21 +83,25 @@ def preempted_from_outside(watch: AttemptWatch) -> bool:
     from outside the worker reached the ranks (a spot notice to the machine), and they
     checkpointed. Another attempt may help, but the exit status is the job's own claim: it
     counts against the retry budget (only the worker's own drain does not)."""
-    if watch.stopped_for is not None or watch.preempted_for is not None:
+    if watch.run.stopped_for is not None or watch.run.preempted_for is not None:
         return False
     # Every failed rank: when one rank crashes, torchrun sends SIGTERM to the others, which
     # then checkpoint and leave with this code too; the crash is the cause, not a preemption.
-    failures = failed_ranks(watch.launcher_stderr_tail)
+    failures = failed_ranks(watch.output.launcher_stderr_tail)
     return bool(failures) and all(f.exit_code == PREEMPTED_EXIT_CODE for f in failures)
 
 
-def claim_drain_preemption(watch: AttemptWatch) -> None:
-    """While this worker drains, ranks that left with PREEMPTED_EXIT_CODE before its watch loop
-    preempted them (the drain's SIGTERM reached them first: systemd's
-    ``KillMode=control-group``, a spot shutdown signalling every process) were preempted by
-    this worker all the same: re-queued outside the retry budget."""
-    if draining() and watch.preemptible and preempted_from_outside(watch):
-        watch.preempted_for = "the worker is draining (its SIGTERM reached the ranks first)"
+def drain_preemption(watch: AttemptWatch) -> str | None:
+    """Why this worker preempted the attempt, if it did (None: it did not). While this worker
+    drains, ranks that left with PREEMPTED_EXIT_CODE before its watch loop preempted them (the
+    drain's SIGTERM reached them first: systemd's ``KillMode=control-group``, a spot shutdown
+    signalling every process) were preempted by this worker all the same: re-queued outside the
+    retry budget."""
+    if watch.run.preempted_for is not None:
+        return watch.run.preempted_for
+    if draining() and watch.run.preemptible and preempted_from_outside(watch):
+        return "the worker is draining (its SIGTERM reached the ranks first)"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +126,9 @@ class Outcomes:
     # -- reading the exit ------------------------------------------------------------------------
     def failure(self, watch: AttemptWatch, returncode: int) -> tuple[str, bool]:
         """(the failure's message, whether another attempt may help)."""
-        cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
-        if watch.stopped_for is not None:
-            return f"training stopped: {watch.stopped_for}", False
+        cause = root_cause(watch.output.launcher_stderr_tail, watch.output.rank_stderr_tail)
+        if watch.run.stopped_for is not None:
+            return f"training stopped: {watch.run.stopped_for}", False
         if preempted_from_outside(watch):
             return (
                 f"the ranks were preempted by a SIGTERM from outside the worker (exit code "
@@ -139,24 +144,31 @@ class Outcomes:
 
     def _message(self, returncode: int, watch: AttemptWatch, cause: RankFailure | None) -> str:
         return failure_message(
-            returncode, watch.rank_stderr_tail, watch.launcher_stderr_tail, cause, self.limits
+            returncode,
+            watch.output.rank_stderr_tail,
+            watch.output.launcher_stderr_tail,
+            cause,
+            self.limits,
         )
 
-    def node_exit(self, watch: AttemptWatch, returncode: int) -> NodeExit:
-        """How this node's torchrun ended, and why the service stopped it if it did. A rank
-        killed by a signal is reported as a signal exit (the verdict then retries)."""
-        if watch.cancel_requested:
+    def node_exit(
+        self, watch: AttemptWatch, returncode: int, cancelled_at_exit: bool = False
+    ) -> NodeExit:
+        """How this node's torchrun ended, and why the service stopped it if it did (a cancel
+        the watch loop saw, or one read at exit: ``cancelled_at_exit``). A rank killed by a
+        signal is reported as a signal exit (the verdict then retries)."""
+        if watch.run.cancel_requested or cancelled_at_exit:
             stopped: str | None = "the job was cancelled"
-        elif watch.peer_trouble is not None:
-            stopped = watch.peer_trouble
-        elif watch.lease_lost:
+        elif watch.run.peer_trouble is not None:
+            stopped = watch.run.peer_trouble
+        elif watch.run.lease_lost:
             stopped = "the attempt no longer owns the job"
         else:
             stopped = None
         error = None
-        if returncode != 0 or watch.stopped_for is not None:
+        if returncode != 0 or watch.run.stopped_for is not None:
             error, retryable = self.failure(watch, returncode)
-            cause = root_cause(watch.launcher_stderr_tail, watch.rank_stderr_tail)
+            cause = root_cause(watch.output.launcher_stderr_tail, watch.output.rank_stderr_tail)
             if retryable and cause is not None and cause.signal is not None and stopped is None:
                 returncode = cause.exit_code
             elif stopped is None and ran_out_of_memory(watch):
@@ -172,7 +184,7 @@ class Outcomes:
         self, job: Job, watch: AttemptWatch, returncode: int, events: reports.EventTail
     ) -> None:
         """Decide a single-node attempt from its own exit."""
-        if watch.lease_lost:
+        if watch.run.lease_lost:
             logger.warning(
                 "job %s attempt %d: lease lost; its outcome belongs to a newer attempt",
                 job.id,
@@ -180,8 +192,8 @@ class Outcomes:
             )
             return
         metrics = final_metrics(events)
-        claim_drain_preemption(watch)
-        if watch.cancel_requested:
+        preempted_for = drain_preemption(watch)
+        if watch.run.cancel_requested:
             self.record(
                 job.id,
                 watch.attempt,
@@ -190,14 +202,14 @@ class Outcomes:
                 final_metrics=metrics,
             )
             return
-        done = returncode == 0 or (watch.preempted_for is not None and metrics is not None)
-        if done and watch.stopped_for is None:  # (preempted after its summary: it finished)
+        done = returncode == 0 or (preempted_for is not None and metrics is not None)
+        if done and watch.run.stopped_for is None:  # (preempted after its summary: it finished)
             self.record(
                 job.id, watch.attempt, JobState.SUCCEEDED, exit_code=0, final_metrics=metrics
             )
             return
-        if watch.preempted_for is not None:
-            self.requeue_preempted(job, watch.attempt, watch.preempted_for, returncode)
+        if preempted_for is not None:
+            self.requeue_preempted(job, watch.attempt, preempted_for, returncode)
             return
         if ran_out_of_memory(watch) and self.halve_micro_batch(job, watch.attempt):
             return

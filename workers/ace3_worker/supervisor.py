@@ -41,12 +41,11 @@ from ace3_control.settings import Settings, get_settings
 from ace3_control.storage import open_store
 from ace3_worker import reports
 from ace3_worker.admission import Admission
-from ace3_worker.attempt import AttemptWatch
 from ace3_worker.device import device_pool, local_capacity, worker_device
 from ace3_worker.gang import GangMember, NodeSeat
 from ace3_worker.gang_node import GangNode
 from ace3_worker.gpu_sets import DeviceAllocator, DeviceSet
-from ace3_worker.ingest import Ingest, service_line
+from ace3_worker.ingest import Ingest, JobOutput, service_line
 from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
 from ace3_worker.launch import RunningTorchrun, job_environment, start_torchrun
 from ace3_worker.membership import Membership, SingleNode
@@ -56,7 +55,7 @@ from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError
 from ace3_worker.sandbox.limits import JobLimits
 from ace3_worker.warm import WarmSlot
 from ace3_worker.warm_sandbox import WarmSandbox
-from ace3_worker.watch import Watcher, apply_beat
+from ace3_worker.watch import AttemptWatch, RunState, Watcher, apply_beat
 from ace3_worker.workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -372,8 +371,9 @@ class Supervisor:
             watch = AttemptWatch(
                 job.id,
                 membership.attempt,
-                syncs_artifacts=membership.hosts_rank_zero,
-                preemptible=membership.nodes == 1,  # (a draining worker lets gangs run to the end)
+                output=JobOutput(syncs_artifacts=membership.hosts_rank_zero),
+                # (a draining worker lets gangs run to the end)
+                run=RunState(preemptible=membership.nodes == 1),
             )
             events = reports.EventTail(directory.output_dir)
             membership.started()
@@ -393,7 +393,7 @@ class Supervisor:
                 pass
 
         with membership.keep_alive():
-            if not watch.lease_lost and watch.syncs_artifacts:
+            if not watch.run.lease_lost and watch.output.syncs_artifacts:
                 self.ingest.final_artifact_sync(artifacts, running.lines)
             self.watcher.through_outage(watch, beat, drain)
             membership.report(job, watch, returncode, events, beat)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from sqlalchemy.exc import DBAPIError
 
@@ -28,11 +29,10 @@ from ace3_worker.attempt import (
     MAX_DB_RETRY_SECONDS,
     MIN_PASS_SECONDS,
     POLL_SECONDS,
-    AttemptWatch,
     Beat,
 )
 from ace3_worker.drain import draining, grace_seconds
-from ace3_worker.ingest import Ingest
+from ace3_worker.ingest import Ingest, JobOutput
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.launch import RunningTorchrun
 from ace3_worker.sandbox.launch import SandboxedProcess
@@ -40,35 +40,76 @@ from ace3_worker.sandbox.launch import SandboxedProcess
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class RunState:
+    """The run as the watch loop keeps it: the lease, why the service stops the processes, and
+    the timers of stopping them. Written by this module only (a heartbeat's news goes through
+    :func:`apply_beat`); the outcome and the membership read it."""
+
+    cancel_requested: bool = False
+    lease_lost: bool = False
+    # Multi-node: why another node made this one stop (its failure, its silence).
+    peer_trouble: str | None = None
+    # Why the service stopped the attempt on its own (max_runtime_seconds).
+    stopped_for: str | None = None
+    # Why this worker preempted the attempt (it is draining: ace3_worker.drain), and the grace
+    # its ranks have to checkpoint before SIGKILL. Only single-node attempts are preempted.
+    preemptible: bool = True
+    preempted_for: str | None = None
+    preemption_grace: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    terminate_sent_at: float | None = None
+    killed: bool = False
+    lease_renewed_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the service wants the attempt's processes gone (lease lost, cancel, a peer
+        node's trouble)."""
+        return self.lease_lost or self.cancel_requested or self.peer_trouble is not None
+
+
+@dataclass(frozen=True)
+class AttemptWatch:
+    """What the supervisor tracks while the ranks run, in two parts each written by one module:
+    ``output`` by the ingest (:class:`ace3_worker.ingest.JobOutput`), ``run`` by the watch loop
+    (:class:`RunState`). The outcome decides from both and writes neither."""
+
+    job_id: str
+    attempt: int
+    output: JobOutput = field(default_factory=JobOutput)
+    run: RunState = field(default_factory=RunState)
+
+
 def stop_processes(watch: AttemptWatch, process: SandboxedProcess) -> None:
     """SIGTERM to torchrun, once (SIGKILL follows after the grace period: :meth:`escalate`)."""
-    if watch.terminate_sent_at is None:
+    if watch.run.terminate_sent_at is None:
         process.terminate()
-        watch.terminate_sent_at = time.monotonic()
+        watch.run.terminate_sent_at = time.monotonic()
 
 
 def apply_beat(watch: AttemptWatch, beat: Beat, process: SandboxedProcess, who: str) -> None:
     """What a heartbeat learned: the lease renewed or lost, a cancel request, a peer node's
     trouble; any of the last three stops ``who`` (the attempt's processes, or a node)."""
     if beat.owned:
-        watch.lease_renewed_at = time.monotonic()
+        watch.run.lease_renewed_at = time.monotonic()
     else:
-        if not watch.lease_lost:
+        if not watch.run.lease_lost:
             logger.error(
                 "job %s attempt %d is no longer this attempt's (its lease is lost): stopping %s",
                 watch.job_id,
                 watch.attempt,
                 who,
             )
-        watch.lease_lost = True
+        watch.run.lease_lost = True
     if beat.owned and beat.cancel_requested:
-        watch.cancel_requested = True
-    if beat.owned and beat.trouble and watch.peer_trouble is None:
+        watch.run.cancel_requested = True
+    if beat.owned and beat.trouble and watch.run.peer_trouble is None:
         logger.warning(
             "job %s attempt %d: stopping %s: %s", watch.job_id, watch.attempt, who, beat.trouble
         )
-        watch.peer_trouble = beat.trouble
-    if watch.stopping:
+        watch.run.peer_trouble = beat.trouble
+    if watch.run.stopping:
         stop_processes(watch, process)
 
 
@@ -111,7 +152,11 @@ class Watcher:
                     self.preempt(watch, process, job)
                 self.escalate(watch, process)
                 self.tolerating_database_errors(watch, process, ingest)
-                if time.monotonic() >= next_artifact_sync and not exited and watch.syncs_artifacts:
+                if (
+                    time.monotonic() >= next_artifact_sync
+                    and not exited
+                    and watch.output.syncs_artifacts
+                ):
                     self.tolerating_database_errors(
                         watch, process, lambda: self.ingest.sync_artifacts(artifacts, lines)
                     )
@@ -139,43 +184,43 @@ class Watcher:
     def enforce_max_runtime(
         self, watch: AttemptWatch, process: SandboxedProcess, max_runtime: float
     ) -> None:
-        elapsed = time.monotonic() - watch.started_at
-        if elapsed <= max_runtime or watch.terminate_sent_at is not None:
+        elapsed = time.monotonic() - watch.run.started_at
+        if elapsed <= max_runtime or watch.run.terminate_sent_at is not None:
             return
-        watch.stopped_for = (
+        watch.run.stopped_for = (
             f"the attempt ran past max_runtime_seconds={max_runtime:g} (stopped after "
             f"{elapsed:.0f} s)"
         )
-        logger.warning("job %s attempt %d: %s", watch.job_id, watch.attempt, watch.stopped_for)
+        logger.warning("job %s attempt %d: %s", watch.job_id, watch.attempt, watch.run.stopped_for)
         stop_processes(watch, process)
 
     def preempt(self, watch: AttemptWatch, process: SandboxedProcess, job: Job) -> None:
         """The worker is draining: SIGTERM to torchrun, whose ranks checkpoint and leave; the
         outcome re-queues the job (:meth:`ace3_worker.outcome.Outcomes.record_attempt`)."""
-        if not watch.preemptible or watch.preempted_for is not None:
+        if not watch.run.preemptible or watch.run.preempted_for is not None:
             return
-        if watch.terminate_sent_at is not None:
+        if watch.run.terminate_sent_at is not None:
             return  # (already being stopped: cancel, max runtime, lease lost)
-        watch.preempted_for = "the worker is draining"
-        watch.preemption_grace = grace_seconds(job.config, self.settings)
+        watch.run.preempted_for = "the worker is draining"
+        watch.run.preemption_grace = grace_seconds(job.config, self.settings)
         logger.warning(
             "job %s attempt %d: preempting (%s); its ranks have %.0f s to checkpoint",
             watch.job_id,
             watch.attempt,
-            watch.preempted_for,
-            watch.preemption_grace,
+            watch.run.preempted_for,
+            watch.run.preemption_grace,
         )
         stop_processes(watch, process)
 
     def escalate(self, watch: AttemptWatch, process: SandboxedProcess) -> None:
-        if watch.terminate_sent_at is None or watch.killed or process.poll() is not None:
+        if watch.run.terminate_sent_at is None or watch.run.killed or process.poll() is not None:
             return
         grace = self.settings.cancel_grace_seconds
-        if watch.preemption_grace is not None and not watch.stopping:
-            grace = watch.preemption_grace  # (a cancel meanwhile keeps the cancel's grace)
-        if time.monotonic() - watch.terminate_sent_at >= grace:
+        if watch.run.preemption_grace is not None and not watch.run.stopping:
+            grace = watch.run.preemption_grace  # (a cancel meanwhile keeps the cancel's grace)
+        if time.monotonic() - watch.run.terminate_sent_at >= grace:
             process.kill()
-            watch.killed = True
+            watch.run.killed = True
 
     # -- database outages ------------------------------------------------------------------------
     def tolerating_database_errors(
@@ -190,8 +235,8 @@ class Watcher:
                 "job %s: database unreachable (%s); retrying", watch.job_id, type(exc).__name__
             )
             if (
-                watch.lease_lost
-                or time.monotonic() - watch.lease_renewed_at <= self.settings.lease_seconds
+                watch.run.lease_lost
+                or time.monotonic() - watch.run.lease_renewed_at <= self.settings.lease_seconds
             ):
                 return
             logger.error(
@@ -199,7 +244,7 @@ class Watcher:
                 watch.job_id,
                 self.settings.lease_seconds,
             )
-            watch.lease_lost = True
+            watch.run.lease_lost = True
             stop_processes(watch, process)
 
     def through_outage(
@@ -212,13 +257,13 @@ class Watcher:
         delay = POLL_SECONDS
         while True:
             try:
-                if time.monotonic() - watch.lease_renewed_at > self.settings.heartbeat_seconds:
+                if time.monotonic() - watch.run.lease_renewed_at > self.settings.heartbeat_seconds:
                     beat()
                 action()
                 return
             except DBAPIError as exc:
-                waited = time.monotonic() - watch.lease_renewed_at
-                if watch.lease_lost or waited > self.settings.lease_seconds:
+                waited = time.monotonic() - watch.run.lease_renewed_at
+                if watch.run.lease_lost or waited > self.settings.lease_seconds:
                     logger.error(
                         "job %s attempt %d: database unreachable for %.0f s after the run; "
                         "giving the job up to the reconciler",
@@ -226,7 +271,7 @@ class Watcher:
                         watch.attempt,
                         waited,
                     )
-                    watch.lease_lost = True
+                    watch.run.lease_lost = True
                     return
                 logger.warning(
                     "job %s: database unreachable (%s); retrying",

@@ -7,10 +7,10 @@ from __future__ import annotations
 from ace3.errors import PREEMPTED_EXIT_CODE
 from ace3_control.settings import Settings
 from ace3_worker import drain
-from ace3_worker.attempt import AttemptWatch
 from ace3_worker.launcher import torchrun_command
-from ace3_worker.outcome import Outcomes, claim_drain_preemption, preempted_from_outside
+from ace3_worker.outcome import Outcomes, drain_preemption, preempted_from_outside
 from ace3_worker.sandbox.limits import JobLimits
+from ace3_worker.watch import AttemptWatch
 
 
 def test_the_job_s_grace_is_capped_by_the_worker_s() -> None:
@@ -45,12 +45,12 @@ def test_a_preemption_exit_the_worker_did_not_cause_is_a_retry_from_the_budget()
         f"  exitcode  : {PREEMPTED_EXIT_CODE} (pid: 4241)",
     ]
     watch = AttemptWatch("job", 1)
-    watch.launcher_stderr_tail.extend(summary)
+    watch.output.launcher_stderr_tail.extend(summary)
     assert preempted_from_outside(watch)
     outcomes = Outcomes(Settings(), None, JobLimits.from_settings(Settings()))  # type: ignore[arg-type]
     message, retryable = outcomes.failure(watch, 1)
     assert retryable and "SIGTERM from outside the worker" in message
-    watch.preempted_for = "the worker is draining"  # the worker's own drain: not a failure
+    watch.run.preempted_for = "the worker is draining"  # the worker's own drain: not a failure
     assert not preempted_from_outside(watch)
 
 
@@ -68,7 +68,7 @@ def test_a_rank_that_crashed_is_the_cause_even_when_its_peers_checkpointed_and_l
         "  exitcode  : 1 (pid: 4241)",
     ]
     watch = AttemptWatch("job", 1)
-    watch.launcher_stderr_tail.extend(summary)
+    watch.output.launcher_stderr_tail.extend(summary)
     assert not preempted_from_outside(watch)
 
 
@@ -80,12 +80,11 @@ def test_ranks_that_left_on_the_drain_s_own_sigterm_count_as_its_preemption() ->
         f"  exitcode  : {PREEMPTED_EXIT_CODE} (pid: 4241)",
     ]
     watch = AttemptWatch("job", 1)
-    watch.launcher_stderr_tail.extend(summary)
-    claim_drain_preemption(watch)
-    assert watch.preempted_for is None  # not draining: a SIGTERM from outside (a retry)
+    watch.output.launcher_stderr_tail.extend(summary)
+    assert drain_preemption(watch) is None  # not draining: a SIGTERM from outside (a retry)
     try:
         drain.request_drain("SIGTERM, warm shutdown")
-        claim_drain_preemption(watch)
-        assert watch.preempted_for is not None and "draining" in watch.preempted_for
+        preempted_for = drain_preemption(watch)
+        assert preempted_for is not None and "draining" in preempted_for
     finally:
         drain.DRAIN.clear()

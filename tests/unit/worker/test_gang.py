@@ -240,8 +240,8 @@ def test_a_node_whose_ranks_died_of_a_cancel_reports_it_was_stopped(
     """A cancel stops one node; the other node's ranks may die of the broken connection before
     its heartbeat saw the flag. Its exit reads the flag once more: stopped, not failed."""
     from ace3_worker import reports
-    from ace3_worker.attempt import AttemptWatch
     from ace3_worker.gang_node import GangNode
+    from ace3_worker.watch import AttemptWatch
 
     job_id = _job(settings, 2)
     leader, follower = Supervisor(settings, node_id="worker-a"), _member(settings, "b")
@@ -256,7 +256,7 @@ def test_a_node_whose_ranks_died_of_a_cancel_reports_it_was_stopped(
 
     # Failing on its own (no cancel): reported as a failure of this node.
     watch = AttemptWatch(job_id, seat.attempt)
-    watch.rank_stderr_tail.append((1, "RuntimeError: Connection closed by peer"))
+    watch.output.rank_stderr_tail.append((1, "RuntimeError: Connection closed by peer"))
     node.report(_job_row(settings, job_id), watch, 1, events, lambda: None)
     (_, mine) = _nodes(settings, job_id)
     assert mine.exit_code == 1 and mine.stopped is None

@@ -15,9 +15,10 @@ from sqlalchemy import func, select
 from ace3_control.models import Job, JobCheckpoint, JobLog
 from ace3_control.settings import Settings
 from ace3_worker import reports
-from ace3_worker.attempt import MAX_NOTICES_PER_ATTEMPT, AttemptWatch
+from ace3_worker.attempt import MAX_NOTICES_PER_ATTEMPT
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.supervisor import Supervisor
+from ace3_worker.watch import AttemptWatch
 from tests.conftest import insert_job
 
 
@@ -69,7 +70,7 @@ def test_nul_bytes_quoted_by_a_refusal_are_stored_without_them(
     )
     job_id, watch, _ = _ingest_everything(supervisor, directory)
     stored = _service_lines(supervisor, job_id)
-    assert len(stored) == 4 and watch.pending_records == []
+    assert len(stored) == 4 and watch.output.pending_records == []
     assert not any("\x00" in line for line in stored)
 
 

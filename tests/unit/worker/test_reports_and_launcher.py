@@ -120,9 +120,9 @@ def test_an_out_of_memory_exit_counts_even_when_a_peer_failed_first() -> None:
     """Rank 0, waiting in DDP's all-reduce, can fail on the closed connection before torchrun
     sees rank 1's exit status 75: torchrun then names rank 0 as the root cause."""
     from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
-    from ace3_worker.attempt import AttemptWatch
     from ace3_worker.failures import failed_ranks
     from ace3_worker.outcome import ran_out_of_memory
+    from ace3_worker.watch import AttemptWatch
 
     summary = [
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
@@ -150,9 +150,9 @@ def test_an_out_of_memory_exit_counts_even_when_a_peer_failed_first() -> None:
         (0, 1),
     ]
     watch = AttemptWatch("job", 1)
-    watch.launcher_stderr_tail.extend(summary)
+    watch.output.launcher_stderr_tail.extend(summary)
     assert ran_out_of_memory(watch)
-    watch.launcher_stderr_tail.clear()
-    watch.launcher_stderr_tail.extend(line.replace(" 75 ", " 1 ") for line in summary)
+    watch.output.launcher_stderr_tail.clear()
+    watch.output.launcher_stderr_tail.extend(line.replace(" 75 ", " 1 ") for line in summary)
     assert not ran_out_of_memory(watch)
     assert failed_ranks(["no summary"]) == []

@@ -17,11 +17,11 @@ from ace3_control.models import Job, JobLog, JobMetric
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
 from ace3_worker import reports
-from ace3_worker.attempt import AttemptWatch
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.sandbox.launch import SandboxedProcess
 from ace3_worker.sandbox.plan import SandboxPlan
 from ace3_worker.supervisor import Supervisor
+from ace3_worker.watch import AttemptWatch
 from tests.conftest import insert_job
 
 
@@ -69,14 +69,14 @@ def test_lines_and_metrics_drained_during_an_outage_are_stored_afterwards(
             process,
             lambda: supervisor.ingest.store_batch(job, directory, watch, lines, events),
         )
-        assert len(watch.pending_lines) == 1 and len(watch.pending_records) == 1
+        assert len(watch.output.pending_lines) == 1 and len(watch.output.pending_records) == 1
         assert process.poll() is None, "a short outage does not stop training"
         supervisor.ingest.sessions = working
         supervisor.ingest.store_batch(job, directory, watch, lines, events)
     finally:
         process.kill()
         process.wait()
-    assert watch.pending_lines == [] and watch.pending_records == []
+    assert watch.output.pending_lines == [] and watch.output.pending_records == []
     with working() as session:
         assert [log.line for log in session.scalars(select(JobLog))] == ["step 1"]
         assert [(m.name, m.value) for m in session.scalars(select(JobMetric))] == [
@@ -89,10 +89,10 @@ def test_an_outage_longer_than_the_lease_stops_the_attempt(supervisor: Superviso
     process = _sleeping()
     try:
         supervisor.watcher.tolerating_database_errors(watch, process, _unreachable)
-        assert not watch.lease_lost and process.poll() is None
-        watch.lease_renewed_at = time.monotonic() - supervisor.settings.lease_seconds - 1
+        assert not watch.run.lease_lost and process.poll() is None
+        watch.run.lease_renewed_at = time.monotonic() - supervisor.settings.lease_seconds - 1
         supervisor.watcher.tolerating_database_errors(watch, process, _unreachable)
-        assert watch.lease_lost and watch.terminate_sent_at is not None
+        assert watch.run.lease_lost and watch.run.terminate_sent_at is not None
         assert process.wait(timeout=5) == -signal.SIGTERM
     finally:
         process.kill()
@@ -106,24 +106,24 @@ def test_the_last_records_and_the_outcome_are_stored_through_an_outage(
 
     def beat() -> None:
         calls.append("beat")
-        watch.lease_renewed_at = time.monotonic()
+        watch.run.lease_renewed_at = time.monotonic()
 
     def flaky() -> None:
         calls.append("store")
         if calls.count("store") < 3:
             _unreachable()
 
-    watch.lease_renewed_at = time.monotonic() - 10  # the heartbeat is due
+    watch.run.lease_renewed_at = time.monotonic() - 10  # the heartbeat is due
     supervisor.watcher.through_outage(watch, beat, flaky)
-    assert calls.count("store") == 3 and not watch.lease_lost
+    assert calls.count("store") == 3 and not watch.run.lease_lost
     assert calls[0] == "beat", "the lease is renewed before the final pass"
 
 
 def test_a_final_pass_gives_up_once_the_lease_cannot_be_ours(supervisor: Supervisor) -> None:
     watch = AttemptWatch("job", 1)
-    watch.lease_renewed_at = time.monotonic() - supervisor.settings.lease_seconds - 1
+    watch.run.lease_renewed_at = time.monotonic() - supervisor.settings.lease_seconds - 1
     supervisor.watcher.through_outage(watch, _unreachable, _unreachable)
-    assert watch.lease_lost, "the reconciler re-queues the job; this attempt records nothing"
+    assert watch.run.lease_lost, "the reconciler re-queues the job; this attempt records nothing"
 
 
 def test_each_pass_stores_a_bounded_batch(supervisor: Supervisor, tmp_path: Path) -> None:

@@ -16,9 +16,10 @@ from ace3.config.events import InstabilityRecord, PreemptedRecord, parse_record
 from ace3_control.models import JobLog, JobRecord
 from ace3_control.settings import Settings
 from ace3_worker import ingest, reports
-from ace3_worker.attempt import AttemptWatch
+from ace3_worker.ingest import JobOutput
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.supervisor import Supervisor
+from ace3_worker.watch import AttemptWatch
 from tests.conftest import insert_job
 
 
@@ -45,7 +46,7 @@ def _ingest(
 ) -> tuple[str, AttemptWatch]:
     with supervisor.sessions() as session:
         job = insert_job(session, attempt=2, state="running")
-    watch = AttemptWatch(job.id, 2, **budgets)
+    watch = AttemptWatch(job.id, 2, output=JobOutput(**budgets))
     events = reports.EventTail(directory.output_dir)
     for _ in range(100):
         if not supervisor.ingest.store_batch(job, directory, watch, queue.Queue(), events):
@@ -91,7 +92,7 @@ def test_a_flood_of_records_is_bounded_and_leaves_the_refusals_their_notices(
             .where(JobLog.job_id == job_id, JobLog.stream == "service")
             .order_by(JobLog.id)
         ).all()
-    assert stored == 30 and watch.typed_records_dropped == 20
+    assert stored == 30 and watch.output.typed_records_dropped == 20
     guard = [line for line in notices if "training instability" in line]
     assert len(guard) == 10
     assert guard[-1].endswith(
