@@ -19,6 +19,7 @@ import stat
 import tarfile
 import zipfile
 import zlib
+from io import BufferedIOBase
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -84,7 +85,7 @@ class _Budget:
             )
 
 
-def _read_checked(source: IO[bytes], size: int) -> bytes:
+def _read_checked(source: IO[bytes] | BufferedIOBase, size: int) -> bytes:
     """``source.read(size)``, with corrupt compressed data reported as an unreadable archive."""
     try:
         return source.read(size)
@@ -97,7 +98,7 @@ def _read_checked(source: IO[bytes], size: int) -> bytes:
 class _CappedReader:
     """A decompressed stream that refuses to yield more than ``limit`` bytes."""
 
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
+    def __init__(self, stream: BufferedIOBase, limit: int) -> None:
         self.stream = stream
         self.limit = limit
         self.consumed = 0
@@ -114,7 +115,7 @@ class _CappedReader:
         return chunk
 
 
-def _decompressed(archive: Path) -> IO[bytes]:
+def _decompressed(archive: Path) -> BufferedIOBase:
     with archive.open("rb") as probe:
         magic = probe.read(6)
     if magic.startswith(b"\x1f\x8b"):
@@ -147,7 +148,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
                 f"archive has a {self.size}-byte metadata record (long name or pax header); at "
                 f"most {MAX_TAR_HEADER_BYTES} bytes are allowed"
             )
-        return super()._proc_member(tarfile_)  # a private hook, unchanged since Python 2.6
+        return super()._proc_member(tarfile_)  # type: ignore[misc]  # a private hook (not in the stubs), unchanged since Python 2.6
 
 
 def _write_member(source: IO[bytes], target: Path, name: str, size_limit: int) -> None:
@@ -192,7 +193,7 @@ def _extract_tar(archive: Path, dest: Path, budget: _Budget) -> None:
     try:
         with _decompressed(archive) as raw:
             reader = _CappedReader(raw, stream_limit)
-            with tarfile.open(fileobj=reader, mode="r|", tarinfo=_BoundedTarInfo) as tar:
+            with tarfile.open(fileobj=reader, mode="r|", tarinfo=_BoundedTarInfo) as tar:  # type: ignore[call-overload]  # the stubs want a seekable, writable file; "r|" only reads
                 for member in tar:
                     _check_member_name(member.name)
                     if not (member.isfile() or member.isdir()):
