@@ -1,6 +1,6 @@
 """Glue between :class:`ace3.Trainer` and the in-process engine (:mod:`ace3.runtime.in_process`).
 
-Turns the trainer's objects into engine hooks (callbacks, loggers), picks the checkpoint
+Turns the trainer's objects (a :class:`~ace3.trainers.run_objects.TrainerObjects`) into engine hooks (callbacks, loggers), picks the checkpoint
 directory and the checkpoint to resume from, and tells active profilers what ran.
 """
 
@@ -18,7 +18,7 @@ from ace3.trainers.weights import weights_for_local_run
 
 if TYPE_CHECKING:
     from ace3.runtime.in_process import InProcessRun
-    from ace3.trainers import Trainer
+    from ace3.trainers.run_objects import TrainerObjects
 
 
 @dataclass
@@ -58,32 +58,23 @@ class LocalTrainingResult(MetricsView):
         )
 
 
-def checkpoint_dir_of(trainer: Trainer) -> Path | None:
-    if trainer.checkpoint_config is not None and trainer.checkpoint_config.save_dir:
-        return Path(trainer.checkpoint_config.save_dir).expanduser().resolve()
-    for logger in trainer.loggers:
-        directory = logger.checkpoint_dir() if hasattr(logger, "checkpoint_dir") else None
-        if directory is not None:
-            return Path(directory).expanduser().resolve()
-    return None
-
-
-def _resume_path(trainer: Trainer, resume: bool, checkpoint_dir: Path | None) -> Path | None:
+def _resume_path(objects: TrainerObjects, resume: bool) -> Path | None:
     from ace3.runtime.in_process import latest_checkpoint_in
 
+    checkpoint_dir = objects.checkpoint_dir
     if not resume:
-        if trainer.resume_source is not None:
+        if objects.resume_source is not None:
             print(
                 "note: a checkpoint was loaded with load_checkpoint() but train() was called "
                 "without resume=True: training starts from the model's current weights",
                 flush=True,
             )
         return None
-    if trainer.resume_source is not None:
-        path = Path(trainer.resume_source)
+    if objects.resume_source is not None:
+        path = Path(objects.resume_source)
         if not path.is_file():
             raise FileNotFoundError(
-                f"{trainer.resume_source!r} is not a local checkpoint file: an in-process run "
+                f"{objects.resume_source!r} is not a local checkpoint file: an in-process run "
                 "resumes from a file (download a stored one with "
                 "client.jobs.download_checkpoint(job_id, checkpoint_id, to=...))"
             )
@@ -99,7 +90,7 @@ def _resume_path(trainer: Trainer, resume: bool, checkpoint_dir: Path | None) ->
 
 
 def run_locally(
-    trainer: Trainer,
+    objects: TrainerObjects,
     config: TrainingConfig,
     model: Any,
     dataset: Any,
@@ -119,7 +110,7 @@ def run_locally(
             [ConfigProblem(field="max_runtime_seconds", reason="in-process runs have no worker")],
         )
 
-    checkpoint_dir = checkpoint_dir_of(trainer)
+    checkpoint_dir = objects.checkpoint_dir
     wants_files = [n for n in ("keep_best_checkpoint", "async_save") if getattr(config, n)]
     if checkpoint_dir is None and wants_files:
         raise UnsupportedFeatureError(
@@ -127,11 +118,11 @@ def run_locally(
             "checkpoint_config=ace3.CheckpointConfig(save_dir=...)",
             [ConfigProblem(field=name, reason="no save_dir") for name in wants_files],
         )
-    resume_from = _resume_path(trainer, resume, checkpoint_dir)
+    resume_from = _resume_path(objects, resume)
     hooks: list[Any] = []
-    if trainer.callbacks:
-        hooks.append(CallbackHook(trainer.callbacks))
-    for logger in trainer.loggers:
+    if objects.callbacks:
+        hooks.append(CallbackHook(list(objects.callbacks)))
+    for logger in objects.loggers:
         hooks.extend(logger.engine_hooks(local=True))
     memory_profilers = [p for p in active_profilers() if isinstance(p, MemoryProfiler)]
 
@@ -142,13 +133,13 @@ def run_locally(
                 profiler.note_training_state(int(state_mb * 2**20))
 
     info = {"job_id": None, "config": config.model_dump(mode="json"), "where": "local"}
-    for logger in trainer.loggers:
+    for logger in objects.loggers:
         logger.start(info)
     status = "failed"
     try:
         with (
-            weights_for_local_run(config, trainer.client) as init_from,
-            teacher_weights_for_local_run(config, trainer.client) as config,
+            weights_for_local_run(config, objects.client) as init_from,
+            teacher_weights_for_local_run(config, objects.client) as config,
         ):
             run = train_in_process(
                 config, model, dataset, validation_dataset,
@@ -161,5 +152,5 @@ def run_locally(
         status = "succeeded"
         return LocalTrainingResult.of(model, run)
     finally:
-        for logger in trainer.loggers:
+        for logger in objects.loggers:
             logger.finish(status)

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,8 @@ from ace3.trainers.weights import upload_local_weights
 if TYPE_CHECKING:
     from ace3.client import Client
     from ace3.client.types import JobEvent
-    from ace3.trainers import Trainer
+    from ace3.follow.job_handle import TrainingResult
+    from ace3.trainers.run_objects import TrainerObjects
 
 SYNC_EVERY_S = 2.0
 # The engine's checkpoint names: step-XXXXXXXX.pt, or step-XXXXXXXX.dcp.tar for sharded jobs.
@@ -39,7 +41,7 @@ SYNC_EVERY_S = 2.0
 class RemotePlan:
     """The job config with the trainer's objects carried in, and where their files go."""
 
-    def __init__(self, trainer: Trainer, config: TrainingConfig) -> None:
+    def __init__(self, objects: TrainerObjects, config: TrainingConfig) -> None:
         from ace3.training.callbacks.transport import callback_spec
         from ace3.training.profiling import active_training_profilers, combined_remote_spec
 
@@ -48,7 +50,7 @@ class RemotePlan:
         specs = []
         from ace3.training.callbacks.model_checkpoint import ModelCheckpoint
 
-        for index, callback in enumerate(trainer.callbacks):
+        for index, callback in enumerate(objects.callbacks):
             spec = callback_spec(callback)
             is_checkpoint = isinstance(callback, ModelCheckpoint)
             filepath = spec.params.get("filepath") if is_checkpoint else None
@@ -108,14 +110,12 @@ def _checkpoint_id_for(client: Client, value: str) -> str:
     return found[0].id
 
 
-def _resume_checkpoint(trainer: Trainer, client: Client, resume: bool) -> str | None:
-    from ace3.trainers.in_process import checkpoint_dir_of
-
+def _resume_checkpoint(objects: TrainerObjects, client: Client, resume: bool) -> str | None:
     if not resume:
         return None
-    if trainer.resume_source is not None:
-        return _checkpoint_id_for(client, trainer.resume_source)
-    directory = checkpoint_dir_of(trainer)
+    if objects.resume_source is not None:
+        return _checkpoint_id_for(client, objects.resume_source)
+    directory = objects.checkpoint_dir
     if directory is not None:
         files = sorted(
             (int(m.group(1)), path)
@@ -135,17 +135,15 @@ def _resume_checkpoint(trainer: Trainer, client: Client, resume: bool) -> str | 
 class JobFollower:
     """Runs on every event of a followed job (see the module docstring)."""
 
-    def __init__(self, trainer: Trainer, plan: RemotePlan, handle: JobHandle) -> None:
+    def __init__(self, objects: TrainerObjects, plan: RemotePlan, handle: JobHandle) -> None:
         from ace3.trainers.downloads import ArtifactSync, CheckpointSync
 
-        self.trainer, self.plan, self.handle = trainer, plan, handle
+        self.loggers, self.plan, self.handle = objects.loggers, plan, handle
         client = handle.client
         self.artifacts = (
             ArtifactSync(client, handle.id, plan.artifact_dirs) if plan.artifact_dirs else None
         )
-        from ace3.trainers.in_process import checkpoint_dir_of
-
-        save_dir = checkpoint_dir_of(trainer)  # CheckpointConfig.save_dir or a logger's
+        save_dir = objects.checkpoint_dir  # CheckpointConfig.save_dir or a logger's
         self.checkpoints = (
             CheckpointSync(client, handle.id, save_dir, max_checkpoints=plan.config.max_checkpoints)
             if save_dir is not None
@@ -162,13 +160,13 @@ class JobFollower:
             "config": self.plan.config.model_dump(mode="json"),
             "where": "remote",
         }
-        for logger in self.trainer.loggers:
+        for logger in self.loggers:
             logger.start(info)
 
     def _flush_metrics(self) -> None:
         if self.pending_step is None or not self.pending:
             return
-        for logger in self.trainer.loggers:
+        for logger in self.loggers:
             logger.log_metrics(self.pending_step, self.pending_epoch, dict(self.pending))
         self.pending = {}
 
@@ -198,7 +196,7 @@ class JobFollower:
 
         self._flush_metrics()
         self.sync()
-        for logger in self.trainer.loggers:
+        for logger in self.loggers:
             logger.finish(status)
         profile_dir = self.plan.profile_dir
         try:
@@ -215,25 +213,25 @@ class JobFollower:
                 profiler.note_job_summary(self.handle.id, dict(final_metrics or {}))
 
 
-def run_remotely(
-    trainer: Trainer,
+def submit_job(
+    objects: TrainerObjects,
     config: TrainingConfig,
     model: Any,
     dataset: Any,
     validation_dataset: Any,
     *,
-    model_kwargs: Any,
+    model_kwargs: Mapping[str, Any] | None,
     name: str | None,
     priority: str | None = None,
-    wait: bool,
-    show_progress: bool,
     idempotency_key: str,
     resume: bool,
-) -> Any:
-    plan = RemotePlan(trainer, config)
+) -> tuple[JobHandle, RemotePlan]:
+    """Carry the objects into ``config``, upload what is missing, submit one job: its handle
+    and the plan :func:`follow_job` follows it with. Refusals come before any upload."""
+    plan = RemotePlan(objects, config)
     refuse_local_only(plan.config)  # before any upload
-    client = resolve_client(trainer.client, model, dataset, validation_dataset)
-    resume_id = _resume_checkpoint(trainer, client, resume)  # before any upload
+    client = resolve_client(objects.client, model, dataset, validation_dataset)
+    resume_id = _resume_checkpoint(objects, client, resume)  # before any upload
     _, ids = resolve_inputs(client, model, dataset, validation_dataset)
     job = client.jobs.create(
         **ids,
@@ -244,11 +242,15 @@ def run_remotely(
         resume_from_checkpoint=resume_id,
         priority=priority,
     )
-    handle = JobHandle(job, client)
-    trainer.last_job = handle
-    if not wait:
-        return handle
-    follower = JobFollower(trainer, plan, handle)
+    return JobHandle(job, client), plan
+
+
+def follow_job(
+    objects: TrainerObjects, plan: RemotePlan, handle: JobHandle, *, show_progress: bool
+) -> TrainingResult:
+    """Wait for the job while the follower feeds the loggers and the local directories;
+    Ctrl-C cancels the job. Its result, or the job's error."""
+    follower = JobFollower(objects, plan, handle)
     follower.start()
     status = "failed"
     result = None

@@ -18,16 +18,21 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias, overload
 
 from ace3.config import AMPConfig, CheckpointConfig, DistributedConfig, TrainingConfig
-from ace3.follow.job_handle import JobHandle
+from ace3.follow.job_handle import JobHandle, TrainingResult
 from ace3.trainers._submit import refuse_unsupported, without_rendezvous
+from ace3.trainers.run_objects import TrainerObjects
 
 if TYPE_CHECKING:
-    from ace3.client import Client
+    import torch
+
+    from ace3.client import Client, ModelRef
+    from ace3.client.types import Model
+    from ace3.trainers.in_process import LocalTrainingResult
 
 __all__ = [
     "DataParallelTrainer",
@@ -37,7 +42,9 @@ __all__ = [
     "Trainer",
 ]
 
-ModelInput = Any  # ModelRef | Model | str | os.PathLike | torch.nn.Module
+#: a model stored on the service (``client.load_model``) or a path to upload: a remote job
+RemoteModel: TypeAlias = "ModelRef | Model | str | os.PathLike[str]"
+ModelInput = Any  # RemoteModel | torch.nn.Module
 DatasetInput = Any  # DatasetRef | Dataset | str | os.PathLike | torch Dataset | DataLoader
 
 
@@ -224,6 +231,74 @@ class Trainer:
 
     # -- training -------------------------------------------------------------------------
 
+    @overload
+    def train(
+        self,
+        model: RemoteModel,
+        dataset: DatasetInput = None,
+        *,
+        train_dataset: DatasetInput = None,
+        validation_dataset: DatasetInput = None,
+        epochs: int | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        priority: str | None = None,
+        wait: Literal[True] = True,
+        show_progress: bool = True,
+        idempotency_key: str | None = None,
+        resume: bool = False,
+    ) -> TrainingResult: ...
+
+    @overload
+    def train(
+        self,
+        model: RemoteModel,
+        dataset: DatasetInput = None,
+        *,
+        train_dataset: DatasetInput = None,
+        validation_dataset: DatasetInput = None,
+        epochs: int | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        priority: str | None = None,
+        wait: Literal[False],
+        show_progress: bool = True,
+        idempotency_key: str | None = None,
+        resume: bool = False,
+    ) -> JobHandle: ...
+
+    @overload
+    def train(
+        self,
+        model: RemoteModel,
+        dataset: DatasetInput = None,
+        *,
+        train_dataset: DatasetInput = None,
+        validation_dataset: DatasetInput = None,
+        epochs: int | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        priority: str | None = None,
+        wait: bool,
+        show_progress: bool = True,
+        idempotency_key: str | None = None,
+        resume: bool = False,
+    ) -> TrainingResult | JobHandle: ...
+
+    @overload
+    def train(
+        self,
+        model: torch.nn.Module,
+        dataset: DatasetInput = None,
+        *,
+        train_dataset: DatasetInput = None,
+        validation_dataset: DatasetInput = None,
+        epochs: int | None = None,
+        resume: bool = False,
+        compute_loss: Callable[..., Any] | None = None,
+        compute_metrics: Callable[..., Any] | None = None,
+    ) -> LocalTrainingResult: ...
+
     def train(
         self,
         model: ModelInput = None,
@@ -239,9 +314,9 @@ class Trainer:
         show_progress: bool = True,
         idempotency_key: str | None = None,
         resume: bool = False,
-        compute_loss: Any = None,
-        compute_metrics: Any = None,
-    ) -> Any:
+        compute_loss: Callable[..., Any] | None = None,
+        compute_metrics: Callable[..., Any] | None = None,
+    ) -> TrainingResult | JobHandle | LocalTrainingResult:
         """Train ``model`` on ``dataset``; see the class docstring for where it runs.
 
         Remote: ``model`` from ``client.load_model`` (or a path, loaded here); datasets from
@@ -260,6 +335,9 @@ class Trainer:
 
         ``priority`` (remote: ``"high"``, ``"normal"`` or ``"low"``) orders the job's claim in
         the service's queue.
+
+        The overloads say what comes back: a remote model gives a ``TrainingResult`` (a
+        ``JobHandle`` with ``wait=False``), a live module a ``LocalTrainingResult``.
         """
         if dataset is not None and train_dataset is not None:
             raise ValueError("pass the training data as dataset or train_dataset, not both")
@@ -275,7 +353,7 @@ class Trainer:
             from ace3.trainers.in_process import run_locally
 
             return run_locally(
-                self, config, model, training_data, validation_dataset, resume,
+                self._objects(), config, model, training_data, validation_dataset, resume,
                 compute_loss, compute_metrics,
             )  # fmt: skip
         if compute_loss is not None or compute_metrics is not None:
@@ -283,14 +361,28 @@ class Trainer:
                 "compute_loss/compute_metrics are for in-process runs; a remote job takes them "
                 "from the model file (define compute_loss(model, batch) there)"
             )
-        from ace3.trainers.remote import run_remotely
+        from ace3.trainers.remote import follow_job, submit_job
 
-        return run_remotely(
-            self, config, model, training_data, validation_dataset,
-            model_kwargs=model_kwargs, name=name, priority=priority, wait=wait,
-            show_progress=show_progress,
+        objects = self._objects()
+        handle, plan = submit_job(
+            objects, config, model, training_data, validation_dataset,
+            model_kwargs=model_kwargs, name=name, priority=priority,
             idempotency_key=idempotency_key or str(uuid.uuid4()), resume=resume,
         )  # fmt: skip
+        self.last_job = handle
+        if not wait:
+            return handle
+        return follow_job(objects, plan, handle, show_progress=show_progress)
+
+    def _objects(self) -> TrainerObjects:
+        """What a run reads of this trainer (it never sees the trainer itself)."""
+        return TrainerObjects.of(
+            client=self.client,
+            callbacks=self.callbacks,
+            loggers=self.loggers,
+            checkpoint_config=self.checkpoint_config,
+            resume_source=self._resume_source,
+        )
 
 
 class DistributedTrainer(Trainer):
