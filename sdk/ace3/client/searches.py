@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field
 
 from ace3.client._resource import _Runs
 from ace3.client._sse import decode_event, follow_events
-from ace3.client.types import RunState, _APIObject
+from ace3.client.types import _APIObject
+from ace3.config.states import SearchState, TrialState
 from ace3.hp import HPConfig
 
 __all__ = [
@@ -30,26 +31,7 @@ __all__ = [
 ]
 
 
-class SearchState(RunState):
-    QUEUED = "queued"
-    RUNNING = "running"
-    CANCELLING = "cancelling"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
 SEARCH_TERMINAL_STATES = frozenset(state for state in SearchState if state.is_terminal)
-
-
-class TrialState(RunState):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    PRUNED = "pruned"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
 TRIAL_TERMINAL_STATES = frozenset(state for state in TrialState if state.is_terminal)
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config.events import InstabilityRecord, PreemptedRecord, RunPlan
+from ace3.config.states import TERMINAL_STATES as TERMINAL_STATES
+from ace3.config.states import JobState as JobState
+from ace3.config.states import RunState as RunState
 
 if TYPE_CHECKING:
     pass
@@ -47,31 +49,6 @@ class Dataset(_APIObject):
     sha256: str
     size_bytes: int | None = None
     created_at: datetime | None = None
-
-
-_FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "pruned"})
-
-
-class RunState(StrEnum):
-    """The state of a job, a search or a trial: ``succeeded``, ``failed``, ``cancelled`` (and a
-    trial's ``pruned``) are final."""
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.value in _FINAL_STATES
-
-
-class JobState(RunState):
-    QUEUED = "queued"
-    STARTING = "starting"
-    RUNNING = "running"
-    CANCELLING = "cancelling"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL_STATES = frozenset(state for state in JobState if state.is_terminal)
 
 
 class Job(_APIObject):

@@ -1,0 +1,80 @@
+"""What owners upload: models, datasets and checkpoints to start jobs from."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from ace3_control.models.base import Base, new_id, utcnow
+
+
+class StoredModel(Base):
+    """Uploaded model code: a .py file or an archive of a package. Stored once per owner."""
+
+    __tablename__ = "models"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "sha256", "variant", name="uq_models_owner_sha256_variant"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    filename: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(16))
+    entry_module: Mapped[str | None] = mapped_column(String(200))
+    factory: Mapped[str] = mapped_column(String(200))
+    # The same bytes used through another factory or entry module are another model.
+    variant: Mapped[str] = mapped_column(String(401))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class StoredDataset(Base):
+    """An uploaded dataset: one file, or a directory (extracted from the uploaded archive)."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("owner_id", "sha256", name="uq_datasets_owner_sha256"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    filename: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(16))
+    format: Mapped[str] = mapped_column(String(32))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class UploadedCheckpoint(Base):
+    """Model weights uploaded from the caller's machine (a safetensors file, checked to hold
+    only tensors), to start jobs from (``init_from``). Stored once per owner."""
+
+    __tablename__ = "uploaded_checkpoints"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "sha256", name="uq_uploaded_checkpoints_owner_sha256"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    filename: Mapped[str] = mapped_column(String(255))
+    tensors: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
