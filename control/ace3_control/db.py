@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-DATABASE_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+DATABASE_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     OperationalError,
     InterfaceError,
     DisconnectionError,

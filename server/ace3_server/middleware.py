@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -62,7 +63,7 @@ def _too_large_message(limit: int) -> str:
 
 
 async def _send_refusal(
-    send: Send, status: int, detail: str, headers: dict[str, str] | None = None
+    send: Send, status: int, detail: str, headers: Mapping[str, str] | None = None
 ) -> None:
     """A JSON error sent before the body was read: the connection closes after it."""
     body = json.dumps({"detail": detail}).encode()

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 from sqlalchemy import select
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control import job_transitions, worker_registry
@@ -59,7 +61,10 @@ async def reconcile_once(
             )
         ).all()
         for job_id in stale:
-            result = await session.execute(job_transitions.mark_republished(job_id, stale_before))
+            result = cast(
+                CursorResult[Any],
+                await session.execute(job_transitions.mark_republished(job_id, stale_before)),
+            )
             if result.rowcount:
                 to_publish.append(job_id)
         await session.execute(worker_registry.forget_long_gone(now))
@@ -93,7 +98,9 @@ async def fail_unschedulable(session: AsyncSession, settings: Settings, now: dat
             f"{settings.unschedulable_after_seconds:g} s (ACE3_UNSCHEDULABLE_AFTER_SECONDS): "
             f"{problem.message}"
         )
-        result = await session.execute(job_transitions.fail_queued(job_id, error))
+        result = cast(
+            CursorResult[Any], await session.execute(job_transitions.fail_queued(job_id, error))
+        )
         if result.rowcount:
             logger.warning("job %s: %s", job_id, error)
 

@@ -25,9 +25,10 @@ import logging
 import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import delete, exists, func, or_, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -71,7 +72,9 @@ async def _delete_rows(session: AsyncSession, model: Any, job_id: str, through: 
     """Delete the job's rows with ids <= ``through``, ``PAGE_ROWS`` a statement and commit."""
     while True:
         chunk = select(model.id).where(model.job_id == job_id, model.id <= through).limit(PAGE_ROWS)
-        result = await session.execute(delete(model).where(model.id.in_(chunk)))
+        result = cast(
+            CursorResult[Any], await session.execute(delete(model).where(model.id.in_(chunk)))
+        )
         await session.commit()
         if result.rowcount < PAGE_ROWS:
             return
@@ -145,10 +148,13 @@ async def archive_logs(
                 blob = await run_in_threadpool(
                     store.put_hashed, source, lambda sha: archive_key(job_id, sha)
                 )
-    mark = await session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.logs_archived_at.is_(None))
-        .values(logs_archived_at=now)
+    mark = cast(
+        CursorResult[Any],
+        await session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.logs_archived_at.is_(None))
+            .values(logs_archived_at=now)
+        ),
     )
     if not mark.rowcount:
         await session.rollback()

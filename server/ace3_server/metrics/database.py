@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, func, literal, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute
 
 from ace3_control.models import (
     ACTIVE_STATES,
@@ -70,7 +71,9 @@ class DatabaseSnapshot:
 
 
 def seconds_between(
-    later: ColumnElement[Any], earlier: ColumnElement[Any], dialect: str
+    later: ColumnElement[Any] | InstrumentedAttribute[Any],
+    earlier: ColumnElement[Any] | InstrumentedAttribute[Any],
+    dialect: str,
 ) -> ColumnElement[Any]:
     """``later - earlier`` in seconds, in this dialect's SQL."""
     if dialect == "sqlite":
@@ -110,7 +113,7 @@ async def _histogram(
 
 
 async def _read(session: AsyncSession, settings: Settings) -> DatabaseSnapshot:
-    dialect = session.bind.dialect.name
+    dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         await session.execute(text(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}"))
     states = {state.value: 0 for state in JobState}

@@ -24,10 +24,11 @@ import os
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 from sqlalchemy import or_, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3.config import TrainingConfig, unsupported_settings
@@ -76,7 +77,8 @@ async def _epoch_values(session: AsyncSession, job_id: str, name: str) -> dict[i
             .order_by(JobMetric.step)
         )
     ).all()
-    return {int(epoch): float(value) for epoch, value in rows}  # the last value of each epoch
+    # the last value of each epoch (the query leaves out rows without one)
+    return {int(epoch): float(value) for epoch, value in rows if epoch is not None}
 
 
 async def _final_checkpoint_id(session: AsyncSession, job_id: str) -> str | None:
@@ -352,18 +354,23 @@ async def _claim(
     session: AsyncSession, search_id: str, driver_id: str, lease_seconds: float
 ) -> bool:
     now = utcnow()
-    result = await session.execute(
-        update(Search)
-        .where(
-            Search.id == search_id,
-            Search.state.in_(ACTIVE_SEARCH_STATES),
-            or_(
-                Search.driver_id == driver_id,
-                Search.driver_lease_expires_at.is_(None),
-                Search.driver_lease_expires_at < now,
-            ),
-        )
-        .values(driver_id=driver_id, driver_lease_expires_at=now + timedelta(seconds=lease_seconds))
+    result = cast(
+        CursorResult[Any],
+        await session.execute(
+            update(Search)
+            .where(
+                Search.id == search_id,
+                Search.state.in_(ACTIVE_SEARCH_STATES),
+                or_(
+                    Search.driver_id == driver_id,
+                    Search.driver_lease_expires_at.is_(None),
+                    Search.driver_lease_expires_at < now,
+                ),
+            )
+            .values(
+                driver_id=driver_id, driver_lease_expires_at=now + timedelta(seconds=lease_seconds)
+            )
+        ),
     )
     return bool(result.rowcount)
 

@@ -212,7 +212,7 @@ async def store_artifact(
     identity = [model.owner_id == owner_id, model.sha256 == prepared.fields["sha256"]]
     if model is StoredModel:
         identity.append(StoredModel.variant == prepared.fields["variant"])
-    existing = await session.scalar(select(model).where(*identity))
+    existing: Any = await session.scalar(select(model).where(*identity))
     if existing is not None and existing.deleted_at is None:
         _discard(prepared.source)
         return existing, False

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ScalarSelect, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import InstrumentedAttribute
 
 from ace3_control.models import Job, JobMetric
 
@@ -19,7 +21,7 @@ async def latest_progress(
     if not jobs:
         return {}
 
-    def newest(column: object) -> object:
+    def newest(column: InstrumentedAttribute[Any]) -> ScalarSelect[Any]:
         return (
             select(column)
             .where(JobMetric.job_id == Job.id)

@@ -24,7 +24,7 @@ DTYPE_BITS = {
     "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "I16": 16, "U16": 16, "F16": 16,
     "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
 }  # fmt: skip
-LOC = ["body", "file"]
+LOC: list[str | int] = ["body", "file"]
 
 
 class NotWeightsFileError(ValueError):

@@ -12,7 +12,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -35,7 +35,7 @@ class _UiFiles(StaticFiles):
     """The dashboard's files with its security headers on every response."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_with_headers(message: dict) -> None:  # type: ignore[type-arg]
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [
                     (name, value)

@@ -70,7 +70,7 @@ async def claim_due(
     with the ones taken here); the rows left are not touched and stay due."""
     now = utcnow()
     not_busy = WebhookDelivery.webhook_id.not_in(list(busy)) if busy else true()
-    rows = (
+    candidates = (
         await session.execute(
             select(WebhookDelivery, Webhook.url, Webhook.secret)
             .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
@@ -88,7 +88,7 @@ async def claim_due(
     per_owner = Counter(owners_busy or {})
     taken: set[str] = set()
     admitted = []
-    for delivery, url, secret in rows:
+    for delivery, url, secret in candidates:
         if delivery.webhook_id not in taken:
             if len(taken) >= room or per_owner[delivery.owner_id] >= MAX_IN_FLIGHT_PER_OWNER:
                 continue
