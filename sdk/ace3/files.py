@@ -127,7 +127,7 @@ def atomic_path(target: Path, mode: int = 0o666) -> Iterator[Path]:
         _fsync_path(tmp)
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None], mode: int = 0o666) -> WrittenFile:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object], mode: int = 0o666) -> WrittenFile:
     """Create or replace ``path`` atomically with what ``write(handle)`` writes; return its
     sha256 and size (read back from the written file, so they describe what is on disk)."""
     with _replacing(path, mode) as (_, fd), os.fdopen(fd, "w+b") as handle:

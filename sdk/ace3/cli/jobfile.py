@@ -37,6 +37,7 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,8 +246,11 @@ def load_search_file(path: str | Path, overrides: list[str]) -> SearchFile:
 
 
 def _check_keys(
-    source: Path, data: dict[str, Any], model: type[BaseModel], hidden: set[str] = frozenset()
-) -> None:  # type: ignore[assignment]
+    source: Path,
+    data: dict[str, Any],
+    model: type[BaseModel],
+    hidden: Collection[str] = frozenset(),
+) -> None:
     """Unknown top-level keys first: one clear line each, before the pydantic messages."""
     valid = [name for name in model.model_fields if name not in hidden]
     unknown = [key for key in data if key not in valid]
@@ -295,8 +299,8 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def fields_at(
-    model: type[BaseModel], loc: tuple[Any, ...], hidden: set[str] = frozenset()
-) -> list[str] | None:  # type: ignore[assignment]
+    model: type[BaseModel], loc: tuple[Any, ...], hidden: Collection[str] = frozenset()
+) -> list[str] | None:
     """The keys valid at ``loc`` inside ``model`` (None when the path leaves known models)."""
     current: type[BaseModel] | None = model
     for part in loc:
@@ -317,7 +321,7 @@ def describe(
     exc: PydanticValidationError,
     model: type[BaseModel],
     prefix: tuple[Any, ...] = (),
-    hidden: set[str] = frozenset(),  # type: ignore[assignment]
+    hidden: Collection[str] = frozenset(),
 ) -> str:
     """One line per problem of ``exc``, each naming the dotted key it is about."""
     lines = []

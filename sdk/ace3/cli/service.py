@@ -106,7 +106,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     from ace3_control.log_format import uvicorn_log_config
 
     log_config = uvicorn_log_config(settings.log_format, settings.log_level)
-    logging = {"log_config": log_config} if log_config is not None else {}
+    logging: dict[str, Any] = {"log_config": log_config} if log_config is not None else {}
     if settings.api_workers > 1:  # (each process builds its app from the same ACE3_* settings)
         uvicorn.run(
             "ace3_server.app:create_app",
