@@ -18,6 +18,7 @@ import httpx
 
 from ace3.client._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
 from ace3.client._packing import pack_directory
+from ace3.client.handles import JobHandleLike, SearchHandleLike, job_handle, search_handle
 from ace3.client.jobs import Jobs
 from ace3.client.resources import Checkpoints, Datasets, Models, Workers
 from ace3.client.searches import Searches
@@ -25,8 +26,6 @@ from ace3.client.types import Dataset, Model
 from ace3.client.webhooks import Webhooks
 from ace3.errors import ACE3Error, PackingError
 from ace3.files import sha256_file
-from ace3.follow.job_handle import JobHandle
-from ace3.follow.search_handle import SearchHandle
 
 ENV_API_KEY = "ACE3_API_KEY"
 ENV_BASE_URL = "ACE3_BASE_URL"
@@ -144,13 +143,15 @@ class Client:
 
     # -- jobs -----------------------------------------------------------------------------
 
-    def job(self, job_id: str) -> JobHandle:
-        """A handle on an existing job (to wait on, cancel, read metrics and checkpoints)."""
-        return JobHandle(self.jobs.retrieve(job_id), self)
+    def job(self, job_id: str) -> JobHandleLike:
+        """A handle on an existing job (to wait on, cancel, read metrics and checkpoints): an
+        :class:`ace3.JobHandle` (see :mod:`ace3.client.handles`)."""
+        return job_handle(self.jobs.retrieve(job_id), self)
 
-    def search(self, search_id: str) -> SearchHandle:
-        """A handle on an existing hyperparameter search (to wait on, cancel, read trials)."""
-        return SearchHandle(self.searches.retrieve(search_id), self)
+    def search(self, search_id: str) -> SearchHandleLike:
+        """A handle on an existing hyperparameter search (to wait on, cancel, read trials): an
+        :class:`ace3.SearchHandle`."""
+        return search_handle(self.searches.retrieve(search_id), self)
 
     # -- uploads --------------------------------------------------------------------------
 

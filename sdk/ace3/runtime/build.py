@@ -232,7 +232,7 @@ def assemble(
     if adapters is not None:  # an in-process run's module gets the merged weights instead
         parts.extensions.append(LoRAExtension(adapters, precision, write_merged=not live_module))
     if ckpt is not None:
-        parts.state = strategy.restore(ckpt, parts)
+        parts.state = strategy.checkpoints.restore(ckpt, parts)
         if ctx.is_main:
             print(
                 f"resumed from {resume_label} at step {parts.state.step} "

@@ -7,7 +7,7 @@ optimizer state keyed as an optimizer over all the model's trainable parameters 
 (``world_size`` is the number of replicas). So a pipeline or tensor-parallel checkpoint resumes
 a plain job with that many processes, and the other way round, and resumes any other layout
 with the same number of replicas (the weights are loaded into the whole model before it is
-split: :meth:`GatheredCheckpoint.load_weights`).
+split: :meth:`GatheredFormat.split_from`, which the strategy calls with the whole model).
 
 Gathering: every rank turns its tensors into full CPU tensors (``DTensor.full_tensor()``, a
 collective over its tensor-parallel peers); the first tensor rank of every stage of replica 0
@@ -16,23 +16,28 @@ sends its share to rank 0 (``gather_object``, which every rank joins).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
+from ace3.runtime.checkpoint.format import CheckpointFormat, FormatKind
 from ace3.runtime.checkpoint.plain import (
     NO_OPTIMIZER_NOTE,
+    gather_rng,
     restore_schedule,
     resume_position,
     schedule_state,
 )
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.dims import ParallelDims
-from ace3.runtime.process.distributed import DistContext
+from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 
@@ -60,12 +65,50 @@ def _like(value: Any, param: torch.Tensor) -> Any:
     return value.to(param.device)
 
 
-class GatheredCheckpoint:
+class GatheredFormat(CheckpointFormat):
     """The plain-format view of a model split over ranks: ``full_model`` names every tensor
-    (every rank builds the whole model before it is split)."""
+    (every rank builds the whole model before it is split and hands it over with
+    :meth:`split_from`)."""
 
-    def __init__(self, full_model: nn.Module, dims: ParallelDims, ctx: DistContext) -> None:
-        self.full_model, self.dims, self.ctx = full_model, dims, ctx
+    kind: FormatKind = "gathered"
+    full_model: nn.Module
+
+    def __init__(self, dims: ParallelDims, ctx: DistContext) -> None:
+        self.dims, self.ctx = dims, ctx
+
+    def split_from(self, full_model: nn.Module, ckpt: dict[str, Any] | None) -> None:
+        """Before the split: the whole model (its names are the checkpoint's), with a resume's
+        weights loaded into it."""
+        self.full_model = full_model
+        if ckpt is not None:
+            self.load_weights(ckpt)
+
+    def name(self, step: int) -> str:
+        return checkpoint_name(step)
+
+    def save(
+        self,
+        parts: Components,
+        path: Path,
+        rng_per_rank: list[Any] | None,
+        background: BackgroundWriter | None = None,
+    ) -> SavedCheckpoint | None:
+        payload = self.payload(parts, rng_per_rank)
+        if payload is None:
+            return None
+        if background is not None:
+            background.submit_state(payload, path)
+            return None
+        return save_atomic(payload, path)
+
+    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+        if weights_only:
+            state, _ = self.full_state(parts)
+            if self.ctx.is_main:
+                save_atomic(state, path)
+        else:
+            self.save(parts, path, gather_rng(self.ctx))
+        barrier(self.ctx)
 
     def _local(self, parts: Components) -> tuple[dict[str, Any], dict[str, Any]]:
         """This rank's share: ``{name: tensor}`` of its parameters and buffers, and its

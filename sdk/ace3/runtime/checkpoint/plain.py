@@ -18,6 +18,7 @@ from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.state_dicts import StateDicts
     from ace3.runtime.components import Components
 
 NO_OPTIMIZER_NOTE = (
@@ -47,12 +48,14 @@ def schedule_state(parts: Components) -> dict[str, Any]:
     }
 
 
-def plain_payload(parts: Components, rng_per_rank: list[Any], replicas: int) -> dict[str, Any]:
-    """A data-parallel job's checkpoint: ``model`` holds full-precision weights whatever the
-    precision level; the optimizer state is left out with ``save_optimizer=False``."""
+def plain_payload(
+    parts: Components, model_state: dict[str, Any], rng_per_rank: list[Any], replicas: int
+) -> dict[str, Any]:
+    """A data-parallel job's checkpoint: ``model_state`` holds full-precision weights whatever
+    the precision level; the optimizer state is left out with ``save_optimizer=False``."""
     config = parts.config
     return {
-        "model": parts.precision.model_state_dict(parts.model),
+        "model": model_state,
         "optimizer": parts.optimizer.state_dict() if config.save_optimizer else {},
         **schedule_state(parts),
         **parts.state.to_checkpoint(),
@@ -62,12 +65,14 @@ def plain_payload(parts: Components, rng_per_rank: list[Any], replicas: int) -> 
     }
 
 
-def load_plain_weights(ckpt: dict[str, Any], parts: Components, ctx: DistContext) -> None:
-    """A plain checkpoint's weights and optimizer state into a replicated model."""
-    parts.precision.load_model_state_dict(parts.model, ckpt["model"])
-    if ckpt.get("optimizer"):
-        parts.optimizer.load_state_dict(ckpt["optimizer"])
-    elif ctx.is_main:
+def load_plain_state(
+    ckpt: dict[str, Any], parts: Components, ctx: DistContext, state_dicts: StateDicts
+) -> None:
+    """A plain checkpoint's weights and optimizer state into the strategy's model and
+    optimizer (a collective where they are sharded)."""
+    optimizer = ckpt.get("optimizer") or None
+    state_dicts.load_full(parts, ckpt["model"], optimizer)
+    if not optimizer and ctx.is_main:
         print(NO_OPTIMIZER_NOTE)
 
 

@@ -11,8 +11,9 @@ gathered from a split model: :mod:`ace3.runtime.checkpoint.gathered`) or, for Ze
 1. waits for the previous background save, if one is in flight (at most one at a time);
 2. with ``keep_best_checkpoint``, measures the monitored metric at this step
    (:class:`ace3.runtime.checkpoint.best.BestCheckpoint`; may run the validation set);
-3. gathers the RNG states and lets the strategy write its format inside the extensions'
-   ``saving()`` contexts; with ``async_save`` the strategy only stages the state in CPU memory
+3. gathers the RNG states and lets the strategy's format (``strategy.checkpoints``:
+   :mod:`ace3.runtime.checkpoint.format`) write the file inside the extensions'
+   ``saving()`` contexts; with ``async_save`` the format only stages the state in CPU memory
    and hands the write to :class:`ace3.runtime.checkpoint.background.BackgroundWriter`;
 4. once the file is complete -- at once for a synchronous save; for a background one when
    :meth:`poll` (after every step) or the next :meth:`save` / :meth:`close` finds it done --
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ace3.config.events import CheckpointRecord, finite_or_none
 from ace3.runtime.checkpoint.background import BackgroundWriter
 from ace3.runtime.checkpoint.best import CARRY_KEY, BestCheckpoint, refuse_unmeasurable_monitor
-from ace3.runtime.checkpoint.files import SavedCheckpoint, prune_checkpoint_files
+from ace3.runtime.checkpoint.files import SavedCheckpoint
 from ace3.runtime.checkpoint.plain import gather_rng
 from ace3.runtime.process.distributed import barrier
 
@@ -75,7 +76,7 @@ class CheckpointSaver:
     def best_name(self) -> str | None:
         if self.best is None or self.best.step is None:
             return None
-        return self.loop.strategy.checkpoint_name(self.best.step)
+        return self.loop.strategy.checkpoints.name(self.best.step)
 
     def save(self) -> None:
         """Write (or stage and start writing) the checkpoint of the current step."""
@@ -84,16 +85,16 @@ class CheckpointSaver:
         loop = self.loop
         self._finish()  # at most one save in flight
         value = self.best.measure(loop) if self.best is not None else None
-        state, strategy = loop.state, loop.strategy
+        state, checkpoints = loop.state, loop.strategy.checkpoints
         best = self.best is not None and self.best.update(state.step, value)
         if self.best is not None and (carried := self.best.carry()) is not None:
             state.carry[CARRY_KEY] = carried  # this one included: a run resumed from it
-        name = strategy.checkpoint_name(state.step)
+        name = checkpoints.name(state.step)
         with contextlib.ExitStack() as stack:
             for extension in loop.extensions:
                 stack.enter_context(extension.saving())
             gathered = gather_rng(loop.ctx)
-            saved = strategy.save_checkpoint(
+            saved = checkpoints.save(
                 loop.parts, self.directory / name, gathered, self.background
             )
         self._pending = _Pending(
@@ -165,5 +166,5 @@ class CheckpointSaver:
             )
             if self.keep and self.directory is not None:
                 protect = frozenset(name for name in (self.best_name,) if name)
-                prune_checkpoint_files(self.directory, self.keep, protect)
+                loop.strategy.checkpoints.prune(self.directory, self.keep, protect)
         loop.hooks.on_checkpoint(pending.step, saved.path if saved is not None else None)

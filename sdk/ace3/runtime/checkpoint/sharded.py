@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ from ace3.runtime.checkpoint.archive import (
 )
 from ace3.runtime.checkpoint.background import stage_to_cpu
 from ace3.runtime.checkpoint.files import SavedCheckpoint
+from ace3.runtime.checkpoint.plain import NO_OPTIMIZER_NOTE, schedule_state
 from ace3.runtime.checkpoint.shard_transfer import collect_shards
 from ace3.runtime.data.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.loop.rng import rank_seed, restore_rng, seed_all
@@ -60,7 +62,20 @@ from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.checkpoint.background import BackgroundWriter
+    from ace3.runtime.checkpoint.state_dicts import StateDicts
     from ace3.runtime.components import Components
+
+
+@dataclass(frozen=True)
+class ShardedJob:
+    """What the sharded format knows of its job: the config, this rank's data replica
+    (index, count: which samples an epoch holds), the ZeRO stage the state is sharded at and
+    the strategy's state (:class:`~ace3.runtime.checkpoint.state_dicts.StateDicts`)."""
+
+    config: TrainingConfig
+    replica: tuple[int, int]
+    zero_stage: int
+    state_dicts: StateDicts
 
 
 def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
@@ -68,135 +83,16 @@ def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
     return ckpt.get("format") == SHARDED_FORMAT and "archive" in ckpt
 
 
-# -- what DCP saves and loads -----------------------------------------------------------------
-def _names(model: torch.nn.Module) -> dict[int, str]:
-    return {id(param): name for name, param in model.named_parameters()}
-
-
-def _zero_groups(optimizer: Any, names: dict[int, str]) -> list[dict[str, Any]]:
-    """ZeroRedundancyOptimizer's parameter groups in torch's distributed layout: every
-    hyperparameter of the wrapped class (from the local optimizer), the current values (lr
-    after the schedule) from the global groups, parameters by name."""
-    local = optimizer.optim
-    groups = []
-    for index, group in enumerate(optimizer.param_groups):
-        hyper = {k: v for k, v in local.param_groups[index].items() if k != "params"}
-        hyper.update({k: v for k, v in group.items() if k != "params"})
-        groups.append({**hyper, "params": [names[id(p)] for p in group["params"]]})
-    return groups
-
-
-def _zero_state(parts: Components, names: dict[int, str]) -> dict[str, Any]:
-    """Stage 1: the state of the parameters this rank owns, keyed by parameter name."""
-    local = parts.optimizer.optim  # type: ignore[attr-defined]
-    return {
-        "state": {
-            names[id(p)]: local.state[p]
-            for group in local.param_groups
-            for p in group["params"]
-            if p in local.state
-        },
-        "param_groups": _zero_groups(parts.optimizer, names),
-    }
-
-
-def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create an optimizer's state tensors (so DCP has somewhere to load into): one step with
-    zero gradients at learning rate 0, as ``torch.distributed.checkpoint.state_dict`` does."""
-    if optimizer.state:
-        return
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    if not params:
-        return
-    for param in params:
-        param.grad = torch.zeros_like(param)
-    rates = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
-    optimizer.step()
-    for group, lr in zip(optimizer.param_groups, rates, strict=True):
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _zero_redundancy(optimizer: Any) -> bool:
-    # (imported here: ace3.runtime.parallel imports this module, so a process whose first
-    # import is this one, ace3.load_checkpoint of a .dcp.tar, must not import it back)
-    from ace3.runtime.parallel.sharding import is_zero_redundancy
-
-    return is_zero_redundancy(optimizer)
-
-
-def _state_to_save(parts: Components, with_optimizer: bool) -> dict[str, Any]:
-    if _zero_redundancy(parts.optimizer):
-        state: dict[str, Any] = {"model": parts.model.state_dict()}
-        if with_optimizer:
-            state["optimizer"] = _zero_state(parts, _names(parts.model))
-        return state
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
-    if not with_optimizer:
-        return {"model": get_model_state_dict(parts.model)}
-    model_state, optimizer_state = get_state_dict(parts.model, parts.optimizer)
-    return {"model": model_state, "optimizer": optimizer_state}
-
-
-def _load_into(parts: Components, directory: Path, with_optimizer: bool) -> None:
+def _load_into(
+    state_dicts: StateDicts, parts: Components, directory: Path, with_optimizer: bool
+) -> None:
     """Load the DCP directory into the (sharded) model and optimizer, re-sharding as needed.
     A collective."""
     import torch.distributed.checkpoint as dcp
 
-    if _zero_redundancy(parts.optimizer):
-        names = _names(parts.model)
-        state: dict[str, Any] = {"model": parts.model.state_dict()}
-        if with_optimizer:
-            _initialise_state(parts.optimizer.optim)  # type: ignore[attr-defined]
-            state["optimizer"] = _zero_state(parts, names)
-        dcp.load(state, checkpoint_id=str(directory))
-        parts.model.load_state_dict(state["model"])
-        if with_optimizer:
-            _apply_zero_groups(parts.optimizer, state["optimizer"]["param_groups"])
-        return
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
-
-    if not with_optimizer:
-        state = {"model": get_model_state_dict(parts.model)}
-        dcp.load(state, checkpoint_id=str(directory))
-        set_model_state_dict(parts.model, state["model"])
-        return
-    model_state, optimizer_state = get_state_dict(parts.model, parts.optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state = state_dicts.sharded(parts, with_optimizer, for_load=True)
     dcp.load(state, checkpoint_id=str(directory))
-    set_state_dict(
-        parts.model,
-        parts.optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optimizer"],
-    )
-
-
-def _apply_zero_groups(optimizer: Any, groups: list[dict[str, Any]]) -> None:
-    """Set the saved hyperparameters (lr, betas, ...) on the global and local groups."""
-    if len(groups) != len(optimizer.param_groups):
-        raise ValueError(
-            f"the checkpoint's optimizer has {len(groups)} parameter groups, this one "
-            f"{len(optimizer.param_groups)}: resume with the same optimizer settings"
-        )
-    for saved, group, local in zip(
-        groups, optimizer.param_groups, optimizer.optim.param_groups, strict=True
-    ):
-        for key, value in saved.items():
-            if key == "params":
-                continue
-            if key in group:
-                group[key] = value
-            if key in local:
-                local[key] = value
+    state_dicts.load_sharded(parts, state, with_optimizer)
 
 
 # -- save ---------------------------------------------------------------------------------------
@@ -206,19 +102,17 @@ def train_state_payload(
     config: TrainingConfig,
     rng_per_rank: list[Any],
     position_batches: int,
+    zero_stage: int,
 ) -> dict[str, Any]:
     """What rank 0 stores next to the shards (plain containers, ``weights_only`` loadable)."""
-    scheduler = parts.scheduler
-    keep_schedule = config.save_scheduler
     return {
         **parts.state.to_checkpoint(),
-        "scaler": parts.scaler.state_dict() if keep_schedule and parts.scaler.is_enabled() else {},
-        "scheduler": scheduler.state_dict() if keep_schedule and scheduler is not None else {},
+        **schedule_state(parts),
         "rng_per_rank": rng_per_rank,
         "world_size": ctx.world_size,
         "batch_size": config.batch_size,
         "batches_per_epoch": position_batches,
-        "zero_stage": parts.strategy.zero_stage,
+        "zero_stage": zero_stage,
         "has_optimizer": bool(config.save_optimizer),
         "format": SHARDED_FORMAT,
     }
@@ -228,8 +122,8 @@ def save_sharded_checkpoint(
     parts: Components,
     ctx: DistContext,
     path: Path,
-    config: TrainingConfig,
     rng_per_rank: list[Any] | None,
+    job: ShardedJob,
     staging_root: Path | None = None,
     background: BackgroundWriter | None = None,
 ) -> SavedCheckpoint | None:
@@ -249,7 +143,8 @@ def save_sharded_checkpoint(
     if ctx.is_main and staging.exists():  # left by an attempt that died while saving
         shutil.rmtree(staging)
     barrier(ctx)
-    state = _state_to_save(parts, config.save_optimizer)
+    config = job.config
+    state = job.state_dicts.sharded(parts, config.save_optimizer, for_load=False)
     written: Any = None
     if background is None:
         dcp.save(state, checkpoint_id=str(staging))
@@ -265,10 +160,9 @@ def save_sharded_checkpoint(
             background.submit(path.name, lambda: (written.result(), None)[1])
         return None
     assert rng_per_rank is not None
-    sampler = train_sampler(parts.train_set, *parts.strategy.dims.replica, config.seed)
-    payload = train_state_payload(
-        parts, ctx, config, rng_per_rank, batches_per_epoch(sampler, parts.per_rank_batch)
-    )
+    sampler = train_sampler(parts.train_set, *job.replica, config.seed)
+    position = batches_per_epoch(sampler, parts.per_rank_batch)
+    payload = train_state_payload(parts, ctx, config, rng_per_rank, position, job.zero_stage)
 
     def finish(payload: dict[str, Any]) -> SavedCheckpoint:
         if written is not None:
@@ -305,73 +199,23 @@ def consolidate(path: Path) -> dict[str, Any]:
 
 
 def load_sharded_model_and_optimizer(
-    ckpt: dict[str, Any], parts: Components, ctx: DistContext
+    ckpt: dict[str, Any], parts: Components, ctx: DistContext, state_dicts: StateDicts
 ) -> None:
     """Load a sharded checkpoint's weights and optimizer state into ``parts`` (any ZeRO stage,
     any world size). A collective: every rank calls it."""
     with_optimizer = bool(ckpt.get("has_optimizer"))
     with extracted(Path(ckpt["archive"]), ctx) as directory:
-        _load_into(parts, directory, with_optimizer)
+        _load_into(state_dicts, parts, directory, with_optimizer)
     if not with_optimizer and ctx.is_main:
-        print(
-            "note: the checkpoint holds no optimizer state (save_optimizer=False): "
-            "the optimizer starts fresh, so the run will not match an uninterrupted one"
-        )
-
-
-def load_full_model_and_optimizer(
-    ckpt: dict[str, Any], parts: Components, ctx: DistContext
-) -> None:
-    """Load a plain (``step-*.pt``) checkpoint into a ZeRO job's model and optimizer: full
-    weights, and the optimizer state keyed by parameter position. A collective at stages
-    2/3."""
-    optimizer_state = ckpt.get("optimizer") or None
-    if _zero_redundancy(parts.optimizer):
-        parts.model.load_state_dict(ckpt["model"])
-        if optimizer_state:
-            parts.optimizer.load_state_dict(optimizer_state)
-    else:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=True)
-        if optimizer_state:
-            names = [name for name, p in parts.model.named_parameters() if p.requires_grad]
-            set_state_dict(
-                parts.model,
-                parts.optimizer,
-                model_state_dict=ckpt["model"],
-                optim_state_dict=_by_name(optimizer_state, names),
-                options=options,
-            )
-        else:
-            set_model_state_dict(parts.model, ckpt["model"], options=options)
-    if not optimizer_state and ctx.is_main:
-        print(
-            "note: the checkpoint holds no optimizer state (save_optimizer=False): "
-            "the optimizer starts fresh, so the run will not match an uninterrupted one"
-        )
-
-
-def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """A plain optimizer state dict (parameters by position) keyed by parameter name."""
-    return {
-        "state": {names[int(index)]: value for index, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [names[int(index)] for index in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }
+        print(NO_OPTIMIZER_NOTE)
 
 
 def resume_train_state(
-    ckpt: dict[str, Any], parts: Components, ctx: DistContext, config: TrainingConfig
+    ckpt: dict[str, Any], parts: Components, ctx: DistContext, job: ShardedJob
 ) -> TrainState:
     """The position and RNG to continue from, converted when the world size changed (see
     the module docstring)."""
+    config = job.config
     state = TrainState.from_checkpoint(ckpt)
     saved_world = int(ckpt["world_size"])
     saved_batch = int(ckpt.get("batch_size") or config.batch_size)
@@ -382,7 +226,7 @@ def resume_train_state(
         seed_all(rank_seed(config.seed + state.step, ctx.rank))
     if saved_world == ctx.world_size and saved_batch == config.batch_size:
         return state
-    sampler = train_sampler(parts.train_set, *parts.strategy.dims.replica, config.seed)
+    sampler = train_sampler(parts.train_set, *job.replica, config.seed)
     now_per_epoch = batches_per_epoch(sampler, parts.per_rank_batch)
     saved_per_epoch = int(ckpt.get("batches_per_epoch") or now_per_epoch)
     if state.batch_in_epoch >= saved_per_epoch:

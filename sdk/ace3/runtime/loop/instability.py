@@ -204,7 +204,7 @@ def roll_back(loop: TrainingLoop, path: Path, lr_scale: float) -> None:
     parts = loop.parts
     rollbacks = loop.state.rollbacks + 1
     parts.precision.zero_grad(parts.optimizer)
-    restored = loop.strategy.restore(load_checkpoint(path), parts)
+    restored = loop.strategy.checkpoints.restore(load_checkpoint(path), parts)
     restored.lr_scale, restored.rollbacks = lr_scale, rollbacks
     state = loop.state  # the same object everywhere (parts.state, the loop's locals): updated
     for entry in fields(state):

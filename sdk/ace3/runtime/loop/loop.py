@@ -217,7 +217,7 @@ class TrainingLoop:
         with contextlib.ExitStack() as stack:
             for extension in self.extensions:
                 stack.enter_context(extension.saving())
-            self.strategy.save_model_file(self.parts, path, weights_only)
+            self.strategy.checkpoints.save_model_file(self.parts, path, weights_only)
 
     def _done(self) -> bool:
         max_steps = self.config.max_steps

@@ -145,7 +145,7 @@ class Preemption(LoopExtension):
             loop._save()  # a collective; it also carries the metric windows into the file
         name = None
         if loop.place.checkpoint_dir is not None:
-            name = loop.strategy.checkpoint_name(state.step)
+            name = loop.strategy.checkpoints.name(state.step)
         loop.events.preempted(state.step, state.display_epoch(), name)
         raise TrainingPreemptedError(state.step, name)
 

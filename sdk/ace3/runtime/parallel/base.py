@@ -5,13 +5,15 @@ A strategy is made for one job attempt (:func:`ace3.runtime.parallel.strategy_fo
 1. **build**: :meth:`Strategy.prepare` places, casts and splits or shards the model (returns
    this rank's module), :meth:`Strategy.make_optimizer` builds the optimizer over it and
    :meth:`Strategy.wrap` sets :attr:`Strategy.forward`, what forward passes run through;
-   :meth:`Strategy.restore` loads a checkpoint into all of it;
+   a resume loads a checkpoint into all of it through :attr:`Strategy.checkpoints`;
 2. **step** (:class:`ace3.runtime.loop.steps.StepRunner`): :meth:`before_step`,
    :meth:`forward_backward` (micro-batches, each under :meth:`sync_context`),
    :meth:`after_backward`, :meth:`clip_gradients` (or :meth:`grad_norm` alone);
 3. **validation**: :meth:`evaluate`;
-4. **checkpoints** (:mod:`ace3.runtime.checkpoint.saver`): :meth:`save_checkpoint`,
-   :meth:`save_model_file`;
+4. **checkpoints**: the strategy names its format (:attr:`checkpoint_format`: plain,
+   gathered or sharded) and supplies the state it owns (:meth:`checkpoint_state`);
+   :attr:`checkpoints`, the format (:mod:`ace3.runtime.checkpoint.format`), names, writes,
+   loads and prunes the files (no strategy reads or writes one);
 5. **end**: :meth:`state_bytes` (memory report), :meth:`finish`.
 
 Data: every rank of one data replica reads the same batches; :attr:`dims` says which replica
@@ -22,8 +24,8 @@ loader batch holds.
 from __future__ import annotations
 
 import contextlib
+import functools
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -32,7 +34,9 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _take_tensors, _unflatten_dense_tensors
 
 from ace3.config import TrainingConfig
-from ace3.runtime.checkpoint.files import SavedCheckpoint
+from ace3.runtime.checkpoint.format import CheckpointFormat, FormatKind
+from ace3.runtime.checkpoint.formats import format_for
+from ace3.runtime.checkpoint.state_dicts import StateDicts
 from ace3.runtime.loop.extra_optimizers import (
     graph_keeping_backward,
     needs_grad_graph,
@@ -41,14 +45,13 @@ from ace3.runtime.loop.extra_optimizers import (
 from ace3.runtime.loop.losses import batch_size_of, forward_loss, move_to_device
 from ace3.runtime.loop.optim import build_optimizer
 from ace3.runtime.loop.precision import Precision
-from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.observe.state_size import training_state_bytes
 from ace3.runtime.parallel.dims import ParallelDims
+from ace3.runtime.parallel.state_dicts import ReplicatedStateDicts
 from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 MicroBatches = list[tuple[Any, float]]  # (micro-batch, its loss weight); weights sum to 1
@@ -137,10 +140,6 @@ class Strategy(ABC):
         """Set :attr:`forward` (the module forward passes run through)."""
         self.forward = model
 
-    @abstractmethod
-    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
-        """Load a checkpoint into ``parts`` (a collective); return the position to go on from."""
-
     # -- the step -------------------------------------------------------------------------------
     def before_step(self, parts: Components) -> None:
         """Before the step's first forward pass."""
@@ -194,26 +193,26 @@ class Strategy(ABC):
         """``val_loss`` (and accuracy, user metrics) over the whole validation set."""
 
     # -- checkpoints ----------------------------------------------------------------------------
-    @abstractmethod
-    def checkpoint_name(self, step: int) -> str:
-        """The file name of the checkpoint of ``step``."""
+    # The format this strategy's checkpoints are written in (ace3.runtime.checkpoint.formats).
+    checkpoint_format: ClassVar[FormatKind] = "plain"
 
-    @abstractmethod
-    def save_checkpoint(
-        self,
-        parts: Components,
-        path: Path,
-        rng_per_rank: list[Any] | None,
-        background: BackgroundWriter | None = None,
-    ) -> SavedCheckpoint | None:
-        """Write the training checkpoint at ``path`` (every rank calls it at the same point);
-        return the file on rank 0, None elsewhere. With ``background`` (``async_save``): stage
-        the state in CPU memory, hand the write to it and return None (its ``wait()`` gives
-        the file)."""
+    def checkpoint_state(self) -> StateDicts:
+        """The state this strategy owns, in the form its format reads and writes (a split
+        model's gathered format takes the whole model instead: ``split_from``)."""
+        return ReplicatedStateDicts()
 
-    @abstractmethod
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
-        """For hooks: the full training checkpoint, or the weights alone, at ``path``."""
+    @functools.cached_property
+    def checkpoints(self) -> CheckpointFormat:
+        """This job's checkpoint format: names, save, load (resume, roll back), hooks' model
+        files, pruning. Made at first use, after the strategy is set up."""
+        return format_for(
+            self.checkpoint_format,
+            self.ctx,
+            self.dims,
+            self.config,
+            self.zero_stage,
+            self.checkpoint_state(),
+        )
 
     # -- the end --------------------------------------------------------------------------------
     def state_bytes(self, parts: Components) -> int:

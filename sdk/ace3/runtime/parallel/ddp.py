@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,29 +25,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ace3.config import TrainingConfig
-from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
-from ace3.runtime.checkpoint.plain import (
-    gather_rng,
-    load_plain_weights,
-    plain_payload,
-    restore_schedule,
-    resume_position,
-)
-from ace3.runtime.checkpoint.sharded import (
-    is_sharded_checkpoint,
-    load_sharded_model_and_optimizer,
-    resume_train_state,
-)
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.precision import Precision
-from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.base import Strategy, average_over
-from ace3.runtime.process.distributed import DistContext, barrier
+from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.techniques.grad_checkpointing import enable_gradient_checkpointing
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 
@@ -121,23 +105,6 @@ class DataParallel(Strategy):
         find_unused = bool(self.config.find_unused_parameters)
         self.forward = wrap_ddp(model, self.ctx, find_unused_parameters=find_unused)
 
-    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
-        """A sharded checkpoint (ZeRO) loads on any number of ranks and at any stage; a plain
-        one needs as many processes as wrote it. Both are collectives."""
-        ctx = self.ctx
-        sharded = is_sharded_checkpoint(ckpt)
-        if sharded:
-            load_sharded_model_and_optimizer(ckpt, parts, ctx)
-        else:
-            self._load_plain(ckpt, parts)
-        restore_schedule(ckpt, parts, ctx)
-        if sharded:
-            return resume_train_state(ckpt, parts, ctx, self.config)
-        return resume_position(ckpt, ctx, self.dims.dp)
-
-    def _load_plain(self, ckpt: dict[str, Any], parts: Components) -> None:
-        load_plain_weights(ckpt, parts, self.ctx)
-
     # -- the step -------------------------------------------------------------------------------
     def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
         if final and not self.local_only and not self.first_step:
@@ -192,34 +159,3 @@ class DataParallel(Strategy):
         # checkpoint holds. DDP only syncs them at the next forward pass.
         self._broadcast_buffers(parts)
         return evaluate(parts.model, loader, self.ctx.device, parts.precision, parts.user)
-
-    # -- checkpoints ----------------------------------------------------------------------------
-    def checkpoint_name(self, step: int) -> str:
-        return checkpoint_name(step)
-
-    def save_checkpoint(
-        self,
-        parts: Components,
-        path: Path,
-        rng_per_rank: list[Any] | None,
-        background: BackgroundWriter | None = None,
-    ) -> SavedCheckpoint | None:
-        if not self.ctx.is_main:
-            return None
-        assert rng_per_rank is not None
-        payload = plain_payload(parts, rng_per_rank, self.dims.dp)
-        if background is not None:
-            background.submit_state(payload, path)
-            return None
-        return save_atomic(payload, path)
-
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
-        ctx = self.ctx
-        if weights_only:
-            barrier(ctx)
-            if ctx.is_main:
-                save_atomic(parts.precision.model_state_dict(parts.model), path)
-        else:
-            rngs = gather_rng(ctx)
-            self.save_checkpoint(parts, path, rngs)
-        barrier(ctx)

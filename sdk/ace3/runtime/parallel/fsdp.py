@@ -6,8 +6,9 @@ reduce-scatter turned off (``set_requires_gradient_sync(False)``), the last one
 reduce-scatters inside its backward pass; buffers are broadcast from rank 0 once per step
 (FSDP does not sync them). Forward passes are collectives (parameters are all-gathered), so
 validation runs in lockstep and an out-of-memory step is never redone in place. Checkpoints
-are sharded (:mod:`ace3.runtime.checkpoint.sharded`); an in-process run shards a copy of the
-caller's module and writes the trained weights back at the end.
+are sharded (:mod:`ace3.runtime.checkpoint.sharded`, over torch's distributed state dict); an
+in-process run shards a copy of the caller's module and writes the trained weights back at
+the end.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ace3.runtime.checkpoint.state_dicts import DistributedStateDicts, StateDicts
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.optim import build_optimizer
 from ace3.runtime.loop.precision import Precision
@@ -50,9 +52,8 @@ class FullyShardedDataParallel(ZeroRedundancy):
         self.first_step = False  # FSDP reduces every parameter's gradient itself
         self.write_back_to: nn.Module | None = None  # an in-process run's own module
 
-    @property
-    def shards_parameters(self) -> bool:
-        return True
+    def checkpoint_state(self) -> StateDicts:
+        return DistributedStateDicts()  # torch's own view of FSDP2's sharded state
 
     def describe(self) -> list[str]:
         return plan_notes(self.plan, self.config, self.ctx.world_size)

@@ -16,18 +16,15 @@ stages of the pipeline.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
-from ace3.runtime.checkpoint.gathered import GatheredCheckpoint
-from ace3.runtime.checkpoint.plain import gather_rng
+from ace3.runtime.checkpoint.format import FormatKind
+from ace3.runtime.checkpoint.gathered import GatheredFormat
 from ace3.runtime.loop.precision import Precision
-from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.base import Strategy, average_over
 from ace3.runtime.parallel.sharding import (
     local_state_bytes,
@@ -37,10 +34,8 @@ from ace3.runtime.parallel.sharding import (
     shard_model,
     sharding_plan,
 )
-from ace3.runtime.process.distributed import barrier
 
 if TYPE_CHECKING:
-    from ace3.runtime.checkpoint.background import BackgroundWriter
     from ace3.runtime.components import Components
 
 
@@ -83,7 +78,7 @@ def clip_split_grad_norm(
 class SplitModel(Strategy):
     """A strategy whose ranks each hold part of the model."""
 
-    gathered: GatheredCheckpoint | None = None
+    checkpoint_format: ClassVar[FormatKind] = "gathered"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -148,9 +143,9 @@ class SplitModel(Strategy):
                 f"float16 loss scaling is not implemented with {self.dims.describe()} (pipeline "
                 "or tensor parallelism): use amp_dtype='bfloat16' or mixed_precision=False"
             )
-        self.gathered = GatheredCheckpoint(model, self.dims, self.ctx)
-        if ckpt is not None:
-            self.gathered.load_weights(ckpt)
+        checkpoints = self.checkpoints
+        assert isinstance(checkpoints, GatheredFormat)
+        checkpoints.split_from(model, ckpt)  # (the whole model names the checkpoint's tensors)
 
     # -- data parallelism over the split model -------------------------------------------------
     def before_step(self, parts: Components) -> None:
@@ -194,39 +189,6 @@ class SplitModel(Strategy):
                 "other split points (pipeline_split_points) or fewer processes"
             )
         return super().make_optimizer(model, precision)
-
-    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
-        assert self.gathered is not None
-        return self.gathered.restore(ckpt, parts)
-
-    def checkpoint_name(self, step: int) -> str:
-        return checkpoint_name(step)
-
-    def save_checkpoint(
-        self,
-        parts: Components,
-        path: Path,
-        rng_per_rank: list[Any] | None,
-        background: BackgroundWriter | None = None,
-    ) -> SavedCheckpoint | None:
-        assert self.gathered is not None
-        payload = self.gathered.payload(parts, rng_per_rank)
-        if payload is None:
-            return None
-        if background is not None:
-            background.submit_state(payload, path)
-            return None
-        return save_atomic(payload, path)
-
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
-        assert self.gathered is not None
-        if weights_only:
-            state, _ = self.gathered.full_state(parts)
-            if self.ctx.is_main:
-                save_atomic(state, path)
-        else:
-            self.save_checkpoint(parts, path, gather_rng(self.ctx))
-        barrier(self.ctx)
 
     def state_bytes(self, parts: Components) -> int:
         return local_state_bytes(parts.model, parts.optimizer)

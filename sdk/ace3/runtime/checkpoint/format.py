@@ -1,0 +1,61 @@
+"""What every checkpoint format does for the engine: names, save, load, pruning.
+
+A strategy names its format (:attr:`ace3.runtime.parallel.base.Strategy.checkpoint_format`:
+``"plain"``, ``"gathered"`` or ``"sharded"``) and supplies the state it owns
+(:class:`ace3.runtime.checkpoint.state_dicts.StateDicts`, or for a split model the whole model
+before the split); :func:`ace3.runtime.checkpoint.formats.format_for` makes the format, which
+does all the file work: the saver (:mod:`ace3.runtime.checkpoint.saver`), hooks' model files,
+resume and the instability guard's roll back all go through it. No strategy reads or writes a
+checkpoint file.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ace3.runtime.checkpoint.files import SavedCheckpoint, prune_checkpoint_files
+
+if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.background import BackgroundWriter
+    from ace3.runtime.components import Components
+    from ace3.runtime.loop.train_state import TrainState
+
+FormatKind = Literal["plain", "gathered", "sharded"]
+
+
+class CheckpointFormat(ABC):
+    """One way of writing and reading a job's checkpoints (every method that writes or loads
+    is called by every rank at the same point)."""
+
+    kind: FormatKind
+
+    @abstractmethod
+    def name(self, step: int) -> str:
+        """The file name of the checkpoint of ``step``."""
+
+    @abstractmethod
+    def save(
+        self,
+        parts: Components,
+        path: Path,
+        rng_per_rank: list[Any] | None,
+        background: BackgroundWriter | None = None,
+    ) -> SavedCheckpoint | None:
+        """Write the training checkpoint at ``path``; return the file on rank 0, None
+        elsewhere. With ``background`` (``async_save``): stage the state in CPU memory, hand
+        the write to it and return None (its ``wait()`` gives the file)."""
+
+    @abstractmethod
+    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+        """For hooks: the full training checkpoint, or the weights alone, at ``path``."""
+
+    @abstractmethod
+    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
+        """Load a checkpoint into ``parts`` (a collective); return the position to go on from."""
+
+    def prune(self, directory: Path, keep: int, protect: frozenset[str]) -> list[Path]:
+        """Delete all but the newest ``keep`` checkpoints of ``directory`` (never those named in
+        ``protect``); every format's files are ordered by step alike."""
+        return prune_checkpoint_files(directory, keep, protect)
