@@ -1,5 +1,5 @@
-"""The limits and timings of watching one running attempt, and what a heartbeat learned
-(:class:`Beat`).
+"""The limits and timings of watching one running attempt, what a heartbeat learned
+(:class:`Beat`), and the lease holder's heartbeat (:func:`renew_lease`).
 
 The attempt's state itself is kept by the modules that write it: what the job's output told the
 worker by the ingest (:class:`ace3_worker.ingest.JobOutput`), the run's lease, timers and
@@ -10,6 +10,11 @@ reasons to stop by the watch loop (:class:`ace3_worker.watch.RunState`), both he
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from ace3_control import job_transitions
+from ace3_control.settings import Settings
 
 POLL_SECONDS = 0.25  # the watch loop's longest wait, and the first before a database retry
 # The watch loop's shortest pass: a job that writes without pause is stored in batches.
@@ -32,3 +37,13 @@ class Beat:
     owned: bool  # the attempt still owns the job
     cancel_requested: bool
     trouble: str | None = None  # multi-node: why another node makes this one stop
+
+
+def renew_lease(session: Session, job_id: str, attempt: int, settings: Settings) -> Beat:
+    """Renew the job's lease for ``attempt`` and read its cancel flag, in ``session`` (the
+    caller commits): the heartbeat of whoever holds the lease (a single-node attempt, the leader
+    of a gang while it assembles, runs and collects the nodes' reports)."""
+    row = session.execute(
+        job_transitions.renew_lease(job_id, attempt, settings.lease_seconds)
+    ).first()
+    return Beat(owned=row is not None, cancel_requested=bool(row and row.cancel_requested))

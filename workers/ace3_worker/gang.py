@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control import job_nodes, job_transitions, scheduling
 from ace3_control.capacity import Capacity
 from ace3_control.models import Job, JobNode, JobState, utcnow
 from ace3_control.settings import Settings
+from ace3_worker.attempt import renew_lease
 from ace3_worker.device import local_capacity
 from ace3_worker.messages import RecentCopies, publish
 
@@ -73,6 +74,14 @@ def node_reports(session: Session, seat: NodeSeat) -> list[job_nodes.NodeReport]
     """Every node row of the seat's attempt."""
     rows = session.scalars(job_nodes.members(seat.job_id, seat.attempt)).all()
     return [job_nodes.NodeReport.of(row) for row in rows]
+
+
+def seat_job(session: Session, seat: NodeSeat) -> Row[str, int, bool] | None:
+    """The job's state, attempt and cancel flag, as a node that holds no lease (a follower)
+    reads them."""
+    return session.execute(
+        select(Job.state, Job.attempt, Job.cancel_requested).where(Job.id == seat.job_id)
+    ).first()
 
 
 class GangMember:
@@ -239,12 +248,8 @@ class GangMember:
         while True:
             now = utcnow()
             with self.sessions() as session:
-                lease = session.execute(
-                    job_transitions.renew_lease(
-                        seat.job_id, seat.attempt, self.settings.lease_seconds
-                    )
-                ).first()
-                if lease is None:
+                lease = renew_lease(session, seat.job_id, seat.attempt, self.settings)
+                if not lease.owned:
                     session.commit()
                     logger.warning("job %s: lost its lease while assembling", seat.job_id)
                     return False
@@ -330,11 +335,7 @@ class GangMember:
                         logger.warning("job %s: node %d was dropped", seat.job_id, seat.node_rank)
                         return False
                     next_touch = time.monotonic() + self.settings.heartbeat_seconds
-                job = session.execute(
-                    select(Job.state, Job.attempt, Job.cancel_requested).where(
-                        Job.id == seat.job_id
-                    )
-                ).first()
+                job = seat_job(session, seat)
                 endpoint = session.scalar(
                     select(JobNode.endpoint).where(
                         JobNode.job_id == seat.job_id,

@@ -18,14 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import select
-
-from ace3_control import job_nodes, job_transitions
+from ace3_control import job_nodes
 from ace3_control.models import ACTIVE_STATES, Job, JobState, NodeState, utcnow
 from ace3_worker import reports
-from ace3_worker.attempt import Beat
+from ace3_worker.attempt import Beat, renew_lease
 from ace3_worker.drain import shutdown_timeout
-from ace3_worker.gang import POLL_SECONDS, GangMember, NodeSeat, node_reports
+from ace3_worker.gang import POLL_SECONDS, GangMember, NodeSeat, node_reports, seat_job
 from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import multinode_torchrun_command
 from ace3_worker.outcome import Outcomes, final_metrics
@@ -90,18 +88,10 @@ class GangNode:
         now = utcnow()
         with self.sessions() as session:
             if seat.is_leader:
-                lease = session.execute(
-                    job_transitions.renew_lease(
-                        seat.job_id, seat.attempt, self.settings.lease_seconds
-                    )
-                ).first()
-                owned, cancel = lease is not None, bool(lease and lease.cancel_requested)
+                lease = renew_lease(session, seat.job_id, seat.attempt, self.settings)
+                owned, cancel = lease.owned, lease.cancel_requested
             else:
-                job = session.execute(
-                    select(Job.state, Job.attempt, Job.cancel_requested).where(
-                        Job.id == seat.job_id
-                    )
-                ).first()
+                job = seat_job(session, seat)
                 owned = (
                     job is not None and job.attempt == seat.attempt and job.state in ACTIVE_STATES
                 )
@@ -132,11 +122,7 @@ class GangNode:
                     with self.sessions() as session:
                         session.execute(self._touch())
                         if seat.is_leader:
-                            session.execute(
-                                job_transitions.renew_lease(
-                                    seat.job_id, seat.attempt, self.settings.lease_seconds
-                                )
-                            )
+                            renew_lease(session, seat.job_id, seat.attempt, self.settings)
                         session.commit()
                 except Exception:
                     logger.warning("job %s: node heartbeat failed; retrying", seat.job_id)
@@ -247,15 +233,11 @@ class GangNode:
             now = utcnow()
             with self.sessions() as session:
                 if time.monotonic() >= next_renew:
-                    lease = session.execute(
-                        job_transitions.renew_lease(
-                            seat.job_id, seat.attempt, self.settings.lease_seconds
-                        )
-                    ).first()
-                    if lease is None:
+                    lease = renew_lease(session, seat.job_id, seat.attempt, self.settings)
+                    if not lease.owned:
                         session.commit()
                         return None
-                    cancel = bool(lease.cancel_requested)
+                    cancel = lease.cancel_requested
                     next_renew = time.monotonic() + self.settings.heartbeat_seconds
                 nodes = node_reports(session, seat)
                 session.commit()

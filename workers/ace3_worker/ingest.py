@@ -171,15 +171,15 @@ class Ingest:
         more = not lines.empty()
         if limiter is not None and (dropped := limiter.take_dropped()) is not None:
             batch.append(service_line(dropped))
-        for item in batch:
-            if item.rank == 0:
+        for line in batch:
+            if line.rank == 0:
                 output.syncs_artifacts = True  # rank 0 (which writes the artifacts) is here
-            if item.stream != "stderr":
+            if line.stream != "stderr":
                 continue
-            if item.rank is None:
-                output.launcher_stderr_tail.append(item.line)
+            if line.rank is None:
+                output.launcher_stderr_tail.append(line.line)
             else:
-                output.rank_stderr_tail.append((item.rank, item.line))
+                output.rank_stderr_tail.append((line.rank, line.line))
         output.pending_lines += batch
         if len(output.pending_records) < RECORDS_PER_PASS:
             output.pending_records += [

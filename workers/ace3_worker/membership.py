@@ -22,7 +22,7 @@ from ace3_control import job_transitions
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker import reports
-from ace3_worker.attempt import Beat
+from ace3_worker.attempt import Beat, renew_lease
 from ace3_worker.drain import shutdown_timeout
 from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import torchrun_command, warm_torchrun_args
@@ -118,11 +118,9 @@ class SingleNode:
 
     def beat(self) -> Beat:
         with self.sessions() as session:
-            row = session.execute(
-                job_transitions.renew_lease(self.job_id, self.attempt, self.settings.lease_seconds)
-            ).first()
+            beat = renew_lease(session, self.job_id, self.attempt, self.settings)
             session.commit()
-        return Beat(owned=row is not None, cancel_requested=bool(row and row.cancel_requested))
+        return beat
 
     def report(
         self,

@@ -33,6 +33,8 @@ def _written_part(node: ast.AST) -> tuple[str, str] | None:
 def _writes(tree: ast.AST) -> list[tuple[int, str, str]]:
     found: list[tuple[int, str, str]] = []
     for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt | ast.expr):
+            continue
         targets: list[ast.AST] = []
         if isinstance(node, ast.Assign):
             targets = list(node.targets)
