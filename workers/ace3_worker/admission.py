@@ -10,9 +10,10 @@ handed back, so copies of one job never multiply).
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import select
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control import job_transitions
@@ -79,7 +80,9 @@ class Admission:
             logger.debug("job %s: another copy was handed back just now; dropping this one", job_id)
             return
         with self.sessions() as session:
-            result = session.execute(job_transitions.mark_handed_back(job_id))
+            result = cast(
+                CursorResult[Any], session.execute(job_transitions.mark_handed_back(job_id))
+            )
             session.commit()
         if not result.rowcount:
             return  # claimed or cancelled meanwhile

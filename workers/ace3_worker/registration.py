@@ -17,7 +17,9 @@ import logging
 import os
 import socket
 import threading
+from typing import Any, cast
 
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -87,7 +89,7 @@ class Registration:
     def heartbeat(self) -> None:
         """Renew ``last_seen_at``; a row the reconciler forgot is registered again."""
         with Session(self._engine) as session:
-            result = session.execute(worker_registry.touch(self.worker_id))
+            result = cast(CursorResult[Any], session.execute(worker_registry.touch(self.worker_id)))
             session.commit()
         if not result.rowcount:
             self.register()

@@ -14,9 +14,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import Table, delete, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -82,7 +83,7 @@ def store_log_lines(session: Session, job_id: str, attempt: int, lines: list[Log
     if not lines:
         return
     session.execute(
-        JobLog.__table__.insert(),
+        cast(Table, JobLog.__table__).insert(),  # a Table; DeclarativeBase says FromClause
         [
             {
                 "job_id": job_id,
@@ -338,7 +339,7 @@ def record_checkpoint(
     value = record.monitor_value
     if best_by is None or record.monitor != best_by[0]:
         value = None  # not asked for, or another metric than the job's monitor
-    row = {
+    row: dict[str, Any] = {
         "id": new_id(),
         "job_id": job_id,
         "attempt": attempt,
@@ -353,8 +354,13 @@ def record_checkpoint(
         "monitor_value": value,
         "best": False,
     }
-    inserted = session.execute(
-        insert_ignoring_duplicates(session.get_bind().dialect.name, JobCheckpoint.__table__, [row])
+    inserted = cast(
+        CursorResult[Any],
+        session.execute(
+            insert_ignoring_duplicates(
+                session.get_bind().dialect.name, JobCheckpoint.__table__, [row]
+            )
+        ),
     ).rowcount
     if not inserted:  # (job, step, name) is recorded already, with its own bytes: keep those
         recorded = session.scalar(

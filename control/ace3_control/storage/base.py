@@ -41,6 +41,12 @@ class StoredBlob:
 KeyFor = Callable[[str], str]
 
 
+class Readable(Protocol):
+    """What a store reads bytes from: a file, a response body, a capped reader."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class ArtifactStore(Protocol):
     """What the API and the workers need of a store (local directory or S3-compatible)."""
 
@@ -51,7 +57,7 @@ class ArtifactStore(Protocol):
         self, key: str, source: BinaryIO, *, max_bytes: int | None = None, sha256: str | None = None
     ) -> StoredBlob: ...
     def put_hashed(
-        self, source: BinaryIO, key_for: KeyFor, *, max_bytes: int | None = None
+        self, source: Readable, key_for: KeyFor, *, max_bytes: int | None = None
     ) -> StoredBlob: ...
     def open(self, key: str) -> BinaryIO: ...
     def iter_bytes(self, key: str) -> Iterator[bytes]: ...
@@ -99,7 +105,7 @@ class Spooled:
     size_bytes: int
 
 
-def spool(source: BinaryIO, directory: Path, max_bytes: int | None) -> Spooled:
+def spool(source: Readable, directory: Path, max_bytes: int | None) -> Spooled:
     """Copy ``source`` into a new temporary file under ``directory`` while hashing it.
 
     What is stored afterwards is exactly what was hashed, even when the source is still being

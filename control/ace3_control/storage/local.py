@@ -16,6 +16,7 @@ from ace3.files import atomic_path, fsync_directory
 from ace3_control.storage.base import (
     TREE_NAME,
     KeyFor,
+    Readable,
     StoredBlob,
     check_key,
     check_prefix,
@@ -94,7 +95,7 @@ class LocalArtifactStore:
         return StoredBlob(key, spooled.sha256, spooled.size_bytes)
 
     def put_hashed(
-        self, source: BinaryIO, key_for: KeyFor, *, max_bytes: int | None = None
+        self, source: Readable, key_for: KeyFor, *, max_bytes: int | None = None
     ) -> StoredBlob:
         """Copy ``source`` into the store, hashing the bytes as they are copied, under the key
         ``key_for(sha256)``. The key must hold the hash (content addressing): when it exists

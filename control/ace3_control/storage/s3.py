@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ace3_control.storage.base import (
     KeyFor,
+    Readable,
     StoredBlob,
     check_key,
     check_prefix,
@@ -200,7 +201,7 @@ class S3ArtifactStore:
         return StoredBlob(key, spooled.sha256, spooled.size_bytes)
 
     def put_hashed(
-        self, source: BinaryIO, key_for: KeyFor, *, max_bytes: int | None = None
+        self, source: Readable, key_for: KeyFor, *, max_bytes: int | None = None
     ) -> StoredBlob:
         spooled = spool(source, self.staging_dir(), max_bytes)
         try:
