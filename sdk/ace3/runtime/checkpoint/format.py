@@ -13,16 +13,46 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ace3.runtime.checkpoint.files import SavedCheckpoint, prune_checkpoint_files
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from ace3.config import TrainingConfig
     from ace3.runtime.checkpoint.background import BackgroundWriter
-    from ace3.runtime.components import Components
+    from ace3.runtime.loop.precision import Precision
     from ace3.runtime.loop.train_state import TrainState
 
 FormatKind = Literal["plain", "gathered", "sharded"]
+
+
+class TrainingParts(Protocol):
+    """What a format reads from and loads into the loop's parts
+    (:class:`ace3.runtime.components.Components` is one): this rank's module and optimizer,
+    the schedule, the position, and what an epoch's length depends on."""
+
+    @property
+    def config(self) -> TrainingConfig: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def precision(self) -> Precision: ...
+    @property
+    def scaler(self) -> Any: ...
+    @property
+    def scheduler(self) -> Any: ...
+    @property
+    def state(self) -> TrainState: ...
+    @property
+    def train_set(self) -> Dataset[Any]: ...
+    @property
+    def per_rank_batch(self) -> int: ...
 
 
 class CheckpointFormat(ABC):
@@ -38,7 +68,7 @@ class CheckpointFormat(ABC):
     @abstractmethod
     def save(
         self,
-        parts: Components,
+        parts: TrainingParts,
         path: Path,
         rng_per_rank: list[Any] | None,
         background: BackgroundWriter | None = None,
@@ -48,11 +78,11 @@ class CheckpointFormat(ABC):
         the write to it and return None (its ``wait()`` gives the file)."""
 
     @abstractmethod
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+    def save_model_file(self, parts: TrainingParts, path: Path, weights_only: bool) -> None:
         """For hooks: the full training checkpoint, or the weights alone, at ``path``."""
 
     @abstractmethod
-    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
+    def restore(self, ckpt: dict[str, Any], parts: TrainingParts) -> TrainState:
         """Load a checkpoint into ``parts`` (a collective); return the position to go on from."""
 
     def prune(self, directory: Path, keep: int, protect: frozenset[str]) -> list[Path]:

@@ -41,7 +41,7 @@ from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.checkpoint.background import BackgroundWriter
-    from ace3.runtime.components import Components
+    from ace3.runtime.checkpoint.format import TrainingParts
 
 
 class _WholeOrSharded(CheckpointFormat):
@@ -54,7 +54,7 @@ class _WholeOrSharded(CheckpointFormat):
     def state_dicts(self) -> StateDicts:
         return self.job.state_dicts
 
-    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
+    def restore(self, ckpt: dict[str, Any], parts: TrainingParts) -> TrainState:
         ctx = self.ctx
         sharded = is_sharded_checkpoint(ckpt)
         if sharded:
@@ -77,7 +77,7 @@ class PlainFormat(_WholeOrSharded):
 
     def save(
         self,
-        parts: Components,
+        parts: TrainingParts,
         path: Path,
         rng_per_rank: list[Any] | None,
         background: BackgroundWriter | None = None,
@@ -92,7 +92,7 @@ class PlainFormat(_WholeOrSharded):
             return None
         return save_atomic(payload, path)
 
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+    def save_model_file(self, parts: TrainingParts, path: Path, weights_only: bool) -> None:
         ctx = self.ctx
         if weights_only:
             barrier(ctx)
@@ -113,7 +113,7 @@ class ShardedFormat(_WholeOrSharded):
 
     def save(
         self,
-        parts: Components,
+        parts: TrainingParts,
         path: Path,
         rng_per_rank: list[Any] | None,
         background: BackgroundWriter | None = None,
@@ -122,7 +122,7 @@ class ShardedFormat(_WholeOrSharded):
             parts, self.ctx, path, rng_per_rank, self.job, background=background
         )
 
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+    def save_model_file(self, parts: TrainingParts, path: Path, weights_only: bool) -> None:
         """A full checkpoint is written sharded (a ``.dcp.tar`` archive, whatever ``path`` is
         called), staged outside the artifacts directory, which the worker uploads; the weights
         alone are gathered."""

@@ -38,7 +38,7 @@ from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.checkpoint.background import BackgroundWriter
-    from ace3.runtime.components import Components
+    from ace3.runtime.checkpoint.format import TrainingParts
 
 
 def _trainable_names(model: nn.Module) -> list[str]:
@@ -88,7 +88,7 @@ class GatheredFormat(CheckpointFormat):
 
     def save(
         self,
-        parts: Components,
+        parts: TrainingParts,
         path: Path,
         rng_per_rank: list[Any] | None,
         background: BackgroundWriter | None = None,
@@ -101,7 +101,7 @@ class GatheredFormat(CheckpointFormat):
             return None
         return save_atomic(payload, path)
 
-    def save_model_file(self, parts: Components, path: Path, weights_only: bool) -> None:
+    def save_model_file(self, parts: TrainingParts, path: Path, weights_only: bool) -> None:
         if weights_only:
             state, _ = self.full_state(parts)
             if self.ctx.is_main:
@@ -110,7 +110,7 @@ class GatheredFormat(CheckpointFormat):
             self.save(parts, path, gather_rng(self.ctx))
         barrier(self.ctx)
 
-    def _local(self, parts: Components) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _local(self, parts: TrainingParts) -> tuple[dict[str, Any], dict[str, Any]]:
         """This rank's share: ``{name: tensor}`` of its parameters and buffers, and its
         optimizer state keyed by parameter name (full tensors; a collective over DTensors)."""
         by_id = {id(t): name for name, t in self.full_model.named_parameters()}
@@ -126,7 +126,7 @@ class GatheredFormat(CheckpointFormat):
                 opt_state[by_id[id(param)]] = {key: _full(value) for key, value in state.items()}
         return model_state, opt_state
 
-    def full_state(self, parts: Components) -> tuple[dict[str, Any], dict[str, Any]]:
+    def full_state(self, parts: TrainingParts) -> tuple[dict[str, Any], dict[str, Any]]:
         """The whole model state dict and the optimizer state dict of an unsplit job, on rank
         0 (empty dicts elsewhere). A collective."""
         # The key order, on every rank alike (a sharded module's state_dict runs FSDP's hooks).
@@ -154,7 +154,9 @@ class GatheredFormat(CheckpointFormat):
         state = {i: opt_by_name[name] for i, name in enumerate(names) if opt_by_name.get(name)}
         return ordered, {"state": state, "param_groups": [group]}
 
-    def payload(self, parts: Components, rng_per_rank: list[Any] | None) -> dict[str, Any] | None:
+    def payload(
+        self, parts: TrainingParts, rng_per_rank: list[Any] | None
+    ) -> dict[str, Any] | None:
         """The plain checkpoint on rank 0; None elsewhere. A collective."""
         model_state, optimizer_state = self.full_state(parts)
         if not self.ctx.is_main:
@@ -197,7 +199,7 @@ class GatheredFormat(CheckpointFormat):
             )
         self.full_model.load_state_dict(ckpt["model"])
 
-    def restore(self, ckpt: dict[str, Any], parts: Components) -> TrainState:
+    def restore(self, ckpt: dict[str, Any], parts: TrainingParts) -> TrainState:
         """Optimizer, scheduler, RNG and loop position (the weights were loaded before the
         split)."""
         ctx = self.ctx

@@ -18,8 +18,8 @@ from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
+    from ace3.runtime.checkpoint.format import TrainingParts
     from ace3.runtime.checkpoint.state_dicts import StateDicts
-    from ace3.runtime.components import Components
 
 NO_OPTIMIZER_NOTE = (
     "note: the checkpoint holds no optimizer state (save_optimizer=False): the optimizer "
@@ -38,7 +38,7 @@ def gather_rng(ctx: DistContext) -> list[Any] | None:
     return gathered
 
 
-def schedule_state(parts: Components) -> dict[str, Any]:
+def schedule_state(parts: TrainingParts) -> dict[str, Any]:
     """The loss scaler's and the scheduler's state (empty with ``save_scheduler=False``)."""
     keep = parts.config.save_scheduler
     scheduler, scaler = parts.scheduler, parts.scaler
@@ -49,7 +49,7 @@ def schedule_state(parts: Components) -> dict[str, Any]:
 
 
 def plain_payload(
-    parts: Components, model_state: dict[str, Any], rng_per_rank: list[Any], replicas: int
+    parts: TrainingParts, model_state: dict[str, Any], rng_per_rank: list[Any], replicas: int
 ) -> dict[str, Any]:
     """A data-parallel job's checkpoint: ``model_state`` holds full-precision weights whatever
     the precision level; the optimizer state is left out with ``save_optimizer=False``."""
@@ -66,7 +66,7 @@ def plain_payload(
 
 
 def load_plain_state(
-    ckpt: dict[str, Any], parts: Components, ctx: DistContext, state_dicts: StateDicts
+    ckpt: dict[str, Any], parts: TrainingParts, ctx: DistContext, state_dicts: StateDicts
 ) -> None:
     """A plain checkpoint's weights and optimizer state into the strategy's model and
     optimizer (a collective where they are sharded)."""
@@ -76,7 +76,7 @@ def load_plain_state(
         print(NO_OPTIMIZER_NOTE)
 
 
-def restore_schedule(ckpt: dict[str, Any], parts: Components, ctx: DistContext) -> None:
+def restore_schedule(ckpt: dict[str, Any], parts: TrainingParts, ctx: DistContext) -> None:
     """The loss scaler and the scheduler (a checkpoint without them is said)."""
     if ckpt.get("scaler") and parts.scaler.is_enabled():
         parts.scaler.load_state_dict(ckpt["scaler"])

@@ -94,9 +94,7 @@ class CheckpointSaver:
             for extension in loop.extensions:
                 stack.enter_context(extension.saving())
             gathered = gather_rng(loop.ctx)
-            saved = checkpoints.save(
-                loop.parts, self.directory / name, gathered, self.background
-            )
+            saved = checkpoints.save(loop.parts, self.directory / name, gathered, self.background)
         self._pending = _Pending(
             step=state.step,
             epoch=state.display_epoch(),

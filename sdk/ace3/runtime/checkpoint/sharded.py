@@ -62,8 +62,8 @@ from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
     from ace3.runtime.checkpoint.background import BackgroundWriter
+    from ace3.runtime.checkpoint.format import TrainingParts
     from ace3.runtime.checkpoint.state_dicts import StateDicts
-    from ace3.runtime.components import Components
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def is_sharded_checkpoint(ckpt: dict[str, Any]) -> bool:
 
 
 def _load_into(
-    state_dicts: StateDicts, parts: Components, directory: Path, with_optimizer: bool
+    state_dicts: StateDicts, parts: TrainingParts, directory: Path, with_optimizer: bool
 ) -> None:
     """Load the DCP directory into the (sharded) model and optimizer, re-sharding as needed.
     A collective."""
@@ -97,7 +97,7 @@ def _load_into(
 
 # -- save ---------------------------------------------------------------------------------------
 def train_state_payload(
-    parts: Components,
+    parts: TrainingParts,
     ctx: DistContext,
     config: TrainingConfig,
     rng_per_rank: list[Any],
@@ -119,7 +119,7 @@ def train_state_payload(
 
 
 def save_sharded_checkpoint(
-    parts: Components,
+    parts: TrainingParts,
     ctx: DistContext,
     path: Path,
     rng_per_rank: list[Any] | None,
@@ -199,7 +199,7 @@ def consolidate(path: Path) -> dict[str, Any]:
 
 
 def load_sharded_model_and_optimizer(
-    ckpt: dict[str, Any], parts: Components, ctx: DistContext, state_dicts: StateDicts
+    ckpt: dict[str, Any], parts: TrainingParts, ctx: DistContext, state_dicts: StateDicts
 ) -> None:
     """Load a sharded checkpoint's weights and optimizer state into ``parts`` (any ZeRO stage,
     any world size). A collective: every rank calls it."""
@@ -211,7 +211,7 @@ def load_sharded_model_and_optimizer(
 
 
 def resume_train_state(
-    ckpt: dict[str, Any], parts: Components, ctx: DistContext, job: ShardedJob
+    ckpt: dict[str, Any], parts: TrainingParts, ctx: DistContext, job: ShardedJob
 ) -> TrainState:
     """The position and RNG to continue from, converted when the world size changed (see
     the module docstring)."""

@@ -17,29 +17,31 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.checkpoint.format import TrainingParts
 
 
 class StateDicts(Protocol):
     """How a strategy's model and optimizer give and take their checkpointed state."""
 
-    def sharded(self, parts: Components, with_optimizer: bool, for_load: bool) -> dict[str, Any]:
+    def sharded(self, parts: TrainingParts, with_optimizer: bool, for_load: bool) -> dict[str, Any]:
         """This rank's share in torch's distributed layout (what DCP saves; with ``for_load``
         a template DCP loads into, the optimizer's state tensors created if need be)."""
         ...
 
-    def load_sharded(self, parts: Components, state: dict[str, Any], with_optimizer: bool) -> None:
+    def load_sharded(
+        self, parts: TrainingParts, state: dict[str, Any], with_optimizer: bool
+    ) -> None:
         """Apply what DCP loaded into a :meth:`sharded` template."""
         ...
 
     def load_full(
-        self, parts: Components, model: dict[str, Any], optimizer: dict[str, Any] | None
+        self, parts: TrainingParts, model: dict[str, Any], optimizer: dict[str, Any] | None
     ) -> None:
         """A plain checkpoint's full model state dict and optimizer state dict (parameters by
         position; None: none saved). A collective where the state is sharded."""
         ...
 
-    def full_weights(self, parts: Components) -> dict[str, Any]:
+    def full_weights(self, parts: TrainingParts) -> dict[str, Any]:
         """The whole model's weights as plain tensors, full precision, on rank 0 (other ranks
         may get an empty dict). A collective where the state is sharded."""
         ...
@@ -49,7 +51,7 @@ class DistributedStateDicts:
     """torch's distributed state dict (``get_state_dict`` / ``set_state_dict``): re-shards on
     load; full (unsharded) state dicts go in with ``full_state_dict=True``."""
 
-    def sharded(self, parts: Components, with_optimizer: bool, for_load: bool) -> dict[str, Any]:
+    def sharded(self, parts: TrainingParts, with_optimizer: bool, for_load: bool) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         if not with_optimizer:
@@ -57,7 +59,9 @@ class DistributedStateDicts:
         model_state, optimizer_state = get_state_dict(parts.model, parts.optimizer)
         return {"model": model_state, "optimizer": optimizer_state}
 
-    def load_sharded(self, parts: Components, state: dict[str, Any], with_optimizer: bool) -> None:
+    def load_sharded(
+        self, parts: TrainingParts, state: dict[str, Any], with_optimizer: bool
+    ) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         if not with_optimizer:
@@ -71,7 +75,7 @@ class DistributedStateDicts:
         )
 
     def load_full(
-        self, parts: Components, model: dict[str, Any], optimizer: dict[str, Any] | None
+        self, parts: TrainingParts, model: dict[str, Any], optimizer: dict[str, Any] | None
     ) -> None:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -92,7 +96,7 @@ class DistributedStateDicts:
         else:
             set_model_state_dict(parts.model, model, options=options)
 
-    def full_weights(self, parts: Components) -> dict[str, Any]:
+    def full_weights(self, parts: TrainingParts) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # cpu_offload=True gathers onto rank 0 only (and into CPU memory).

@@ -14,7 +14,7 @@ from torch import nn
 from ace3.runtime.checkpoint.state_dicts import DistributedStateDicts
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.checkpoint.format import TrainingParts
 
 
 class ReplicatedStateDicts(DistributedStateDicts):
@@ -22,13 +22,13 @@ class ReplicatedStateDicts(DistributedStateDicts):
     whatever the precision level (O2's master weights, O3's 16-bit ones cast back)."""
 
     def load_full(
-        self, parts: Components, model: dict[str, Any], optimizer: dict[str, Any] | None
+        self, parts: TrainingParts, model: dict[str, Any], optimizer: dict[str, Any] | None
     ) -> None:
         parts.precision.load_model_state_dict(parts.model, model)
         if optimizer:
             parts.optimizer.load_state_dict(optimizer)
 
-    def full_weights(self, parts: Components) -> dict[str, Any]:
+    def full_weights(self, parts: TrainingParts) -> dict[str, Any]:
         return parts.precision.model_state_dict(parts.model)
 
 
@@ -37,7 +37,7 @@ class ZeroRedundancyStateDicts:
     of the parameters it owns; in the sharded layout every rank gives that state keyed by
     parameter name (so DCP can re-shard it over another number of ranks)."""
 
-    def sharded(self, parts: Components, with_optimizer: bool, for_load: bool) -> dict[str, Any]:
+    def sharded(self, parts: TrainingParts, with_optimizer: bool, for_load: bool) -> dict[str, Any]:
         state: dict[str, Any] = {"model": parts.model.state_dict()}
         if with_optimizer:
             optimizer: Any = parts.optimizer  # a ZeroRedundancyOptimizer
@@ -46,19 +46,21 @@ class ZeroRedundancyStateDicts:
             state["optimizer"] = _zero_state(optimizer, _names(parts.model))
         return state
 
-    def load_sharded(self, parts: Components, state: dict[str, Any], with_optimizer: bool) -> None:
+    def load_sharded(
+        self, parts: TrainingParts, state: dict[str, Any], with_optimizer: bool
+    ) -> None:
         parts.model.load_state_dict(state["model"])
         if with_optimizer:  # (the state tensors were loaded in place)
             _apply_zero_groups(parts.optimizer, state["optimizer"]["param_groups"])
 
     def load_full(
-        self, parts: Components, model: dict[str, Any], optimizer: dict[str, Any] | None
+        self, parts: TrainingParts, model: dict[str, Any], optimizer: dict[str, Any] | None
     ) -> None:
         parts.model.load_state_dict(model)
         if optimizer:
             parts.optimizer.load_state_dict(optimizer)
 
-    def full_weights(self, parts: Components) -> dict[str, Any]:
+    def full_weights(self, parts: TrainingParts) -> dict[str, Any]:
         return {key: value.detach().cpu() for key, value in parts.model.state_dict().items()}
 
 
