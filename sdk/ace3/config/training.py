@@ -7,7 +7,7 @@ and the engine (``ace3.runtime``) reads them back from the job file. No torch im
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     Field,
@@ -25,6 +25,7 @@ from ace3.config.extra_optimizers import ExtraOptimizerFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.instability import InstabilityFields
 from ace3.config.lora import LoRAFields
+from ace3.config.optimizer_choice import OptimizerKwargs, OptimizerName
 from ace3.config.precision import AmpDtype as AmpDtype
 from ace3.config.precision import AmpLevel as AmpLevel
 from ace3.config.precision import PrecisionFields
@@ -41,18 +42,6 @@ from ace3.config.training_checks import (
     check_batch_split,
     pipeline_processes_default,
 )
-
-OptimizerName = Literal[
-    "adamw",
-    "adam",
-    "sgd",
-    "memory_efficient_adam",
-    "adam8bit",
-    "lion",
-    "sophia",
-    "galore_adamw",
-    "adafactor",
-]
 
 
 class TrainingConfig(
@@ -100,11 +89,20 @@ class TrainingConfig(
     gradient_accumulation_steps: int = Field(
         1, ge=1, le=100_000, description="Micro-steps per optimizer step."
     )
-    learning_rate: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate.")
+    learning_rate: float = Field(
+        1e-3, gt=0.0, allow_inf_nan=False, description="Peak learning rate (any finite > 0)."
+    )
     optimizer: OptimizerName = Field(
         "adamw",
         description="adamw, adam, sgd, memory_efficient_adam, adam8bit; lion, sophia, "
-        "galore_adamw (pip install 'ace3[optimizers]') or adafactor (torch.optim.Adafactor).",
+        "galore_adamw (pip install 'ace3[optimizers]') or adafactor (torch.optim.Adafactor); "
+        "or any torch.optim class by its case-sensitive name ('Adadelta', 'SGD', 'RMSprop', "
+        "...), built with lr=learning_rate, weight_decay and optimizer_kwargs.",
+    )
+    optimizer_kwargs: OptimizerKwargs = Field(
+        default_factory=dict,
+        description="A torch.optim class-name optimizer's other arguments (e.g. {'rho': 0.95} "
+        "for 'Adadelta'); torch's defaults for the rest. Not for ACE3's own names.",
     )
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
     betas: tuple[float, float] = Field(
@@ -172,6 +170,12 @@ class TrainingConfig(
         "0 turns validation off.",
     )
     num_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per rank.")
+    shuffle: bool = Field(
+        True,
+        description="Shuffle the training samples each epoch (by seed and epoch). False: every "
+        "epoch reads them in dataset order, replica r taking samples r, r + R, r + 2R, ... "
+        "(R data-parallel replicas), e.g. for an RNN that carries its hidden state across batches.",
+    )
     seed: int = Field(
         42,
         ge=0,

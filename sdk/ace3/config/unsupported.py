@@ -13,6 +13,7 @@ from ace3.config.layout import (
     runs_pipeline,
     runs_tensor_parallel,
 )
+from ace3.config.optimizer_choice import class_optimizer_problems
 from ace3.config.problem import ConfigProblem
 from ace3.config.section_checks import (
     batch_growth_problems,
@@ -55,7 +56,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + extra_optimizer_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
-            for field, reason in distillation_problems(config)
+            for field, reason in (*distillation_problems(config), *class_optimizer_problems(config))
         ]
     )
 

@@ -27,7 +27,7 @@ from ace3.runtime.data.datasets import load_datasets
 from ace3.runtime.job_spec import JobSpec
 from ace3.runtime.loop.batch_growth import batch_plan_for
 from ace3.runtime.loop.extensions import compression_extensions
-from ace3.runtime.loop.optim import build_scheduler
+from ace3.runtime.loop.optim import ScheduleDriver, build_scheduler
 from ace3.runtime.loop.precision import resolve_precision
 from ace3.runtime.loop.preemption import Preemption
 from ace3.runtime.loop.rng import rank_seed, seed_all
@@ -198,9 +198,13 @@ def assemble(
     distiller = make_distiller(config.distillation, config, local, teacher, precision, ctx)
     if distiller is not None and ctx.is_main:
         print(distiller.describe(), flush=True)
-    optimizer = strategy.make_optimizer(local, precision)
+    optimizer = strategy.make_optimizer(local, precision, user)
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
-    scheduler = build_scheduler(optimizer, config, steps)
+    scheduler = (
+        build_scheduler(optimizer, config, steps)
+        if strategy.configured_scheduler is None
+        else ScheduleDriver.wrap(strategy.configured_scheduler)
+    )
     extensions = compression_extensions(config, local, ctx, steps)
     if config.checkpoint_on_sigterm:
         extensions.append(Preemption(config, ctx, in_process=live_module))

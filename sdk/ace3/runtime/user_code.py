@@ -11,6 +11,9 @@ on ``sys.path`` so it can import its siblings). ``kind='archive'``: the director
 - optionally ``compute_metrics(model, batch) -> dict[str, float]``, called on every validation
   batch; each value is averaged over the validation set, weighted by batch size, and reported
   as ``val_<name>``.
+- optionally ``configure_optimizers(model)`` returning the optimizer (and optionally a
+  scheduler) to train with instead of the config's: see
+  :mod:`ace3.runtime.loop.configured_optimizer`.
 
 Errors raised by user code propagate unchanged, with their traceback.
 """
@@ -46,6 +49,7 @@ class UserCode:
     factory_name: str
     compute_loss: LossFn | None
     compute_metrics: MetricsFn | None
+    configure_optimizers: Callable[[nn.Module], Any] | None = None
 
 
 def _add_sys_path(directory: Path, first: bool) -> None:
@@ -138,6 +142,7 @@ def load_user_code(spec: ModelSpec, module_name: str = USER_MODULE_NAME) -> User
         factory_name=spec.factory,
         compute_loss=_optional_callable(module, "compute_loss"),
         compute_metrics=_optional_callable(module, "compute_metrics"),
+        configure_optimizers=_optional_callable(module, "configure_optimizers"),
     )
 
 

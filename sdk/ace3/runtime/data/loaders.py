@@ -1,6 +1,7 @@
 """Data loaders: distributed shuffling for training, exact sharding for validation.
 
-Training uses a ``DistributedSampler`` (shuffled by ``seed`` and the epoch) and can skip the
+Training uses a ``DistributedSampler`` (shuffled by ``seed`` and the epoch, or in dataset
+order with ``shuffle=False``: replica r reads samples r, r + R, r + 2R, ...) and can skip the
 micro-batches a resumed run already consumed. Validation uses :class:`ShardSampler`, which gives
 every sample to exactly one rank (no padding duplicates), so summed metrics are exact.
 Loaders get their own ``torch.Generator`` so they never consume the global torch RNG.
@@ -52,10 +53,14 @@ def _generator(seed: int) -> torch.Generator:
 
 
 def train_sampler(
-    dataset: Dataset[Any], rank: int, world_size: int, seed: int
+    dataset: Dataset[Any], rank: int, world_size: int, seed: int, shuffle: bool = True
 ) -> DistributedSampler[Any]:
+    """Replica ``rank`` of ``world_size``: shuffled by ``seed`` and the epoch, or (``shuffle``
+    False, ``TrainingConfig.shuffle``) samples ``rank, rank + world_size, ...`` in dataset
+    order every epoch; the dataset is padded with its first samples to a multiple of
+    ``world_size``. Its length does not depend on ``shuffle``."""
     return DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
+        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=False
     )
 
 

@@ -91,7 +91,9 @@ class TrainingLoop:
         self.counts_samples = self.strategy.dims.counts_samples
         self.steps = StepRunner(parts, ctx, parts.config)
         self.plan = parts.batch_plan or AccumulationPlan(self.config.gradient_accumulation_steps)
-        self.sampler = train_sampler(parts.train_set, data_rank, data_world, self.config.seed)
+        self.sampler = train_sampler(
+            parts.train_set, data_rank, data_world, self.config.seed, self.config.shuffle
+        )
         self.batches_per_epoch = batches_per_epoch(self.sampler, parts.per_rank_batch)
         self.val_loader = None
         if parts.validation_set is not None:

@@ -10,6 +10,8 @@ for the Adam family, ``betas`` and ``eps``:
 - ``adam8bit``: ``ace3.training.optimizers.Adam8bit``, decoupled weight decay (bitsandbytes' kernels on
   CUDA when it is installed).
 - ``lion``, ``sophia``, ``galore_adamw``, ``adafactor``: :mod:`ace3.runtime.loop.extra_optimizers`.
+- a ``torch.optim`` class name (``"Adadelta"``): :func:`build_torch_optimizer`, with
+  ``learning_rate``, ``weight_decay`` (when not 0) and ``optimizer_kwargs`` only.
 
 ``optimizer_impl`` picks the kernels of torch's AdamW, Adam and SGD
 (:func:`implementation_args`): ``auto`` is fused on CUDA when every parameter is a CUDA
@@ -48,6 +50,7 @@ from torch.optim import lr_scheduler
 
 from ace3.config import TrainingConfig
 from ace3.config.extra_optimizers import EXTRA_OPTIMIZERS
+from ace3.config.optimizer_choice import is_class_name
 from ace3.errors import UnsupportedFeatureError
 from ace3.training import schedulers
 from ace3.training.optimizers.adam8bit import Adam8bit
@@ -68,6 +71,8 @@ def build_optimizer(
     if not trainable:
         raise ValueError("the model has no trainable parameters (requires_grad=True)")
     lr, wd = config.learning_rate, config.weight_decay
+    if is_class_name(config.optimizer):
+        return build_torch_optimizer(trainable, config)
     if config.optimizer in EXTRA_OPTIMIZERS:
         from ace3.runtime.loop.extra_optimizers import build_extra_optimizer
 
@@ -88,6 +93,35 @@ def build_optimizer(
         f"unknown optimizer {config.optimizer!r}; choose adamw, adam, sgd, "
         "memory_efficient_adam, adam8bit, lion, sophia, galore_adamw or adafactor"
     )
+
+
+def build_torch_optimizer(
+    params: list[nn.Parameter], config: TrainingConfig
+) -> torch.optim.Optimizer:
+    """``torch.optim.<optimizer>(params, lr=learning_rate, [weight_decay], **optimizer_kwargs)``
+    for a class-name optimizer (``"Adadelta"``): torch's defaults for everything else. JSON
+    lists in ``optimizer_kwargs`` become tuples (``betas``, ``etas``)."""
+    name = config.optimizer
+    cls = getattr(torch.optim, name, None)
+    if not isinstance(cls, type) or not issubclass(cls, torch.optim.Optimizer):
+        raise UnsupportedFeatureError(
+            f"optimizer={name!r}: the engine's torch ({torch.__version__}) has no "
+            f"torch.optim.{name}"
+        )
+    kwargs = {
+        key: tuple(value) if isinstance(value, list) else value
+        for key, value in config.optimizer_kwargs.items()
+    }
+    args: dict[str, Any] = {"lr": config.learning_rate}
+    if config.weight_decay:
+        args["weight_decay"] = config.weight_decay
+    try:
+        return cls(params, **args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"optimizer_kwargs {dict(config.optimizer_kwargs)!r}: torch.optim.{name} refused "
+            f"them: {exc}"
+        ) from exc
 
 
 # Devices with torch's fused Adam/AdamW/SGD kernels (torch >= 2.4 has the CPU's too).

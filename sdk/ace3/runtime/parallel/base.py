@@ -37,6 +37,7 @@ from ace3.config import TrainingConfig
 from ace3.runtime.checkpoint.format import CheckpointFormat, FormatKind
 from ace3.runtime.checkpoint.formats import format_for
 from ace3.runtime.checkpoint.state_dicts import StateDicts
+from ace3.runtime.loop.configured_optimizer import configure_optimizers
 from ace3.runtime.loop.extra_optimizers import (
     graph_keeping_backward,
     needs_grad_graph,
@@ -98,6 +99,7 @@ class Strategy(ABC):
         self.config, self.ctx, self.dims = config, ctx, dims
         self.forward: nn.Module | None = None  # set by wrap()
         self.zero_stage = 0  # the ZeRO stage the run's state is sharded at (checkpoints say it)
+        self.configured_scheduler: Any = None  # from the model file's configure_optimizers
 
     # -- layout ---------------------------------------------------------------------------------
     @property
@@ -133,8 +135,25 @@ class Strategy(ABC):
         """Place, cast and split or shard ``model``; return this rank's module (what the
         optimizer steps). ``live_module``: the caller keeps using ``model``."""
 
-    def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
+    def make_optimizer(
+        self, model: nn.Module, precision: Precision, user: UserCode | None = None
+    ) -> torch.optim.Optimizer:
+        """The config's optimizer over :meth:`prepare`'s module, or the one the model file's
+        ``configure_optimizers(model)`` builds (:meth:`adopt`; its scheduler, if any, is kept
+        in :attr:`configured_scheduler`)."""
+        if user is not None and user.configure_optimizers is not None:
+            configured = configure_optimizers(
+                user.configure_optimizers, model, self.config, precision.uses_master_weights
+            )
+            self.configured_scheduler = configured.scheduler
+            return self.adopt(configured.optimizer, model, precision)
         return build_optimizer(precision.optimizer_parameters(model), self.config)
+
+    def adopt(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, precision: Precision
+    ) -> torch.optim.Optimizer:
+        """The optimizer to step, from one ``configure_optimizers`` built over ``model``."""
+        return optimizer
 
     def wrap(self, model: nn.Module) -> None:
         """Set :attr:`forward` (the module forward passes run through)."""

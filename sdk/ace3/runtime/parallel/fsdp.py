@@ -23,7 +23,7 @@ from ace3.runtime.checkpoint.state_dicts import DistributedStateDicts, StateDict
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.optim import build_optimizer
 from ace3.runtime.loop.precision import Precision
-from ace3.runtime.parallel.base import full_norm, total_grad_norm
+from ace3.runtime.parallel.base import Strategy, full_norm, total_grad_norm
 from ace3.runtime.parallel.ddp import checkpoint_activations, place_on_device
 from ace3.runtime.parallel.sharding import (
     ShardingPlan,
@@ -80,8 +80,19 @@ class FullyShardedDataParallel(ZeroRedundancy):
             print(f"FSDP units: {units} layer(s) + the root")
         return model
 
-    def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
+    def make_optimizer(
+        self, model: nn.Module, precision: Precision, user: UserCode | None = None
+    ) -> torch.optim.Optimizer:
+        """Built after sharding: the config's optimizer or ``configure_optimizers``' over the
+        sharded (DTensor) parameters."""
+        if user is not None and user.configure_optimizers is not None:
+            return Strategy.make_optimizer(self, model, precision, user)
         return build_optimizer(trainable(model), self.config)
+
+    def adopt(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, precision: Precision
+    ) -> torch.optim.Optimizer:
+        return optimizer  # its state is sharded with the parameters already
 
     def wrap(self, model: nn.Module) -> None:
         self.forward = model

@@ -150,11 +150,12 @@ def training_copy(model: nn.Module) -> nn.Module:
 
 # -- stage 1: ZeroRedundancyOptimizer -----------------------------------------------------------
 def zero_redundancy_optimizer(
-    params: Iterable[nn.Parameter], template: torch.optim.Optimizer
+    params: Iterable[Any], template: torch.optim.Optimizer
 ) -> torch.optim.Optimizer:
     """A ``ZeroRedundancyOptimizer`` running ``template``'s class with its hyperparameters over
-    each rank's share of ``params`` (``template`` is the optimizer the config names, built
-    by ``ace3.runtime.loop.optim.build_optimizer`` over the same parameters; it is discarded)."""
+    each rank's share of ``params`` (parameters, or parameter groups: dicts) (``template`` is
+    the optimizer the config names, built by ``ace3.runtime.loop.optim.build_optimizer`` over
+    the same parameters, or the model file's ``configure_optimizers``'; it is discarded)."""
     import inspect
 
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -34,6 +34,7 @@ from ace3.runtime.parallel.sharding import (
     shard_model,
     sharding_plan,
 )
+from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
     from ace3.runtime.components import Components
@@ -182,13 +183,17 @@ class SplitModel(Strategy):
     def grad_norm(self, parts: Components) -> torch.Tensor:
         return split_grad_norm(parts.precision.clip_parameters(parts.model), self._stage_group())
 
-    def make_optimizer(self, model: nn.Module, precision: Precision) -> torch.optim.Optimizer:
+    def make_optimizer(
+        self, model: nn.Module, precision: Precision, user: UserCode | None = None
+    ) -> torch.optim.Optimizer:
+        """This rank's part only (a pipeline stage, a tensor-parallel shard); the model file's
+        ``configure_optimizers`` gets that part too."""
         if not precision.optimizer_parameters(model):
             raise ValueError(
                 f"rank {self.ctx.rank}'s part of the model has no trainable parameters: choose "
                 "other split points (pipeline_split_points) or fewer processes"
             )
-        return super().make_optimizer(model, precision)
+        return super().make_optimizer(model, precision, user)
 
     def state_bytes(self, parts: Components) -> int:
         return local_state_bytes(parts.model, parts.optimizer)
