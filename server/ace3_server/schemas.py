@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
 from ace3.config.events import RunPlan
+from ace3.config.states import JobState, Priority, SearchState, TrialState, WaitingReason
 from ace3.hp import HPConfig
 
 Item = TypeVar("Item")
-
-
-Priority = Literal["high", "normal", "low"]
 
 
 class _Out(BaseModel):
@@ -77,12 +75,12 @@ class JobOut(_Out):
     id: str
     name: str | None
     priority: Priority = "normal"
-    state: str
+    state: JobState
     queue_position: int | None = Field(
         None,
         description="A queued job's place in claim order (1 = next; GET /v1/queue); else null.",
     )
-    waiting_reason: Literal["quota", "capacity", "priority"] | None = Field(
+    waiting_reason: WaitingReason | None = Field(
         None,
         description="Why a queued job waits: quota (its owner is at max_running_jobs or "
         "max_gpus), priority (jobs that may run are ahead of it), capacity (it is next and waits "
@@ -238,7 +236,7 @@ class SearchCreate(BaseModel):
 class SearchTrialOut(_Out):
     id: str
     number: int
-    state: str
+    state: TrialState
     params: dict[str, Any]
     job_id: str | None
     value: float | None
@@ -259,7 +257,7 @@ class SearchOut(BaseModel):
 
     id: str
     name: str | None
-    state: str
+    state: SearchState
     model_id: str
     dataset_id: str
     validation_dataset_id: str | None
@@ -302,7 +300,7 @@ class QueuedJobOut(BaseModel):
     id: str
     name: str | None
     priority: Priority
-    waiting_reason: Literal["quota", "capacity", "priority"]
+    waiting_reason: WaitingReason
     position: int = Field(
         description="1 = the next job a worker takes: 1 + the queued jobs of all owners ahead of "
         "it in claim order."

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config.events import InstabilityRecord, PreemptedRecord, RunPlan
 from ace3.config.states import TERMINAL_STATES as TERMINAL_STATES
+from ace3.config.states import JobPriority, WaitingReason
 from ace3.config.states import JobState as JobState
 from ace3.config.states import RunState as RunState
 
@@ -51,16 +52,23 @@ class Dataset(_APIObject):
     created_at: datetime | None = None
 
 
+class JobProgress(_APIObject):
+    """Where a listed job has got to: its newest reported metric's step and epoch."""
+
+    step: int
+    epoch: float | None = None
+
+
 class Job(_APIObject):
     id: str
     name: str | None = None
     # high | normal | low: the order in which the service's workers claim queued jobs.
-    priority: str = "normal"
+    priority: JobPriority | str = Field(JobPriority.NORMAL, union_mode="left_to_right")
     state: JobState | str = Field(union_mode="left_to_right")
     # A queued job (GET /v1/jobs/{id}): its place in claim order (1 = next) and why it waits
     # (quota, capacity or priority); None otherwise.
     queue_position: int | None = None
-    waiting_reason: str | None = None
+    waiting_reason: WaitingReason | str | None = Field(None, union_mode="left_to_right")
     attempt: int = 0
     # Attempts that were preempted (their worker was drained) and re-queued; the retry budget
     # (the service's max_retries) does not count them.
@@ -81,6 +89,8 @@ class Job(_APIObject):
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # In job lists (GET /v1/jobs): the newest reported step and epoch; None elsewhere.
+    progress: JobProgress | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -139,6 +149,10 @@ class Checkpoint(_APIObject):
     created_at: datetime | None = None
     monitor_value: float | None = None  # keep_best_checkpoint: checkpoint_monitor at this step
     best: bool = False  # keep_best_checkpoint: the job's best checkpoint (never pruned)
+    # Uploaded weights (client.checkpoints.upload, POST /v1/checkpoints) only: the file's name
+    # and its tensor count; a job's checkpoints have job_id, step, epoch and attempt instead.
+    filename: str | None = None
+    tensors: int | None = None
 
 
 class Artifact(_APIObject):
