@@ -5,7 +5,6 @@ and follow their live events."""
 from __future__ import annotations
 
 import builtins
-import hashlib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -16,12 +15,11 @@ from urllib.parse import quote
 from ace3.client._sse import decode_event, follow_events
 from ace3.config import TrainingConfig
 from ace3.config.specs import ARTIFACT_SCHEME
-from ace3.errors import ChecksumMismatchError
-from ace3.files import atomic_path
 
 if TYPE_CHECKING:
     pass
 
+from ace3.client._download import download_checkpoint_file, write_verified
 from ace3.client._resource import _Runs
 from ace3.client.types import (
     _EVENT_MODELS,
@@ -35,25 +33,6 @@ from ace3.client.types import (
     Metric,
     RecordPage,
 )
-
-
-def _write_verified(response: Any, target: Path, expected: str | None, *, verify: bool) -> str:
-    """Stream ``response`` into ``target`` through a temporary file in the same directory,
-    renamed into place only when complete and (with ``verify``) matching both the server's
-    ``x-checksum-sha256`` and ``expected``; return the sha256 of the bytes."""
-    announced = response.headers.get("x-checksum-sha256")
-    digest = hashlib.sha256()
-    with atomic_path(target) as partial, partial.open("wb") as handle:
-        for chunk in response.iter_bytes():
-            digest.update(chunk)
-            handle.write(chunk)
-        handle.flush()
-        actual = digest.hexdigest()
-        if verify:
-            for wanted in (announced, expected):
-                if wanted and wanted.lower() != actual:
-                    raise ChecksumMismatchError(str(target), wanted.lower(), actual)
-    return actual
 
 
 def _artifact_path(path: str, argument: str) -> str:
@@ -74,7 +53,6 @@ def _artifact_path(path: str, argument: str) -> str:
 
 
 _EVENT_ID = re.compile(r"^(\d+):(\d+)(?::(\d+))?$")
-_FILENAME = re.compile(r'filename="?([^";]+)"?')
 
 
 def with_uploaded_weights(config: TrainingConfig, http: Any) -> TrainingConfig:
@@ -228,18 +206,15 @@ class Jobs(_Runs[Job]):
         appears only once complete.
         """
         checkpoint_id = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
-        expected = checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None
-        target = Path(to)
-        path = f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/content"
-        with self._http.stream("GET", path) as response:
-            if target.is_dir():
-                name = checkpoint.name if isinstance(checkpoint, Checkpoint) else None
-                if not name:
-                    match = _FILENAME.search(response.headers.get("content-disposition", ""))
-                    name = Path(match.group(1)).name if match else f"{checkpoint_id}.pt"
-                target = target / name
-            _write_verified(response, target, expected, verify=verify)
-        return target
+        return download_checkpoint_file(
+            self._http,
+            f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/content",
+            Path(to),
+            checkpoint_id=checkpoint_id,
+            name=checkpoint.name if isinstance(checkpoint, Checkpoint) else None,
+            expected=checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None,
+            verify=verify,
+        )
 
     def artifacts(self, job_id: str, *, prefix: str | None = None) -> builtins.list[Artifact]:
         """The job's artifacts (files it wrote under ``artifact://``), ordered by path; with
@@ -284,7 +259,7 @@ class Jobs(_Runs[Job]):
             target = target / PurePosixPath(relative).name
         url = f"/v1/jobs/{job_id}/artifacts/{quote(relative, safe='/')}"
         with self._http.stream("GET", url) as response:
-            digest = _write_verified(response, target, expected, verify=verify)
+            digest = write_verified(response, target, expected, verify=verify)
         return target, digest
 
     def events(

@@ -9,29 +9,89 @@ import hashlib
 import os
 import re
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Literal
+from typing import Any, BinaryIO, ClassVar, Generic, Literal, TypeVar
 
-from ace3.client.pagination import CursorPage
+from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    pass
-
+from ace3.client._download import download_checkpoint_file
 from ace3.client._resource import _Resource
+from ace3.client.pagination import CursorPage
 from ace3.client.types import Checkpoint, Dataset, Model, Worker
 
-
-def _upload_file(path: str | os.PathLike[str] | BinaryIO, filename: str | None):
-    """(filename, file object, close it?) for a multipart upload."""
-    if isinstance(path, str | os.PathLike):
-        handle = open(path, "rb")  # noqa: SIM115 - closed by the caller
-        return filename or Path(path).name, handle, True
-    name = filename or Path(getattr(path, "name", "upload.bin")).name
-    return name, path, False
+StoredT = TypeVar("StoredT", bound=BaseModel)
 
 
-class Models(_Resource):
+def _upload(
+    resource: _Resource,
+    path: str,
+    file: str | os.PathLike[str] | BinaryIO,
+    filename: str | None,
+    data: Mapping[str, Any],
+    idempotency_key: str | None,
+) -> Any:
+    """``POST path`` of ``file`` as a multipart upload with the form fields ``data``: the JSON
+    the server answers. Retried (under one idempotency key, a new uuid4 unless given) when the
+    connection fails or the server is busy."""
+    handle: BinaryIO
+    if isinstance(file, str | os.PathLike):
+        upload_name, handle, close = filename or Path(file).name, open(file, "rb"), True  # noqa: SIM115
+    else:
+        upload_name = filename or Path(getattr(file, "name", "upload.bin")).name
+        handle, close = file, False
+    try:
+        response = resource._http.request(
+            "POST",
+            path,
+            files={"file": (upload_name, handle, "application/octet-stream")},
+            data=dict(data),
+            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        )
+    finally:
+        if close:
+            handle.close()
+    return response.json()
+
+
+class _Stored(_Resource, Generic[StoredT]):
+    """What ``client.models`` and ``client.datasets`` share: uploaded files by content hash,
+    read, listed (by sha256), deleted; each is one REST call under ``_path``."""
+
+    _path: ClassVar[str]
+    _item_type: ClassVar[type[Any]]
+
+    def _create(
+        self,
+        file: str | os.PathLike[str] | BinaryIO,
+        filename: str | None,
+        data: Mapping[str, Any],
+        idempotency_key: str | None,
+    ) -> StoredT:
+        payload = _upload(self, self._path, file, filename, data, idempotency_key)
+        item: StoredT = self._item_type.model_validate(payload)
+        return item
+
+    def retrieve(self, item_id: str) -> StoredT:
+        item: StoredT = self._item_type.model_validate(
+            self._http.request("GET", f"{self._path}/{item_id}").json()
+        )
+        return item
+
+    def list(
+        self, *, sha256: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> CursorPage[StoredT]:
+        return self._list(self._path, self._item_type, {"sha256": sha256, "limit": limit}, cursor)
+
+    def delete(self, item_id: str) -> None:
+        self._http.request("DELETE", f"{self._path}/{item_id}")
+
+
+class Models(_Stored[Model]):
     """``/v1/models``: uploaded model code (a ``.py`` file or a package archive)."""
+
+    _path = "/v1/models"
+    _item_type = Model
 
     def create(
         self,
@@ -46,34 +106,15 @@ class Models(_Resource):
         """Upload model code. The server answers with the existing model when this owner
         already uploaded the same bytes, so the upload is retried (under one idempotency key,
         a new uuid4 unless given) when the connection fails or the server is busy."""
-        upload_name, handle, close = _upload_file(file, filename)
-        try:
-            response = self._http.request(
-                "POST",
-                "/v1/models",
-                files={"file": (upload_name, handle, "application/octet-stream")},
-                data={"name": name, "entry_module": entry_module, "factory": factory},
-                idempotency_key=idempotency_key or str(uuid.uuid4()),
-            )
-        finally:
-            if close:
-                handle.close()
-        return Model.model_validate(response.json())
-
-    def retrieve(self, model_id: str) -> Model:
-        return Model.model_validate(self._http.request("GET", f"/v1/models/{model_id}").json())
-
-    def list(
-        self, *, sha256: str | None = None, limit: int | None = None, cursor: str | None = None
-    ) -> CursorPage[Model]:
-        return self._list("/v1/models", Model, {"sha256": sha256, "limit": limit}, cursor)
-
-    def delete(self, model_id: str) -> None:
-        self._http.request("DELETE", f"/v1/models/{model_id}")
+        fields = {"name": name, "entry_module": entry_module, "factory": factory}
+        return self._create(file, filename, fields, idempotency_key)
 
 
-class Datasets(_Resource):
+class Datasets(_Stored[Dataset]):
     """``/v1/datasets``: uploaded training and validation data."""
+
+    _path = "/v1/datasets"
+    _item_type = Dataset
 
     def create(
         self,
@@ -87,31 +128,7 @@ class Datasets(_Resource):
         """Upload a data file, or with ``kind="directory"`` a ``.tar.gz`` of a directory.
         The server answers with the existing dataset when these bytes were uploaded before;
         retried like :meth:`Models.create`."""
-        upload_name, handle, close = _upload_file(file, filename)
-        try:
-            response = self._http.request(
-                "POST",
-                "/v1/datasets",
-                files={"file": (upload_name, handle, "application/octet-stream")},
-                data={"name": name, "kind": kind},
-                idempotency_key=idempotency_key or str(uuid.uuid4()),
-            )
-        finally:
-            if close:
-                handle.close()
-        return Dataset.model_validate(response.json())
-
-    def retrieve(self, dataset_id: str) -> Dataset:
-        response = self._http.request("GET", f"/v1/datasets/{dataset_id}")
-        return Dataset.model_validate(response.json())
-
-    def list(
-        self, *, sha256: str | None = None, limit: int | None = None, cursor: str | None = None
-    ) -> CursorPage[Dataset]:
-        return self._list("/v1/datasets", Dataset, {"sha256": sha256, "limit": limit}, cursor)
-
-    def delete(self, dataset_id: str) -> None:
-        self._http.request("DELETE", f"/v1/datasets/{dataset_id}")
+        return self._create(file, filename, {"name": name, "kind": kind}, idempotency_key)
 
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -138,19 +155,8 @@ class Checkpoints(_Resource):
                 "converts a .pt checkpoint for you; or ace3.save_checkpoint(state_dict, "
                 "'weights.safetensors'))"
             )
-        upload_name, handle, close = _upload_file(file, None)
-        try:
-            response = self._http.request(
-                "POST",
-                "/v1/checkpoints",
-                files={"file": (upload_name, handle, "application/octet-stream")},
-                data={"name": name},
-                idempotency_key=idempotency_key or str(uuid.uuid4()),
-            )
-        finally:
-            if close:
-                handle.close()
-        return Checkpoint.model_validate(response.json())
+        payload = _upload(self, "/v1/checkpoints", file, None, {"name": name}, idempotency_key)
+        return Checkpoint.model_validate(payload)
 
     def download(
         self, checkpoint: str | Checkpoint, to: str | os.PathLike[str], *, verify: bool = True
@@ -158,17 +164,16 @@ class Checkpoints(_Resource):
         """Download a stored checkpoint (of any of your jobs) or uploaded weights by id to
         ``to`` (a file path, or an existing directory to put it in under its own name), checked
         against the server's sha256; returns the path."""
-        from ace3.client.jobs import _FILENAME, _write_verified
-
         checkpoint_id = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
-        expected = checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None
-        target = Path(to)
-        with self._http.stream("GET", f"/v1/checkpoints/{checkpoint_id}/content") as response:
-            if target.is_dir():
-                match = _FILENAME.search(response.headers.get("content-disposition", ""))
-                target = target / (Path(match.group(1)).name if match else f"{checkpoint_id}.pt")
-            _write_verified(response, target, expected, verify=verify)
-        return target
+        return download_checkpoint_file(
+            self._http,
+            f"/v1/checkpoints/{checkpoint_id}/content",
+            Path(to),
+            checkpoint_id=checkpoint_id,
+            name=None,  # (the server's file name)
+            expected=checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None,
+            verify=verify,
+        )
 
     def find(self, *, sha256: str) -> builtins.list[Checkpoint]:
         """The stored checkpoints (of your jobs) whose file has this sha256, newest first:
