@@ -12,22 +12,21 @@ optimizer steps. ``ReduceLROnPlateau`` advances once per validation, on its ``mo
 metric. The learning rate a scheduler shows after ``k`` advances is the one the optimizer uses
 for step ``k + 1``.
 
-:func:`scheduler_spec` turns an ace3 scheduler, or one of the matching torch classes, into a
-spec, and refuses anything else with :class:`ace3.errors.UnsupportedFeatureError`.
+:func:`scheduler_spec` (:mod:`ace3.training.scheduler_specs`, importable from here) turns an ace3
+scheduler, or one of the matching torch classes, into a spec, and refuses anything else with
+:class:`ace3.errors.UnsupportedFeatureError`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 from torch.optim import lr_scheduler
 
-from ace3.config import ConfigProblem
 from ace3.config.scheduler_params import check_scheduler_params
-from ace3.config.specs import SchedulerSpec
-from ace3.errors import UnsupportedFeatureError
+from ace3.training.scheduler_specs import CarriedSchedule, plateau_settings, scheduler_spec
 
 __all__ = [
     "CosineAnnealingLR",
@@ -42,24 +41,11 @@ __all__ = [
 ]
 
 
-class _Carried:
-    """``to_spec()`` from the spec name and the hyperparameters the class keeps."""
-
-    spec_name: ClassVar[str]
-
-    def _spec_params(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def to_spec(self) -> SchedulerSpec:
-        """This schedule as a :class:`SchedulerSpec` (its hyperparameters, not its optimizer)."""
-        return SchedulerSpec(name=self.spec_name, params=self._spec_params())
-
-
 def _checked(name: str, **params: Any) -> dict[str, Any]:
     return check_scheduler_params(name, params)
 
 
-class CosineAnnealingLR(_Carried, lr_scheduler.CosineAnnealingLR):
+class CosineAnnealingLR(CarriedSchedule, lr_scheduler.CosineAnnealingLR):
     """``torch.optim.lr_scheduler.CosineAnnealingLR``: from the optimizer's lr down to
     ``eta_min`` along a half cosine over ``T_max`` optimizer steps.
 
@@ -78,7 +64,61 @@ class CosineAnnealingLR(_Carried, lr_scheduler.CosineAnnealingLR):
         return {"T_max": self.T_max, "eta_min": self.eta_min}
 
 
-class WarmupCosineScheduler(_Carried, lr_scheduler.LRScheduler):
+class _WarmupThenDecay(CarriedSchedule, lr_scheduler.LRScheduler):
+    """What :class:`WarmupCosineScheduler` and :class:`PolynomialDecayScheduler` share: a
+    linear warmup to the peak over ``warmup_steps``, a decay to ``min_lr`` at ``total_steps``
+    (the subclass's :meth:`decay`), then flat; a closed form of the step count, so a resumed
+    schedule continues exactly."""
+
+    warmup_steps: int
+    total_steps: int
+    min_lr: float
+
+    def _start(
+        self, optimizer: torch.optim.Optimizer, params: dict[str, Any], what: str, advice: str
+    ) -> None:
+        """Keep the checked step counts and ``min_lr``, refuse a ``min_lr`` above a group's
+        peak (``what``, ``advice`` for the message), and start the torch scheduler."""
+        self.warmup_steps = params["warmup_steps"]
+        self.total_steps = params["total_steps"]
+        self.min_lr = params["min_lr"]
+        _check_min_lr_below_peaks(optimizer, self.min_lr, what, advice)
+        super().__init__(optimizer)
+
+    def decay(self, base_lr: float, progress: float) -> float:
+        """The lr at ``progress`` (0 < progress < 1) of the way from the warmup's end to
+        ``total_steps``."""
+        raise NotImplementedError
+
+    def lr_at(self, base_lr: float, steps_done: int) -> float:
+        """The lr of the optimizer step that follows ``steps_done`` steps, for peak
+        ``base_lr``."""
+        k, w, total = steps_done + 1, self.warmup_steps, self.total_steps
+        if k <= w:
+            return base_lr * k / w
+        if k >= total:
+            return self.min_lr
+        return self.decay(base_lr, (k - w) / (total - w))
+
+    def get_lr(self) -> list[float]:
+        return self._get_closed_form_lr()
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return [self.lr_at(float(base), self.last_epoch) for base in self.base_lrs]
+
+    def _shape_params(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _spec_params(self) -> dict[str, Any]:
+        return {
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            **self._shape_params(),
+            "min_lr": self.min_lr,
+        }
+
+
+class WarmupCosineScheduler(_WarmupThenDecay):
     """Linear warmup to ``max_lr``, cosine decay to ``min_lr`` at ``total_steps``, then flat.
 
     Optimizer step ``k`` (1-based) runs at::
@@ -111,45 +151,22 @@ class WarmupCosineScheduler(_Carried, lr_scheduler.LRScheduler):
             max_lr=max_lr,
             min_lr=min_lr,
         )
-        self.warmup_steps: int = params["warmup_steps"]
-        self.total_steps: int = params["total_steps"]
         self.max_lr: float | None = params["max_lr"]
-        self.min_lr: float = params["min_lr"]
         if self.max_lr is not None:
             for group in optimizer.param_groups:
                 group["initial_lr"] = self.max_lr
-        _check_min_lr_below_peaks(
-            optimizer, self.min_lr, "the peak learning rate", "lower min_lr or pass a larger max_lr"
+        self._start(
+            optimizer, params, "the peak learning rate", "lower min_lr or pass a larger max_lr"
         )
-        super().__init__(optimizer)
 
-    def lr_at(self, base_lr: float, steps_done: int) -> float:
-        """The lr of the optimizer step that follows ``steps_done`` steps, for peak
-        ``base_lr``."""
-        k = steps_done + 1
-        if k <= self.warmup_steps:
-            return base_lr * k / self.warmup_steps
-        if k >= self.total_steps:
-            return self.min_lr
-        progress = (k - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+    def decay(self, base_lr: float, progress: float) -> float:
         return self.min_lr + (base_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    def get_lr(self) -> list[float]:
-        return self._get_closed_form_lr()
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [self.lr_at(float(base), self.last_epoch) for base in self.base_lrs]
-
-    def _spec_params(self) -> dict[str, Any]:
-        return {
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-            "max_lr": self.max_lr,
-            "min_lr": self.min_lr,
-        }
+    def _shape_params(self) -> dict[str, Any]:
+        return {"max_lr": self.max_lr}
 
 
-class PolynomialDecayScheduler(_Carried, lr_scheduler.LRScheduler):
+class PolynomialDecayScheduler(_WarmupThenDecay):
     """Linear warmup to the lr, polynomial decay to ``min_lr`` at ``total_steps``, then flat.
 
     Optimizer step ``k`` (1-based) of a parameter group with lr ``lr`` runs at::
@@ -181,40 +198,17 @@ class PolynomialDecayScheduler(_Carried, lr_scheduler.LRScheduler):
             power=power,
             min_lr=min_lr,
         )
-        self.warmup_steps: int = params["warmup_steps"]
-        self.total_steps: int = params["total_steps"]
         self.power: float = params["power"]
-        self.min_lr: float = params["min_lr"]
-        _check_min_lr_below_peaks(optimizer, self.min_lr, "the learning rate", "lower min_lr")
-        super().__init__(optimizer)
+        self._start(optimizer, params, "the learning rate", "lower min_lr")
 
-    def lr_at(self, base_lr: float, steps_done: int) -> float:
-        """The lr of the optimizer step that follows ``steps_done`` steps, for peak
-        ``base_lr``."""
-        k, w, total = steps_done + 1, self.warmup_steps, self.total_steps
-        if k <= w:
-            return base_lr * k / w
-        if k >= total:
-            return self.min_lr
-        remaining = 1.0 - (k - w) / (total - w)
-        return (base_lr - self.min_lr) * remaining**self.power + self.min_lr
+    def decay(self, base_lr: float, progress: float) -> float:
+        return (base_lr - self.min_lr) * (1.0 - progress) ** self.power + self.min_lr
 
-    def get_lr(self) -> list[float]:
-        return self._get_closed_form_lr()
-
-    def _get_closed_form_lr(self) -> list[float]:
-        return [self.lr_at(float(base), self.last_epoch) for base in self.base_lrs]
-
-    def _spec_params(self) -> dict[str, Any]:
-        return {
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-            "power": self.power,
-            "min_lr": self.min_lr,
-        }
+    def _shape_params(self) -> dict[str, Any]:
+        return {"power": self.power}
 
 
-class WarmupScheduler(_Carried, lr_scheduler.LinearLR):
+class WarmupScheduler(CarriedSchedule, lr_scheduler.LinearLR):
     """Linear warmup over ``warmup_steps`` optimizer steps, then the optimizer's lr.
 
     Step ``k`` runs at ``lr * min(1, k / warmup_steps)``: torch's ``LinearLR`` from
@@ -236,7 +230,7 @@ class WarmupScheduler(_Carried, lr_scheduler.LinearLR):
         return {"warmup_steps": self.warmup_steps}
 
 
-class StepLR(_Carried, lr_scheduler.StepLR):
+class StepLR(CarriedSchedule, lr_scheduler.StepLR):
     """``torch.optim.lr_scheduler.StepLR``: multiply the lr by ``gamma`` every ``step_size``
     optimizer steps."""
 
@@ -250,7 +244,7 @@ class StepLR(_Carried, lr_scheduler.StepLR):
         return {"step_size": self.step_size, "gamma": self.gamma}
 
 
-class LinearLR(_Carried, lr_scheduler.LinearLR):
+class LinearLR(CarriedSchedule, lr_scheduler.LinearLR):
     """``torch.optim.lr_scheduler.LinearLR``: scale the lr linearly from ``start_factor`` to
     ``end_factor`` over ``total_iters`` optimizer steps, then keep ``end_factor``."""
 
@@ -276,7 +270,7 @@ class LinearLR(_Carried, lr_scheduler.LinearLR):
         }
 
 
-class ExponentialLR(_Carried, lr_scheduler.ExponentialLR):
+class ExponentialLR(CarriedSchedule, lr_scheduler.ExponentialLR):
     """``torch.optim.lr_scheduler.ExponentialLR``: multiply the lr by ``gamma`` every
     optimizer step."""
 
@@ -289,7 +283,7 @@ class ExponentialLR(_Carried, lr_scheduler.ExponentialLR):
         return {"gamma": self.gamma}
 
 
-class ReduceLROnPlateau(_Carried, lr_scheduler.ReduceLROnPlateau):
+class ReduceLROnPlateau(CarriedSchedule, lr_scheduler.ReduceLROnPlateau):
     """``torch.optim.lr_scheduler.ReduceLROnPlateau`` that knows which metric it watches.
 
     Multiplies the lr by ``factor`` (not below ``min_lr``) when ``monitor`` has not improved
@@ -330,93 +324,10 @@ class ReduceLROnPlateau(_Carried, lr_scheduler.ReduceLROnPlateau):
 
     def _spec_params(self) -> dict[str, Any]:
         return {
-            "mode": self.mode,
-            "factor": self.factor,
-            "patience": self.patience,
-            "threshold": self.threshold,
-            "threshold_mode": self.threshold_mode,
-            "cooldown": self.cooldown,
+            **plateau_settings(self),
             "min_lr": float(self.default_min_lr),
             "monitor": self.monitor,
         }
-
-
-def scheduler_spec(scheduler: Any) -> SchedulerSpec:
-    """The :class:`SchedulerSpec` that rebuilds ``scheduler`` in a job.
-
-    Accepts the ace3 schedulers and these torch classes (exactly, not subclasses):
-    ``CosineAnnealingLR``, ``StepLR``, ``LinearLR``, ``ExponentialLR`` and
-    ``ReduceLROnPlateau`` (which watches ``val_loss`` in a job). The schedule must not have
-    advanced yet: a job starts it from the beginning. Anything else raises
-    ``UnsupportedFeatureError`` naming what cannot be carried.
-    """
-    spec = scheduler.to_spec() if isinstance(scheduler, _Carried) else _torch_spec(scheduler)
-    steps_done = scheduler.last_epoch
-    if steps_done > 0:
-        _refuse(
-            "lr_scheduler",
-            f"{type(scheduler).__name__} has already advanced {steps_done} time(s); a job "
-            "starts its schedule from the beginning, so pass a scheduler that has not stepped",
-        )
-    return spec
-
-
-def _torch_spec(scheduler: Any) -> SchedulerSpec:
-    cls = type(scheduler)
-    torch_classes: dict[type, tuple[str, tuple[str, ...]]] = {
-        lr_scheduler.CosineAnnealingLR: ("cosine", ("T_max", "eta_min")),
-        lr_scheduler.StepLR: ("step", ("step_size", "gamma")),
-        lr_scheduler.LinearLR: ("linear", ("start_factor", "end_factor", "total_iters")),
-        lr_scheduler.ExponentialLR: ("exponential", ("gamma",)),
-    }
-    if cls in torch_classes:
-        name, keys = torch_classes[cls]
-        return _spec_or_refuse(name, {key: getattr(scheduler, key) for key in keys})
-    if cls is lr_scheduler.ReduceLROnPlateau:
-        return _spec_or_refuse("plateau", _plateau_params(scheduler))
-    _refuse(
-        "lr_scheduler",
-        f"{cls.__module__}.{cls.__qualname__} cannot be carried to a job; supported: the "
-        "ace3.training.schedulers classes and torch's CosineAnnealingLR, StepLR, LinearLR, "
-        "ExponentialLR and ReduceLROnPlateau",
-    )
-    raise AssertionError("unreachable")
-
-
-def _plateau_params(scheduler: lr_scheduler.ReduceLROnPlateau) -> dict[str, Any]:
-    min_lrs = {float(value) for value in scheduler.min_lrs}
-    if len(min_lrs) > 1:
-        _refuse(
-            "min_lr",
-            f"ReduceLROnPlateau has a different min_lr per parameter group ({scheduler.min_lrs});"
-            " a job carries one min_lr for all groups",
-        )
-    if scheduler.eps != 1e-8:
-        _refuse(
-            "eps",
-            f"ReduceLROnPlateau(eps={scheduler.eps!r}) cannot be carried: jobs use eps=1e-8",
-        )
-    return {
-        "mode": scheduler.mode,
-        "factor": scheduler.factor,
-        "patience": scheduler.patience,
-        "threshold": scheduler.threshold,
-        "threshold_mode": scheduler.threshold_mode,
-        "cooldown": scheduler.cooldown,
-        "min_lr": min_lrs.pop(),
-    }
-
-
-def _spec_or_refuse(name: str, params: dict[str, Any]) -> SchedulerSpec:
-    try:
-        return SchedulerSpec(name=name, params=check_scheduler_params(name, params))
-    except ValueError as exc:
-        _refuse("lr_scheduler", f"cannot carry this scheduler to a job: {exc}")
-        raise AssertionError("unreachable") from exc
-
-
-def _refuse(field: str, reason: str) -> None:
-    raise UnsupportedFeatureError(reason, [ConfigProblem(field=field, reason=reason)])
 
 
 def _check_min_lr_below_peaks(
