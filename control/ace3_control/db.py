@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine, Insert, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import CursorResult, Result, make_url
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import (
@@ -97,6 +97,12 @@ def async_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSessio
 async def session_scope(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
     async with factory() as session:
         yield session
+
+
+def rows_changed(result: Result[*tuple[Any, ...]]) -> int:
+    """The rows an UPDATE, DELETE or INSERT changed: ``Session.execute`` is typed to return a
+    plain Result, and for these statements it is the CursorResult that counts them."""
+    return cast("CursorResult[*tuple[Any, ...]]", result).rowcount
 
 
 def insert_ignoring_duplicates(dialect_name: str, table: Any, rows: list[dict[str, Any]]) -> Insert:

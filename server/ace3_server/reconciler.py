@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
-from typing import Any, cast
 
 from sqlalchemy import select
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control import job_transitions, worker_registry
 from ace3_control.capacity import JobNeeds, cluster_problem
+from ace3_control.db import rows_changed
 from ace3_control.models import Job, JobState, utcnow
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
@@ -61,11 +60,8 @@ async def reconcile_once(
             )
         ).all()
         for job_id in stale:
-            result = cast(
-                CursorResult[Any],
-                await session.execute(job_transitions.mark_republished(job_id, stale_before)),
-            )
-            if result.rowcount:
+            result = await session.execute(job_transitions.mark_republished(job_id, stale_before))
+            if rows_changed(result):
                 to_publish.append(job_id)
         await session.execute(worker_registry.forget_long_gone(now))
         await session.commit()
@@ -98,10 +94,8 @@ async def fail_unschedulable(session: AsyncSession, settings: Settings, now: dat
             f"{settings.unschedulable_after_seconds:g} s (ACE3_UNSCHEDULABLE_AFTER_SECONDS): "
             f"{problem.message}"
         )
-        result = cast(
-            CursorResult[Any], await session.execute(job_transitions.fail_queued(job_id, error))
-        )
-        if result.rowcount:
+        result = await session.execute(job_transitions.fail_queued(job_id, error))
+        if rows_changed(result):
             logger.warning("job %s: %s", job_id, error)
 
 

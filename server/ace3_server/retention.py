@@ -25,13 +25,13 @@ import logging
 import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import delete, exists, func, or_, select, update
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from ace3_control.db import rows_changed
 from ace3_control.models import TERMINAL_STATES, Job, JobArtifact, JobLog, JobMetric, utcnow
 from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
@@ -72,11 +72,9 @@ async def _delete_rows(session: AsyncSession, model: Any, job_id: str, through: 
     """Delete the job's rows with ids <= ``through``, ``PAGE_ROWS`` a statement and commit."""
     while True:
         chunk = select(model.id).where(model.job_id == job_id, model.id <= through).limit(PAGE_ROWS)
-        result = cast(
-            CursorResult[Any], await session.execute(delete(model).where(model.id.in_(chunk)))
-        )
+        result = await session.execute(delete(model).where(model.id.in_(chunk)))
         await session.commit()
-        if result.rowcount < PAGE_ROWS:
+        if rows_changed(result) < PAGE_ROWS:
             return
 
 
@@ -148,15 +146,12 @@ async def archive_logs(
                 blob = await run_in_threadpool(
                     store.put_hashed, source, lambda sha: archive_key(job_id, sha)
                 )
-    mark = cast(
-        CursorResult[Any],
-        await session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.logs_archived_at.is_(None))
-            .values(logs_archived_at=now)
-        ),
+    mark = await session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.logs_archived_at.is_(None))
+        .values(logs_archived_at=now)
     )
-    if not mark.rowcount:
+    if not rows_changed(mark):
         await session.rollback()
         return 0  # another replica did it
     if blob is not None:

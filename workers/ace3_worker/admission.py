@@ -10,14 +10,14 @@ handed back, so copies of one job never multiply).
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, cast
+from typing import NamedTuple
 
 from sqlalchemy import select
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control import job_transitions
 from ace3_control.capacity import JobNeeds, fit_problem
+from ace3_control.db import rows_changed
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker.device import local_capacity
@@ -80,11 +80,9 @@ class Admission:
             logger.debug("job %s: another copy was handed back just now; dropping this one", job_id)
             return
         with self.sessions() as session:
-            result = cast(
-                CursorResult[Any], session.execute(job_transitions.mark_handed_back(job_id))
-            )
+            result = session.execute(job_transitions.mark_handed_back(job_id))
             session.commit()
-        if not result.rowcount:
+        if not rows_changed(result):
             return  # claimed or cancelled meanwhile
         self.handed_back.note(job_id)
         logger.info(

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control import job_nodes, job_transitions, scheduling
 from ace3_control.capacity import Capacity
+from ace3_control.db import rows_changed
 from ace3_control.models import Job, JobNode, JobState, utcnow
 from ace3_control.settings import Settings
 from ace3_worker.attempt import renew_lease
@@ -186,7 +187,7 @@ class GangMember:
                 self.pass_on(job_id, f"this worker holds node {held} of it already")
                 return None
             for rank in range(1, nodes):
-                if not session.execute(self._add(session, job_id, attempt, rank)).rowcount:
+                if not rows_changed(session.execute(self._add(session, job_id, attempt, rank))):
                     continue
                 if session.execute(job_nodes.hold_starting(job_id, attempt)).first() is None:
                     session.rollback()  # the leader launched, gave up, or the job was cancelled

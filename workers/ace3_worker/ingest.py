@@ -242,7 +242,7 @@ class Ingest:
             self._take_typed(output, job, item, record)
             return item
         elif isinstance(record, CheckpointRecord):
-            outcome = reports.checkpoint_problem(
+            outcome: str | reports.StagedCheckpoint | None = reports.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan
             )
             if outcome is None and record.name in output.staged_checkpoints:

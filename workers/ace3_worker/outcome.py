@@ -24,6 +24,7 @@ from ace3.config import TrainingConfig, parallel_degrees, runs_pipeline
 from ace3.config.batch_growth import batch_growth
 from ace3.errors import OUT_OF_MEMORY_EXIT_CODE, PREEMPTED_EXIT_CODE
 from ace3_control import job_nodes, job_transitions
+from ace3_control.db import rows_changed
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker import reports
@@ -273,7 +274,7 @@ class Outcomes:
         with self.sessions() as session:
             result = session.execute(job_transitions.requeue_for_retry(job_id, attempt, reason))
             session.commit()
-        if not result.rowcount:
+        if not rows_changed(result):
             return False
         self._publish(job_id)
         return True
@@ -296,14 +297,14 @@ class Outcomes:
                     job.id, attempt, reason, self.settings.max_preemptions
                 )
             )
-            row = session.get(Job, job.id) if not result.rowcount else None
+            row = session.get(Job, job.id) if not rows_changed(result) else None
             cancel_asked = row is not None and bool(row.cancel_requested)
-            if result.rowcount:
+            if rows_changed(result):
                 reports.store_log_lines(
                     session, job.id, attempt, [service_line(f"ace3: {reason}; re-queued")]
                 )
             session.commit()
-        if result.rowcount:
+        if rows_changed(result):
             logger.warning("job %s: %s; re-queued", job.id, reason)
             self._publish(job.id)
             return
@@ -334,12 +335,12 @@ class Outcomes:
             result = session.execute(
                 job_transitions.requeue_with_half_the_micro_batch(job.id, attempt, reason, limit)
             )
-            if result.rowcount:
+            if rows_changed(result):
                 reports.store_log_lines(
                     session, job.id, attempt, [service_line(f"ace3: {reason}; retrying")]
                 )
             session.commit()
-        if not result.rowcount:
+        if not rows_changed(result):
             return False
         logger.warning("job %s: %s", job.id, reason)
         self._publish(job.id)
@@ -375,7 +376,7 @@ class Outcomes:
         with self.sessions() as session:
             result = session.execute(job_transitions.finish(job_id, attempt, state, **fields))
             session.commit()
-        if result.rowcount:
+        if rows_changed(result):
             logger.info("job %s attempt %d: %s", job_id, attempt, state.value)
         else:
             logger.warning(

@@ -17,15 +17,13 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, cast
 
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ace3_control import worker_registry
 from ace3_control.capacity import Capacity, describe
-from ace3_control.db import make_sync_engine
+from ace3_control.db import make_sync_engine, rows_changed
 from ace3_control.models import Worker, new_id, utcnow
 from ace3_control.settings import Settings
 
@@ -89,9 +87,9 @@ class Registration:
     def heartbeat(self) -> None:
         """Renew ``last_seen_at``; a row the reconciler forgot is registered again."""
         with Session(self._engine) as session:
-            result = cast(CursorResult[Any], session.execute(worker_registry.touch(self.worker_id)))
+            result = session.execute(worker_registry.touch(self.worker_id))
             session.commit()
-        if not result.rowcount:
+        if not rows_changed(result):
             self.register()
 
     def deregister(self) -> None:

@@ -17,7 +17,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
 from sqlalchemy import Table, delete, select, update
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -32,7 +31,7 @@ from ace3.config.events import (
     SummaryRecord,
     parse_record,
 )
-from ace3_control.db import insert_ignoring_duplicates
+from ace3_control.db import insert_ignoring_duplicates, rows_changed
 from ace3_control.models import (
     ACTIVE_STATES,
     Job,
@@ -354,14 +353,13 @@ def record_checkpoint(
         "monitor_value": value,
         "best": False,
     }
-    inserted = cast(
-        CursorResult[Any],
+    inserted = rows_changed(
         session.execute(
             insert_ignoring_duplicates(
                 session.get_bind().dialect.name, JobCheckpoint.__table__, [row]
             )
-        ),
-    ).rowcount
+        )
+    )
     if not inserted:  # (job, step, name) is recorded already, with its own bytes: keep those
         recorded = session.scalar(
             select(JobCheckpoint.storage_key).where(

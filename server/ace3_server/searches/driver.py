@@ -24,17 +24,17 @@ import os
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import or_, select, update
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3.config import TrainingConfig, unsupported_settings
 from ace3.hp import HPConfig, split_params
 from ace3_control import job_transitions
 from ace3_control.capacity import JobNeeds, cluster_problem
+from ace3_control.db import rows_changed
 from ace3_control.models import (
     ACTIVE_SEARCH_STATES,
     TERMINAL_STATES,
@@ -354,25 +354,20 @@ async def _claim(
     session: AsyncSession, search_id: str, driver_id: str, lease_seconds: float
 ) -> bool:
     now = utcnow()
-    result = cast(
-        CursorResult[Any],
-        await session.execute(
-            update(Search)
-            .where(
-                Search.id == search_id,
-                Search.state.in_(ACTIVE_SEARCH_STATES),
-                or_(
-                    Search.driver_id == driver_id,
-                    Search.driver_lease_expires_at.is_(None),
-                    Search.driver_lease_expires_at < now,
-                ),
-            )
-            .values(
-                driver_id=driver_id, driver_lease_expires_at=now + timedelta(seconds=lease_seconds)
-            )
-        ),
+    result = await session.execute(
+        update(Search)
+        .where(
+            Search.id == search_id,
+            Search.state.in_(ACTIVE_SEARCH_STATES),
+            or_(
+                Search.driver_id == driver_id,
+                Search.driver_lease_expires_at.is_(None),
+                Search.driver_lease_expires_at < now,
+            ),
+        )
+        .values(driver_id=driver_id, driver_lease_expires_at=now + timedelta(seconds=lease_seconds))
     )
-    return bool(result.rowcount)
+    return bool(rows_changed(result))
 
 
 async def drive_once(
