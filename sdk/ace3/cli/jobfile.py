@@ -47,7 +47,9 @@ from pydantic import ValidationError as PydanticValidationError
 
 from ace3.cli.errors import BAD_INPUT, CLIError
 from ace3.config import TrainingConfig
+from ace3.errors import UnsupportedFeatureError
 from ace3.hp import HPConfig
+from ace3.locations import MODEL_SUPPORTED, SUPPORTED, refuse_url
 
 OVERRIDE_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*=")
 PATH_KEYS = ("model.path", "dataset", "validation_dataset")
@@ -198,6 +200,10 @@ def _resolve_paths(loaded: Loaded, source: Path) -> None:
         holder, name = (data.get("model"), "path") if key == "model.path" else (data, key)
         if not isinstance(holder, dict) or not isinstance(holder.get(name), str):
             continue
+        try:
+            refuse_url(holder[name], key, MODEL_SUPPORTED if key == "model.path" else SUPPORTED)
+        except UnsupportedFeatureError as exc:
+            raise CLIError(f"{source}: {exc}", BAD_INPUT) from None
         value = Path(holder[name]).expanduser()
         if not value.is_absolute():
             base = Path.cwd() if key in loaded.overridden else source.resolve().parent

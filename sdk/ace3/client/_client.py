@@ -26,6 +26,7 @@ from ace3.client.types import Dataset, Model
 from ace3.client.webhooks import Webhooks
 from ace3.errors import ACE3Error, PackingError
 from ace3.files import sha256_file
+from ace3.locations import MODEL_SUPPORTED, SUPPORTED, refuse_url
 
 ENV_API_KEY = "ACE3_API_KEY"
 ENV_BASE_URL = "ACE3_BASE_URL"
@@ -253,6 +254,7 @@ class Client:
 
 
 def _existing_path(path: str | os.PathLike[str], what: str) -> Path:
+    refuse_url(path, what, SUPPORTED if what == "dataset" else MODEL_SUPPORTED)
     source = Path(path).expanduser()
     if not source.exists():
         raise FileNotFoundError(f"{what} path not found: {source}")

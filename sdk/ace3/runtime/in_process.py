@@ -31,6 +31,7 @@ from ace3.config.events import (
     MetricsRecord,
     SummaryRecord,
 )
+from ace3.locations import refuse_url
 from ace3.runtime.build import build_local
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.data.dataset_files import make_dataset
@@ -107,6 +108,7 @@ def _as_dataset(data: Any, role: str) -> tuple[Dataset[Any], Any, int | None]:
     if isinstance(data, DataLoader):
         return data.dataset, data.collate_fn, data.batch_size
     if isinstance(data, (str, os.PathLike)):
+        refuse_url(data, role)
         loaded = load_dataset(DatasetSpec(path=os.fspath(data)), "train")
         if loaded is None:
             raise ValueError(f"{role} {os.fspath(data)!r}: its dataset.py gave no 'train' split")

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3.config import unsupported_settings
+from ace3.locations import url_scheme
 from ace3_control import job_transitions
 from ace3_control.models import (
     Job,
@@ -122,13 +123,15 @@ async def reference_problems(
     for field, model, item_id in references:
         if item_id is not None and await get_owned(session, model, owner_id, item_id) is None:
             what = "model" if model is StoredModel else "dataset"
-            problems.append(
-                {
-                    "loc": ["body", field],
-                    "msg": f"no {what} with id {item_id!r}",
-                    "type": "not_found",
-                }
-            )
+            msg = f"no {what} with id {item_id!r}"
+            if url_scheme(item_id) is not None:  # s3://..., hf://...: not read by the service
+                msg += (
+                    f": it is a URL; the API takes the id of a {what} uploaded to it (POST "
+                    f"/{what}s; the SDK's client.load_{what}(local_path) and the CLI upload a "
+                    "local path). ACE3 does not read from URLs or object stores: copy the data "
+                    "to a local path first"
+                )
+            problems.append({"loc": ["body", field], "msg": msg, "type": "not_found"})
     training = getattr(body.config, "base_config", body.config)  # a search's, or a job's
     loc: list[str | int] = ["body", "config"]
     if training is not body.config:

@@ -166,6 +166,19 @@ def test_another_owners_resources_are_404(
     _wait_until_ended(owner, job_id)  # (the next tests compare this owner's job list)
 
 
+def test_a_url_for_a_dataset_id_says_what_the_api_takes(
+    owner: httpx.Client, uploaded: dict[str, str]
+) -> None:
+    response = owner.post(
+        "/v1/jobs", json={**uploaded, "dataset_id": "s3://my-bucket/train", "config": {}}
+    )
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "dataset_id"]
+    assert "'s3://my-bucket/train': it is a URL" in error["msg"]
+    assert "client.load_dataset(local_path)" in error["msg"]
+
+
 def test_invalid_python_is_refused_with_the_line(owner: httpx.Client) -> None:
     response = owner.post("/v1/models", files={"file": ("broken.py", b"def build_model(:\n")})
     assert response.status_code == 422
