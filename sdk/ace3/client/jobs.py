@@ -115,7 +115,7 @@ class Jobs(_Runs[Job]):
         return self._create(
             model_id=model_id,
             dataset_id=dataset_id,
-            config=config.model_dump(mode="json"),
+            config=config.model_dump(mode="json", exclude_unset=True),  # what was set
             validation_dataset_id=validation_dataset_id,
             model_kwargs=model_kwargs,
             name=name,

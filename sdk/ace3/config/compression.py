@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ace3.config.fine_tuning import MAX_PATTERNS, ParameterPattern
 
+#: The training batches a ``method='static'`` quantization calibrates on unless told.
+DEFAULT_CALIBRATION_STEPS = 100
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -90,12 +93,12 @@ class QuantizationConfig(_Section):
         description="dynamic: activation scales computed per input at run time; static: "
         "fixed activation scales calibrated on training batches.",
     )
-    calibration_steps: int = Field(
-        100,
+    calibration_steps: int | None = Field(
+        None,
         ge=1,
         le=1_000_000,
         description="method='static': training batches (global) that calibrate the "
-        "activation ranges.",
+        f"activation ranges (default {DEFAULT_CALIBRATION_STEPS}); not used by 'dynamic'.",
     )
     target_modules: list[ParameterPattern] | None = Field(
         None,
@@ -106,13 +109,21 @@ class QuantizationConfig(_Section):
 
     @model_validator(mode="after")
     def _calibration_is_static(self) -> QuantizationConfig:
-        if self.method == "dynamic" and "calibration_steps" in self.model_fields_set:
+        # On its value, not on whether it was set: a config sent with its defaults filled in
+        # (model_dump) must mean what the config in process meant.
+        if self.method == "dynamic" and self.calibration_steps is not None:
             raise ValueError(
                 "calibration_steps is for method='static' (dynamic quantization measures "
                 "activations as they come and needs no calibration): remove it, or use "
                 "method='static'"
             )
         return self
+
+    @property
+    def calibration_batches(self) -> int:
+        """The batches a static quantization calibrates on: ``calibration_steps``, or
+        :data:`DEFAULT_CALIBRATION_STEPS`."""
+        return self.calibration_steps or DEFAULT_CALIBRATION_STEPS
 
 
 class CompressionFields(BaseModel):

@@ -110,7 +110,7 @@ class PostTrainingQuantization(LoopExtension):
         batches = 0
         try:
             with torch.no_grad():
-                for raw in itertools.islice(loader, self.settings.calibration_steps):
+                for raw in itertools.islice(loader, self.settings.calibration_batches):
                     forward_loss(model, move_to_device(raw, CPU), parts.user.compute_loss)
                     batches += 1
         finally:
