@@ -2,26 +2,38 @@
 
 Defaults are the embedded single-machine setup (SQLite, a filesystem broker, storage under
 ``ACE3_DATA_DIR``); production sets ``ACE3_DATABASE_URL`` (Postgres) and ``ACE3_BROKER_URL``
-(Redis).
+(Redis). The worker's own settings (its slots, devices, sandbox and job limits) are declared in
+:mod:`ace3_control.worker_settings` and read the same way, as fields of this object.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import socket
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from ace3_control.worker_settings import (
+    WorkerSettings,
+    parse_device_list,
+    physical_memory_bytes,
+    usable_cores,
+)
+
+__all__ = [
+    "Settings",
+    "WorkerSettings",
+    "get_settings",
+    "parse_device_list",
+    "physical_memory_bytes",
+    "usable_cores",
+]
 
 
-class Settings(BaseSettings):
+class Settings(WorkerSettings):
     model_config = SettingsConfigDict(env_prefix="ACE3_", extra="ignore")
-
     data_dir: Path = Field(Path(".ace3"), description="Root for the embedded defaults below.")
     database_url: str | None = Field(
         None, description="postgresql://... or sqlite:///...; default: SQLite under data_dir."
@@ -109,40 +121,6 @@ class Settings(BaseSettings):
         ge=0,
         description="Extra attempts for a job whose worker died or whose processes were killed.",
     )
-    worker_slots: int = Field(1, ge=1, description="Jobs one worker runs at once.")
-    warm_launch: bool = Field(
-        True,
-        description="Each worker slot keeps a job sandbox started ahead of time whose launcher "
-        "has imported torch, torchrun's agent and the engine (no user code); a single-node job "
-        "is handed to it and starts in about a second. false: every job starts its sandbox and "
-        "torchrun when it is claimed (the cold path), e.g. to keep the memory an idle launcher "
-        "holds (a few hundred MB per slot), or to rule the warm path out while diagnosing.",
-    )
-    worker_device: str = Field(
-        "auto", pattern="^(auto|cpu|cuda)$", description="auto: cuda when torch sees a GPU."
-    )
-    worker_cpu_processes: int | None = Field(
-        None,
-        ge=1,
-        description="Processes one job may run on a CPU worker (what it advertises as its "
-        "capacity); default: the cores this process may use.",
-    )
-    worker_gpus: str | None = Field(
-        None,
-        description="The GPUs this worker hands to its jobs, comma-separated indices (PCI bus "
-        "order, as nvidia-smi numbers them) or GPU-<uuid> values, e.g. 0,1,2,3: each running "
-        "job (each node of a multi-node job) gets its own num_gpus of them as its "
-        "CUDA_VISIBLE_DEVICES, never a device another running job holds. Default (unset or "
-        "empty): on a CUDA worker, every GPU it sees (its own CUDA_VISIBLE_DEVICES, if set); on a "
-        "CPU worker, no device list (CPU jobs are not assigned devices).",
-    )
-    worker_gpu_lock_dir: Path | None = Field(
-        None,
-        description="Where the workers of this machine lock the GPUs their running jobs hold "
-        "(the same directory for every worker of the machine, so two workers sharing GPUs "
-        "never hand one to two jobs); default: sandbox_lock_dir/gpus for a root worker, else "
-        "<temporary directory>/ace3-gpus-<uid>.",
-    )
     worker_stale_after_seconds: float | None = Field(
         None,
         gt=0,
@@ -183,87 +161,6 @@ class Settings(BaseSettings):
     )
     retention_batch_jobs: int = Field(
         20, ge=1, description="Jobs archived or pruned per retention pass (bounded work)."
-    )
-    gang_wait_seconds: float = Field(
-        300.0,
-        gt=0,
-        description="How long the workers that claimed nodes of a multi-node job wait for the "
-        "rest of its num_nodes workers before the job fails (each holds a slot meanwhile).",
-    )
-    worker_advertise_host: str | None = Field(
-        None,
-        min_length=1,
-        description="The address other workers reach this one at: the rendezvous endpoint of "
-        "the multi-node jobs it leads, and torchrun's --local-addr. Default: the address this "
-        "machine's hostname resolves to (127.0.0.1 when it does not resolve).",
-    )
-    sandbox: str = Field(
-        "auto",
-        pattern="^(auto|bwrap|uid|none)$",
-        description="How a worker isolates the jobs it runs (docs/security.md). bwrap: "
-        "bubblewrap namespaces (own PID, mount, IPC and, single-node, network namespace; only the "
-        "job directory visible) and, for a worker running as root, a dedicated uid per job; uid: "
-        "only the dedicated uid, rlimits and file permissions (where namespaces are not "
-        "allowed; needs root); none: no isolation (your own code on your own machine only); "
-        "auto: bwrap when it works here, else uid when running as root, else the worker refuses "
-        "to start.",
-    )
-    sandbox_uid_base: int = Field(
-        61000,
-        ge=1000,
-        le=(1 << 31) - 2,
-        description="First of the uids (and gids) a root worker runs jobs as, one per running "
-        "job; no account of the machine may use them.",
-    )
-    sandbox_uid_count: int = Field(
-        64,
-        ge=1,
-        le=65536,
-        description="How many uids from sandbox_uid_base jobs may use: one per running job and "
-        "one per slot's prepared (warm) sandbox, so at least twice the slots of every worker of "
-        "the machine (with fewer free, a slot prepares no sandbox and its next job starts cold).",
-    )
-    sandbox_lock_dir: Path = Field(
-        Path("/run/ace3-sandbox"),
-        description="Where workers on this machine take the locks that give each running job "
-        "its own uid (must be the same directory for every worker of the machine).",
-    )
-    job_memory_bytes: int | None = Field(
-        None,
-        ge=1 << 26,
-        description="Memory one process of a job may allocate (RLIMIT_DATA; also the size of "
-        "its /dev/shm); default: the machine's memory divided by the worker's slots.",
-    )
-    job_max_processes: int = Field(
-        4096,
-        ge=16,
-        description="Processes and threads a job's uid may run at once (RLIMIT_NPROC).",
-    )
-    job_cpu_seconds: int | None = Field(
-        None,
-        ge=1,
-        description="CPU seconds one process of a job may use (RLIMIT_CPU); default none.",
-    )
-    max_checkpoint_bytes: int = Field(
-        64 << 30, ge=1, description="Largest checkpoint file a job may hand the worker."
-    )
-    max_log_bytes_per_job: int = Field(
-        64 << 20,
-        ge=1024,
-        description="Log bytes one attempt of a job may store; past it lines are dropped and "
-        "counted.",
-    )
-    max_log_lines_per_second: float = Field(
-        500.0,
-        gt=0,
-        description="Sustained log lines per second one attempt may store (bursts of ten seconds' "
-        "worth pass); past it lines are dropped and counted.",
-    )
-    max_log_bytes_per_second: float = Field(
-        256 * 1024,
-        gt=0,
-        description="Sustained log bytes per second one attempt may store (bursts of ten "
-        "seconds' worth pass); past it lines are dropped and counted.",
     )
     search_tick_seconds: float = Field(
         1.0, gt=0, description="How often the API advances active hyperparameter searches."
@@ -350,29 +247,6 @@ class Settings(BaseSettings):
         "database connections the API needs.",
     )
 
-    @field_validator("worker_gpus")
-    @classmethod
-    def _check_worker_gpus(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        try:
-            return ",".join(parse_device_list(value))
-        except ValueError as exc:
-            raise ValueError(f"ACE3_WORKER_GPUS={value!r}: {exc}") from None
-
-    @property
-    def resolved_worker_gpus(self) -> tuple[str, ...] | None:
-        """ACE3_WORKER_GPUS as a tuple of device names; None when unset."""
-        return None if self.worker_gpus is None else tuple(self.worker_gpus.split(","))
-
-    @property
-    def resolved_worker_gpu_lock_dir(self) -> Path:
-        if self.worker_gpu_lock_dir is not None:
-            return self.worker_gpu_lock_dir
-        if os.geteuid() == 0:
-            return self.sandbox_lock_dir / "gpus"
-        return Path(tempfile.gettempdir()) / f"ace3-gpus-{os.geteuid()}"
-
     @property
     def resolved_storage_dir(self) -> Path:
         return (self.storage_dir or self.data_dir / "storage").resolve()
@@ -382,32 +256,8 @@ class Settings(BaseSettings):
         return (self.work_dir or self.data_dir / "jobs").resolve()
 
     @property
-    def resolved_worker_cpu_processes(self) -> int:
-        """ACE3_WORKER_CPU_PROCESSES, else the cores this process may run on (at least 1)."""
-        if self.worker_cpu_processes is not None:
-            return self.worker_cpu_processes
-        return max(1, usable_cores())
-
-    @property
-    def resolved_job_memory_bytes(self) -> int:
-        """ACE3_JOB_MEMORY_BYTES, else the machine's memory shared by the worker's slots."""
-        if self.job_memory_bytes is not None:
-            return self.job_memory_bytes
-        return max(1 << 30, physical_memory_bytes() // self.worker_slots)
-
-    @property
     def resolved_worker_stale_after_seconds(self) -> float:
         return self.worker_stale_after_seconds or 3 * self.heartbeat_seconds
-
-    @property
-    def resolved_worker_advertise_host(self) -> str:
-        """ACE3_WORKER_ADVERTISE_HOST, else the address the hostname resolves to."""
-        if self.worker_advertise_host:
-            return self.worker_advertise_host
-        try:
-            return socket.gethostbyname(socket.gethostname())
-        except OSError:
-            return "127.0.0.1"
 
     @property
     def broker_dir(self) -> Path:
@@ -422,41 +272,6 @@ class Settings(BaseSettings):
     @property
     def resolved_broker_url(self) -> str:
         return self.broker_url or "filesystem://"
-
-
-_DEVICE_NAME = re.compile(r"^(\d+|(GPU|MIG)-[A-Za-z0-9-]+)$")
-
-
-def parse_device_list(value: str) -> tuple[str, ...]:
-    """``"0, 1,GPU-8f2a..."`` -> ``("0", "1", "GPU-8f2a...")``: distinct CUDA device indices or
-    UUIDs; a ValueError naming the bad entry otherwise."""
-    devices = tuple(part.strip() for part in value.split(","))
-    for device in devices:
-        if not _DEVICE_NAME.match(device):
-            raise ValueError(
-                f"{device!r} is not a GPU index or UUID: give comma-separated indices or "
-                "GPU-<uuid> values, e.g. 0,1,2,3"
-            )
-    normalised = tuple(str(int(d)) if d.isdigit() else d for d in devices)
-    repeated = sorted({d for d in normalised if normalised.count(d) > 1})
-    if repeated:
-        raise ValueError(f"GPU {', '.join(repeated)} is listed more than once")
-    return normalised
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def physical_memory_bytes() -> int:
-    """The machine's memory (what the sandbox's default per-process limit is derived from)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 << 30
 
 
 @lru_cache
