@@ -173,7 +173,7 @@ def _check_config_accepts(settings: dict[str, Any]) -> None:
     try:
         TrainingConfig(**settings)
     except ValueError as exc:  # pydantic.ValidationError
-        errors = getattr(exc, "errors", lambda: [])()
+        errors: list[dict[str, Any]] = getattr(exc, "errors", lambda: [])()
         problems = [
             ConfigProblem(field=".".join(map(str, err["loc"])) or "optimizer", reason=err["msg"])
             for err in errors

@@ -46,7 +46,7 @@ def _check_map_style(dataset: Any, origin: str) -> Dataset[Any]:
         )
     if len(dataset) == 0:
         raise ValueError(f"{origin} gave an empty dataset")
-    return dataset  # type: ignore[return-value]
+    return dataset
 
 
 def _import_dataset_module(path: Path) -> Any:
@@ -113,7 +113,7 @@ def split_holdout(
     dataset: Dataset[Any], fraction: float, seed: int
 ) -> tuple[Dataset[Any], Dataset[Any]]:
     """Deterministically hold out ``fraction`` of ``dataset`` (at least one sample each side)."""
-    n = len(dataset)  # type: ignore[arg-type]
+    n = len(dataset)
     if n < 2:
         raise ValueError(f"validation_split needs at least 2 samples, the dataset has {n}")
     n_val = min(max(1, round(n * fraction)), n - 1)

@@ -108,8 +108,8 @@ def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
 
     @functools.wraps(step)
     def tracked(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]  # torch's own marker
+        optimizer._opt_called = True  # torch's own marker
         return step(*args, **kwargs)
 
     tracked._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # torch's own marker
-    optimizer.step = tracked  # type: ignore[method-assign]  # as torch's schedulers patch it
+    optimizer.step = tracked  # as torch's schedulers patch it

@@ -88,7 +88,7 @@ def graph_keeping_backward(loss: torch.Tensor) -> None:
 def _sophia_class() -> type[torch.optim.Optimizer]:
     library = _library()
 
-    class Sophia(library.SophiaH):  # type: ignore[misc,name-defined]
+    class Sophia(library.SophiaH):  # type: ignore[name-defined]  # a class of the lazily imported library
         """``SophiaH`` that tells the engine which steps estimate the Hessian (those need the
         gradient's graph: their backward passes run with ``create_graph=True``)."""
 
@@ -104,7 +104,7 @@ def _galore_class() -> type[torch.optim.Optimizer]:
     library = _library()
     from pytorch_optimizer.optimizer.utils.galore import GaLoreProjector
 
-    class GaLoreAdamW(library.GaLore):  # type: ignore[misc,name-defined]
+    class GaLoreAdamW(library.GaLore):  # type: ignore[name-defined]  # a class of the lazily imported library
         """``GaLore`` whose projections are saved as tensors (checkpoints are read with
         ``torch.load(weights_only=True)``: no pickled objects) and rebuilt on load."""
 
@@ -192,22 +192,22 @@ def build_extra_optimizer(
         return torch.optim.Adafactor(
             trainable,
             lr=lr,
-            beta2_decay=float(optimizer_setting(config, "adafactor_beta2_decay")),  # type: ignore[arg-type]
-            eps=tuple(optimizer_setting(config, "adafactor_eps")),  # type: ignore[arg-type]
-            d=float(optimizer_setting(config, "adafactor_d")),  # type: ignore[arg-type]
+            beta2_decay=float(optimizer_setting(config, "adafactor_beta2_decay")),  # type: ignore[arg-type]  # optimizer_setting returns object; the config validated the field
+            eps=tuple(optimizer_setting(config, "adafactor_eps")),  # type: ignore[arg-type]  # optimizer_setting returns object; the config validated the field
+            d=float(optimizer_setting(config, "adafactor_d")),  # type: ignore[arg-type]  # optimizer_setting returns object; the config validated the field
             weight_decay=wd,
         )
     if name == "lion":
-        betas = tuple(optimizer_setting(config, "lion_betas"))  # type: ignore[arg-type]
-        return _library().Lion(trainable, lr=lr, betas=betas, weight_decay=wd)  # type: ignore[no-any-return]
+        betas: tuple[float, ...] = tuple(optimizer_setting(config, "lion_betas"))  # type: ignore[arg-type]  # optimizer_setting returns object; the config validated the field
+        return _library().Lion(trainable, lr=lr, betas=betas, weight_decay=wd)
     if name == "sophia":
         return _sophia_class()(
             trainable,
             lr=lr,
-            betas=tuple(optimizer_setting(config, "sophia_betas")),  # type: ignore[arg-type]
+            betas=tuple(optimizer_setting(config, "sophia_betas")),  # type: ignore[arg-type]  # optimizer_setting returns object; the config validated the field
             weight_decay=wd,
-            p=float(optimizer_setting(config, "sophia_rho")),  # type: ignore[arg-type]
-            update_period=int(optimizer_setting(config, "sophia_update_period")),  # type: ignore[call-overload]
+            p=float(optimizer_setting(config, "sophia_rho")),  # type: ignore[arg-type]  # optimizer_setting returns object; the config validated the field
+            update_period=int(optimizer_setting(config, "sophia_update_period")),  # type: ignore[call-overload]  # optimizer_setting returns object; the config validated the field
             hessian_distribution="rademacher",
         )
     if name == "galore_adamw":

@@ -63,7 +63,7 @@ def compile_model(model: nn.Module, config: TrainingConfig) -> str | None:
 def _compile_forward(module: nn.Module, config: TrainingConfig) -> None:
     own = module.__dict__.get("forward")  # e.g. gradient checkpointing's, kept inside
     setattr(module, _EAGER_FORWARD, own)
-    module.forward = torch.compile(  # type: ignore[method-assign]
+    module.forward = torch.compile(
         module.forward, mode=config.compile_mode, fullgraph=config.compile_fullgraph
     )
 
@@ -77,7 +77,7 @@ def uncompile(model: nn.Module) -> None:
         if own is None:
             del module.forward
         else:
-            module.forward = own  # type: ignore[method-assign]
+            module.forward = own
 
 
 def _attention_backends(name: str) -> list[object]:
@@ -123,5 +123,5 @@ def speed_settings(config: TrainingConfig, device: torch.device) -> Iterator[Non
         if config.attention_backend != "auto":
             from torch.nn.attention import sdpa_kernel
 
-            stack.enter_context(sdpa_kernel(_attention_backends(config.attention_backend)))  # type: ignore[arg-type]
+            stack.enter_context(sdpa_kernel(_attention_backends(config.attention_backend)))
         yield

@@ -109,7 +109,7 @@ class DataParallel(Strategy):
     def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
         if final and not self.local_only and not self.first_step:
             return contextlib.nullcontext()
-        return self.forward.no_sync()  # type: ignore[union-attr,operator,no-any-return]
+        return self.forward.no_sync()  # type: ignore[union-attr]  # wrap() set it before the first step
 
     def after_backward(self, parts: Components) -> None:
         if self.first_step:

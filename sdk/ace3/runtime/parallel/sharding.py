@@ -124,7 +124,7 @@ def shard_model(model: nn.Module, plan: ShardingPlan, ctx: DistContext, mesh: An
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Stages 2/3: reduce-scatter gradients in this backward pass (``enabled``) or keep
     accumulating them unsharded (every micro-batch but the last of a step)."""
-    model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+    model.set_requires_gradient_sync(enabled)
 
 
 def reshard(model: nn.Module) -> None:
@@ -174,7 +174,7 @@ def is_zero_redundancy(optimizer: torch.optim.Optimizer) -> bool:
 
 def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer that holds this rank's state: ZeroRedundancyOptimizer's local one."""
-    return optimizer.optim if is_zero_redundancy(optimizer) else optimizer  # type: ignore[return-value]
+    return optimizer.optim if is_zero_redundancy(optimizer) else optimizer
 
 
 # -- whole-model views --------------------------------------------------------------------------

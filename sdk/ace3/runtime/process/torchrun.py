@@ -32,7 +32,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # How the worker starts it: ``COMMAND + [torchrun arguments]``.
 COMMAND = [sys.executable, os.path.abspath(__file__)]
@@ -44,11 +44,11 @@ def _distinct_node_descriptors(node_id: int) -> None:
     generator = dynamic_rendezvous._NodeDescGenerator
     original = generator.generate
 
-    def generate(self, local_addr=None):  # type: ignore[no-untyped-def]
+    def generate(self: Any, local_addr: str | None = None) -> Any:
         desc = original(self, local_addr)
         return dynamic_rendezvous._NodeDesc(desc.addr, node_id, desc.local_id)
 
-    generator.generate = generate  # type: ignore[method-assign]
+    generator.generate = generate
 
 
 def _no_first_round_skew() -> None:

@@ -41,7 +41,7 @@ def largest_sequential(model: nn.Module) -> tuple[str, nn.Sequential] | None:
     if not candidates:
         return None
     name, module = max(candidates, key=lambda item: _parameter_count(item[1]))
-    return f"submodule {name!r}", module  # type: ignore[return-value]
+    return f"submodule {name!r}", module
 
 
 def default_segments(length: int) -> int:
@@ -73,7 +73,7 @@ def enable_gradient_checkpointing(model: nn.Module, segments: int | None) -> str
             return checkpoint_sequential(self, count, inputs, use_reentrant=False)
         return plain_forward(inputs)
 
-    sequential.forward = types.MethodType(forward, sequential)  # type: ignore[method-assign]
+    sequential.forward = types.MethodType(forward, sequential)
     note = (
         f" (checkpoint_segments={wanted} capped at its {length} layers)" if wanted > length else ""
     )

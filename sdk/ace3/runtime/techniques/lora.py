@@ -193,10 +193,10 @@ class LoRAAdapters:
         self.model.__dict__.pop(_ATTRIBUTE, None)
         for name, layer in self.layers.items():
             if merge:
-                layer.merge(safe_merge=True, adapter_names=[ADAPTER])  # type: ignore[operator]
+                layer.merge(safe_merge=True, adapter_names=[ADAPTER])
             parent_name, _, child = name.rpartition(".")
             parent = self.model.get_submodule(parent_name) if parent_name else self.model
-            setattr(parent, child, layer.get_base_layer())  # type: ignore[operator]
+            setattr(parent, child, layer.get_base_layer())
         for param in self.model.parameters():
             param.requires_grad_(self.grad_before.get(id(param), True))
         self.layers = {}

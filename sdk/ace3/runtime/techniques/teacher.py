@@ -37,7 +37,7 @@ def load_teacher_weights(teacher: nn.Module, state: dict[str, Any], origin: str)
             f"{missing[:8]}, unexpected {unexpected[:8]} (is it the teacher's checkpoint?)"
         )
     teacher.load_state_dict(state)
-    teacher.ace3_weights_origin = origin  # type: ignore[assignment]  # said in the log
+    teacher.ace3_weights_origin = origin  # said in the log
 
 
 def build_job_teacher(spec: TeacherSpec) -> nn.Module:

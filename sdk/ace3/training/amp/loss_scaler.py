@@ -142,8 +142,8 @@ class LossScaler:
         if not self._enabled:
             return loss
         if isinstance(loss, torch.Tensor):
-            return self._scaled(loss)  # type: ignore[return-value]
-        return type(loss)(self._scaled(item) for item in loss)  # type: ignore[call-arg,arg-type,union-attr]
+            return self._scaled(loss)
+        return type(loss)(self._scaled(item) for item in loss)  # type: ignore[call-arg,attr-defined]  # a list or tuple of tensors here (_check_loss), rebuilt as its own type
 
     def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
         # A 16-bit loss is scaled in float32: 65536 * a float16 loss of 2 is already inf.
