@@ -3,15 +3,19 @@
 Uploads are authenticated before their body is read (``middleware.UploadGuardMiddleware``).
 """
 
-from __future__ import annotations
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
-from typing import Annotated
-
-from fastapi import File, Form, Query, Response, UploadFile, status
+from fastapi import APIRouter, File, Form, Path, Query, Response, UploadFile, status
+from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3_control.models import StoredDataset, StoredModel
+from ace3_control.settings import Settings
+from ace3_control.storage import ArtifactStore
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
@@ -20,6 +24,9 @@ from ace3_server.schemas import DatasetOut, ModelOut, Page
 from ace3_server.services import artifacts
 from ace3_server.services.pagination import paginate
 from ace3_server.services.uploads import stage_upload
+
+Stored = StoredModel | StoredDataset
+StoredT = TypeVar("StoredT", StoredModel, StoredDataset)
 
 models_router = resource_router("/models", "models")
 datasets_router = resource_router("/datasets", "datasets")
@@ -32,6 +39,46 @@ Name = Annotated[StoredText | None, Form(max_length=200)]
 UPLOAD_RESPONSES = error_responses(400, 413)
 NOT_FOUND = error_responses(404)
 IN_USE = error_responses(404, 409)
+
+
+@dataclass
+class _Upload:
+    """One upload request of a model or a dataset: stage the body, prepare it (checked and
+    unpacked off the event loop), store it once per content hash; 201 when new, 200 when the
+    owner had these bytes already."""
+
+    response: Response
+    session: AsyncSession
+    owner_id: str
+    settings: Settings
+    store: ArtifactStore
+    file: UploadFile
+    name: str | None
+
+    async def stored(
+        self, table: type[StoredT], prepare: Callable[..., Any], fields: dict[str, Any]
+    ) -> StoredT:
+        store, settings = self.store, self.settings
+        staged = await stage_upload(self.file.file, store.staging_dir(), settings.max_upload_bytes)
+        try:
+            prepared = await run_in_threadpool(
+                prepare,
+                staged,
+                owner_id=self.owner_id,
+                filename=self.file.filename,
+                **fields,
+                staging_dir=store.staging_dir(),
+                max_extracted_bytes=settings.max_extracted_bytes,
+                max_archive_members=settings.max_archive_members,
+            )
+            row, created = await artifacts.store_artifact(
+                self.session, store, table, owner_id=self.owner_id, name=self.name,
+                prepared=prepared,
+            )  # fmt: skip
+        finally:
+            staged.discard()
+        self.response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return row
 
 
 @models_router.post(
@@ -55,66 +102,9 @@ async def upload_model(
     factory: Annotated[StoredText, Form(max_length=200)] = "build_model",
     entry_module: Annotated[StoredText | None, Form(max_length=200)] = None,
 ) -> StoredModel:
-    staged = await stage_upload(file.file, store.staging_dir(), settings.max_upload_bytes)
-    try:
-        prepared = await run_in_threadpool(
-            artifacts.prepare_model,
-            staged,
-            owner_id=owner_id,
-            filename=file.filename,
-            factory=factory,
-            entry_module=entry_module,
-            staging_dir=store.staging_dir(),
-            max_extracted_bytes=settings.max_extracted_bytes,
-            max_archive_members=settings.max_archive_members,
-        )
-        row, created = await artifacts.store_artifact(
-            session, store, StoredModel, owner_id=owner_id, name=name, prepared=prepared
-        )
-    finally:
-        staged.discard()
-    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-    return row
-
-
-@models_router.get("", response_model=Page[ModelOut], operation_id="list_models")
-async def list_models(
-    session: SessionDep,
-    owner_id: OwnerDep,
-    sha256: Sha256 = None,
-    limit: Limit = 50,
-    cursor: PageCursor = None,
-) -> dict[str, object]:
-    stmt = select(StoredModel).where(
-        StoredModel.owner_id == owner_id, StoredModel.deleted_at.is_(None)
-    )
-    if sha256:
-        stmt = stmt.where(StoredModel.sha256 == sha256)
-    rows, next_cursor = await paginate(
-        session, stmt, StoredModel, owner_id=owner_id, cursor=cursor, limit=limit
-    )
-    return {"data": rows, "next_cursor": next_cursor}
-
-
-@models_router.get(
-    "/{model_id}", response_model=ModelOut, operation_id="get_model", responses=NOT_FOUND
-)
-async def get_model(model_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> StoredModel:
-    row = await artifacts.get_owned(session, StoredModel, owner_id, model_id)
-    if row is None:
-        raise not_found("model")
-    return row
-
-
-@models_router.delete("/{model_id}", status_code=204, operation_id="delete_model", responses=IN_USE)
-async def delete_model(
-    model_id: StoredText, session: SessionDep, owner_id: OwnerDep, store: StoreDep
-) -> Response:
-    row = await artifacts.get_owned(session, StoredModel, owner_id, model_id)
-    if row is None:
-        raise not_found("model")
-    await artifacts.delete_artifact(session, store, row)
-    return Response(status_code=204)
+    upload = _Upload(response, session, owner_id, settings, store, file, name)
+    fields = {"factory": factory, "entry_module": entry_module}
+    return await upload.stored(StoredModel, artifacts.prepare_model, fields)
 
 
 @datasets_router.post(
@@ -139,66 +129,71 @@ async def upload_dataset(
     name: Name = None,
     kind: Annotated[StoredText, Form(description="file or directory")] = "file",
 ) -> StoredDataset:
-    staged = await stage_upload(file.file, store.staging_dir(), settings.max_upload_bytes)
-    try:
-        prepared = await run_in_threadpool(
-            artifacts.prepare_dataset,
-            staged,
-            owner_id=owner_id,
-            filename=file.filename,
-            kind=kind,
-            staging_dir=store.staging_dir(),
-            max_extracted_bytes=settings.max_extracted_bytes,
-            max_archive_members=settings.max_archive_members,
+    upload = _Upload(response, session, owner_id, settings, store, file, name)
+    return await upload.stored(StoredDataset, artifacts.prepare_dataset, {"kind": kind})
+
+
+def _add_read_routes(
+    router: APIRouter,
+    table: type[Stored],
+    out: type[BaseModel],
+    page: type[BaseModel],
+    kind: str,
+) -> None:
+    """``GET ""`` (list, by sha256), ``GET /{<kind>_id}`` and ``DELETE /{<kind>_id}`` of one
+    kind of stored artifact, with the operation ids ``list_<kind>s``, ``get_<kind>`` and
+    ``delete_<kind>``: the same logic for models and datasets. (This module keeps its
+    annotations evaluated: FastAPI reads ``ItemId``, a local name, from them.)"""
+    ItemId = Annotated[StoredText, Path(alias=f"{kind}_id")]
+
+    async def list_items(
+        session: SessionDep,
+        owner_id: OwnerDep,
+        sha256: Sha256 = None,
+        limit: Limit = 50,
+        cursor: PageCursor = None,
+    ) -> dict[str, object]:
+        stmt = select(table).where(table.owner_id == owner_id, table.deleted_at.is_(None))
+        if sha256:
+            stmt = stmt.where(table.sha256 == sha256)
+        rows, next_cursor = await paginate(
+            session, stmt, table, owner_id=owner_id, cursor=cursor, limit=limit
         )
-        row, created = await artifacts.store_artifact(
-            session, store, StoredDataset, owner_id=owner_id, name=name, prepared=prepared
-        )
-    finally:
-        staged.discard()
-    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-    return row
+        return {"data": rows, "next_cursor": next_cursor}
+
+    async def get_item(item_id: ItemId, session: SessionDep, owner_id: OwnerDep) -> Stored:
+        row = await artifacts.get_owned(session, table, owner_id, item_id)
+        if row is None:
+            raise not_found(kind)
+        return row
+
+    async def delete_item(
+        item_id: ItemId, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+    ) -> Response:
+        row = await artifacts.get_owned(session, table, owner_id, item_id)
+        if row is None:
+            raise not_found(kind)
+        await artifacts.delete_artifact(session, store, row)
+        return Response(status_code=204)
+
+    router.get(
+        "", response_model=page, operation_id=f"list_{kind}s", summary=f"List {kind.title()}s"
+    )(list_items)
+    router.get(
+        f"/{{{kind}_id}}",
+        response_model=out,
+        operation_id=f"get_{kind}",
+        summary=f"Get {kind.title()}",
+        responses=NOT_FOUND,
+    )(get_item)
+    router.delete(
+        f"/{{{kind}_id}}",
+        status_code=204,
+        operation_id=f"delete_{kind}",
+        summary=f"Delete {kind.title()}",
+        responses=IN_USE,
+    )(delete_item)
 
 
-@datasets_router.get("", response_model=Page[DatasetOut], operation_id="list_datasets")
-async def list_datasets(
-    session: SessionDep,
-    owner_id: OwnerDep,
-    sha256: Sha256 = None,
-    limit: Limit = 50,
-    cursor: PageCursor = None,
-) -> dict[str, object]:
-    stmt = select(StoredDataset).where(
-        StoredDataset.owner_id == owner_id, StoredDataset.deleted_at.is_(None)
-    )
-    if sha256:
-        stmt = stmt.where(StoredDataset.sha256 == sha256)
-    rows, next_cursor = await paginate(
-        session, stmt, StoredDataset, owner_id=owner_id, cursor=cursor, limit=limit
-    )
-    return {"data": rows, "next_cursor": next_cursor}
-
-
-@datasets_router.get(
-    "/{dataset_id}", response_model=DatasetOut, operation_id="get_dataset", responses=NOT_FOUND
-)
-async def get_dataset(
-    dataset_id: StoredText, session: SessionDep, owner_id: OwnerDep
-) -> StoredDataset:
-    row = await artifacts.get_owned(session, StoredDataset, owner_id, dataset_id)
-    if row is None:
-        raise not_found("dataset")
-    return row
-
-
-@datasets_router.delete(
-    "/{dataset_id}", status_code=204, operation_id="delete_dataset", responses=IN_USE
-)
-async def delete_dataset(
-    dataset_id: StoredText, session: SessionDep, owner_id: OwnerDep, store: StoreDep
-) -> Response:
-    row = await artifacts.get_owned(session, StoredDataset, owner_id, dataset_id)
-    if row is None:
-        raise not_found("dataset")
-    await artifacts.delete_artifact(session, store, row)
-    return Response(status_code=204)
+_add_read_routes(models_router, StoredModel, ModelOut, Page[ModelOut], "model")
+_add_read_routes(datasets_router, StoredDataset, DatasetOut, Page[DatasetOut], "dataset")
