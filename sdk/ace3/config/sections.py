@@ -7,14 +7,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ace3.config.base import _Schema
 from ace3.config.checkpointing import MonitorName
-from ace3.config.training import (
-    AmpDtype,
-    AmpLevel,
-    Backend,
-    TrainingConfig,
-    _Schema,
-)
+from ace3.config.precision import AmpDtype, AmpLevel
+from ace3.config.scale import Backend
+from ace3.config.training import TrainingConfig
 
 
 class DistributedConfig(_Schema):

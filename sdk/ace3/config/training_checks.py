@@ -28,7 +28,7 @@ def pipeline_processes_default(data: Any) -> Any:
         return data
     stages = data.get("pipeline_parallel_size") or data.get("num_stages")
     ways, replicas = data.get("tensor_parallel_size") or 1, data.get("data_parallel_size") or 1
-    if all(isinstance(value, int) for value in (stages, ways, replicas)):
+    if isinstance(stages, int) and isinstance(ways, int) and isinstance(replicas, int):
         return {**data, "num_gpus": stages * ways * replicas}
     return data
 
