@@ -26,16 +26,17 @@ from ace3.runtime.components import Components
 from ace3.runtime.data.datasets import load_datasets
 from ace3.runtime.job_spec import JobSpec
 from ace3.runtime.loop.batch_growth import batch_plan_for
-from ace3.runtime.loop.extensions import compression_extensions
+from ace3.runtime.loop.losses import forward_loss
 from ace3.runtime.loop.optim import ScheduleDriver, build_scheduler
 from ace3.runtime.loop.precision import resolve_precision
 from ace3.runtime.loop.preemption import Preemption
 from ace3.runtime.loop.rng import rank_seed, seed_all
 from ace3.runtime.loop.speed import compile_model, uncompile
-from ace3.runtime.loop.step_counts import total_optimizer_steps
+from ace3.runtime.loop.total_steps import total_optimizer_steps
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.process.distributed import DistContext
+from ace3.runtime.techniques.compression import compression_extensions
 from ace3.runtime.techniques.distillation import make_distiller
 from ace3.runtime.techniques.freezing import apply_freezing
 from ace3.runtime.techniques.initial_weights import load_initial_weights, read_weights
@@ -227,7 +228,7 @@ def assemble(
         per_rank_batch=per_rank_batch,
         state=TrainState(),
         strategy=strategy,
-        distiller=distiller,
+        training_loss=distiller.forward_loss if distiller is not None else forward_loss,
         extensions=extensions,
     )
     parts.batch_plan = batch_plan_for(config)
@@ -235,6 +236,8 @@ def assemble(
         parts.extensions.append(parts.batch_plan)
     if adapters is not None:  # an in-process run's module gets the merged weights instead
         parts.extensions.append(LoRAExtension(adapters, precision, write_merged=not live_module))
+    if distiller is not None:  # its loss is the step's; the projections step with the student
+        parts.extensions.append(distiller)
     if ckpt is not None:
         parts.state = strategy.checkpoints.restore(ckpt, parts)
         if ctx.is_main:

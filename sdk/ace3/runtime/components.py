@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,15 +12,18 @@ from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
 from ace3.runtime.loop.extensions import LoopExtension
+from ace3.runtime.loop.losses import ForwardResult, forward_loss
 from ace3.runtime.loop.optim import ScheduleDriver
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.base import Strategy
-from ace3.runtime.user_code import UserCode
+from ace3.runtime.user_code import LossFn, UserCode
 
 if TYPE_CHECKING:
     from ace3.runtime.loop.batch_growth import BatchGrowth
-    from ace3.runtime.techniques.distillation import Distiller
+
+# The loss of one training micro-batch: (model, batch, the user's compute_loss) -> result.
+TrainingLoss = Callable[[nn.Module, Any, LossFn | None], ForwardResult]
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Components:
     # How many loader batches a step takes: batch-size growth (ace3.runtime.loop.batch_growth, also
     # one of the extensions); None: gradient_accumulation_steps.
     batch_plan: BatchGrowth | None = None
-    # Knowledge distillation (config.distillation): the training loss, the projections' step
-    # and the loss-part metrics (ace3.runtime.techniques.distillation); None otherwise.
-    distiller: Distiller | None = None
+    # The loss the strategy's step computes for each training micro-batch: the model's own
+    # (ace3.runtime.loop.losses.forward_loss), or knowledge distillation's
+    # (ace3.runtime.techniques.distillation.Distiller.forward_loss, one of the extensions too).
+    training_loss: TrainingLoss = forward_loss

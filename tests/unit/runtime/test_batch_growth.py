@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from ace3.runtime.loop.batch_growth import (
     shrunk,
 )
 from ace3.runtime.loop.train_state import TrainState
+from tests.loop_fakes import FakeLoop
 
 
 def growth(**fields: Any) -> ace3.DynamicBatchSizeConfig:
@@ -179,13 +179,11 @@ def test_out_of_memory_shrinks_and_the_path_stays_below_the_failed_size(
     assert result.final_metrics["micro_batch_split"] == 2
 
 
-def stand_in_loop(messages: list[str], state: TrainState, split: int = 1) -> Any:
-    """What the controller uses of a TrainingLoop."""
-    return SimpleNamespace(
-        state=state, log=messages.append, config=SimpleNamespace(max_steps=None),
-        steps=SimpleNamespace(split=split, last_step_skipped=False, lr_factor=1.0),
-        batches_per_epoch=100, report_metrics=lambda values: None,
-    )  # fmt: skip
+def stand_in_loop(messages: list[str], state: TrainState, split: int = 1) -> FakeLoop:
+    """The controller's view of a TrainingLoop (its log lines go to ``messages``)."""
+    loop = FakeLoop(state, split=split)
+    loop.logged = messages
+    return loop
 
 
 def test_the_attempt_after_an_out_of_memory_exit_starts_shrunk() -> None:
@@ -216,17 +214,17 @@ def test_instability_shrinks_and_restarts_the_count() -> None:
     loop = stand_in_loop(messages, TrainState(step=7))
     controller = BatchGrowth(growth(initial_batch_size=32, scale_learning_rate="sqrt"),
                              ace3.TrainingConfig(dynamic_batch_size=growth()))  # fmt: skip
-    controller.start(loop)  # type: ignore[arg-type]
-    controller.after_step(loop)  # type: ignore[arg-type]
-    controller.on_instability(loop, "loss 9.1 above 2 x its recent minimum")  # type: ignore[arg-type]
+    controller.start(loop)
+    controller.after_step(loop)
+    controller.on_instability(loop, "loss 9.1 above 2 x its recent minimum")
     assert controller.position.size == 16 and controller.position.stable == 0
     assert messages[-1] == (
         "batch size 32 -> 16 from step 8 (instability: loss 9.1 above 2 x its recent minimum)"
     )
     assert controller.batches_per_step() == 2
-    assert loop.steps.lr_factor == pytest.approx(math.sqrt(0.5))
+    assert controller.lr_factor == pytest.approx(math.sqrt(0.5))  # what the loop's step takes
     for _ in range(2):
-        controller.after_step(loop)  # type: ignore[arg-type]
+        controller.after_step(loop)
     assert controller.position.size == 32, "it grows again, up to the target"
 
 

@@ -19,7 +19,7 @@ from ace3.errors import UnsupportedFeatureError
 
 if TYPE_CHECKING:
     from ace3.config import TrainingConfig
-    from ace3.runtime.loop.loop import TrainingLoop
+    from ace3.runtime.loop.view import LoopView
 
 CARRY_KEY = "best_checkpoint"
 
@@ -62,19 +62,13 @@ class BestCheckpoint:
     def carry(self) -> list[float] | None:
         return None if self.step is None or self.value is None else [self.step, self.value]
 
-    def measure(self, loop: TrainingLoop) -> float | None:
+    def measure(self, loop: LoopView) -> float | None:
         """The monitored value at the current step (every rank calls this: it may validate)."""
         state = loop.state
         if self.monitor == "train_loss":
             loss_sum, steps = (state.carry.get("interval") or [0.0, 0.0])[:2]
             return loss_sum / steps if steps else state.last_metrics.get("train_loss")
-        if loop.validated_step != state.step:
-            values = loop.evaluate_model()
-            if values:
-                loop.report_metrics(values)
-                loop.validated_step = state.step
-        else:
-            values = {k: v for k, v in state.last_metrics.items() if k.startswith("val_")}
+        values = loop.validation_at_step()
         if self.monitor not in values:
             raise UnsupportedFeatureError(
                 f"checkpoint_monitor={self.monitor!r}: the validation does not produce it (it "

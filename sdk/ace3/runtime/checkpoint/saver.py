@@ -27,7 +27,6 @@ record before its file is whole.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,8 @@ from ace3.runtime.checkpoint.plain import gather_rng
 from ace3.runtime.process.distributed import barrier
 
 if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
+    from ace3.runtime.components import Components
+    from ace3.runtime.loop.view import LoopView
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,13 @@ class _Pending:
 
 class CheckpointSaver:
     """Writes the loop's checkpoints (see the module docstring). ``directory`` None: no files
-    (an in-process run without ``save_dir``)."""
+    (an in-process run without ``save_dir``). It sees the loop through its view and writes
+    the state of ``parts``."""
 
-    def __init__(self, loop: TrainingLoop, directory: Path | None, keep: int | None) -> None:
-        self.loop, self.directory, self.keep = loop, directory, keep
+    def __init__(
+        self, loop: LoopView, parts: Components, directory: Path | None, keep: int | None
+    ) -> None:
+        self.loop, self.parts, self.directory, self.keep = loop, parts, directory, keep
         config = loop.config
         self.background = BackgroundWriter() if config.async_save else None
         self.best: BestCheckpoint | None = None
@@ -76,7 +79,7 @@ class CheckpointSaver:
     def best_name(self) -> str | None:
         if self.best is None or self.best.step is None:
             return None
-        return self.loop.strategy.checkpoints.name(self.best.step)
+        return self.loop.checkpoint_name(self.best.step)
 
     def save(self) -> None:
         """Write (or stage and start writing) the checkpoint of the current step."""
@@ -85,16 +88,14 @@ class CheckpointSaver:
         loop = self.loop
         self._finish()  # at most one save in flight
         value = self.best.measure(loop) if self.best is not None else None
-        state, checkpoints = loop.state, loop.strategy.checkpoints
+        state, checkpoints = loop.state, self.parts.strategy.checkpoints
         best = self.best is not None and self.best.update(state.step, value)
         if self.best is not None and (carried := self.best.carry()) is not None:
-            state.carry[CARRY_KEY] = carried  # this one included: a run resumed from it
+            loop.keep_in_checkpoint(CARRY_KEY, carried)  # this one included: a run resumed from it
         name = checkpoints.name(state.step)
-        with contextlib.ExitStack() as stack:
-            for extension in loop.extensions:
-                stack.enter_context(extension.saving())
+        with loop.saving():
             gathered = gather_rng(loop.ctx)
-            saved = checkpoints.save(loop.parts, self.directory / name, gathered, self.background)
+            saved = checkpoints.save(self.parts, self.directory / name, gathered, self.background)
         self._pending = _Pending(
             step=state.step,
             epoch=state.display_epoch(),
@@ -164,5 +165,5 @@ class CheckpointSaver:
             )
             if self.keep and self.directory is not None:
                 protect = frozenset(name for name in (self.best_name,) if name)
-                loop.strategy.checkpoints.prune(self.directory, self.keep, protect)
+                self.parts.strategy.checkpoints.prune(self.directory, self.keep, protect)
         loop.hooks.on_checkpoint(pending.step, saved.path if saved is not None else None)

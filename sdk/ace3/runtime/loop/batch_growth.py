@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -45,9 +45,7 @@ from ace3.config.batch_growth import DynamicBatchSizeConfig, batch_growth
 from ace3.runtime.loop.extensions import LoopExtension
 from ace3.runtime.loop.step_counts import steps_per_epoch
 from ace3.runtime.loop.train_state import TrainState
-
-if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
+from ace3.runtime.loop.view import LoopView
 
 CARRY_KEY = "batch_growth"
 
@@ -192,7 +190,7 @@ class BatchGrowth(LoopExtension):
         self.position = _Position(settings.initial_batch_size, 0, settings.target_batch_size, 1)
         self.step_size = settings.initial_batch_size  # the size of the step in progress
         self.previous_size: int | None = None  # the size of the step before it
-        self.loop: TrainingLoop | None = None
+        self.loop: LoopView | None = None  # (from start on)
         self.troubled = False  # the step in progress ran out of memory
 
     # -- the loop's plan ----------------------------------------------------------------------
@@ -203,9 +201,7 @@ class BatchGrowth(LoopExtension):
         return ratio if rule == "linear" else math.sqrt(ratio) if rule == "sqrt" else 1.0
 
     def batches_per_step(self) -> int:
-        self.step_size = self.position.size
-        if self.loop is not None:
-            self.loop.steps.lr_factor = self.lr_factor
+        self.step_size = self.position.size  # (the loop takes its lr_factor for the step)
         return self.position.size // self.settings.min_batch_size
 
     def batch_index(self, batch_in_epoch: int) -> int:
@@ -219,12 +215,11 @@ class BatchGrowth(LoopExtension):
         return {"batch_size": float(self.step_size)}
 
     # -- the extension points -----------------------------------------------------------------
-    def start(self, loop: TrainingLoop) -> None:
+    def start(self, loop: LoopView) -> None:
         self.loop = loop
         self.position = _Position.from_state(loop.state, self.settings)
         self.step_size = self.position.size
-        loop.steps.on_out_of_memory = self._out_of_memory
-        split = max(1, loop.steps.split)
+        split = max(1, loop.micro_batch_split)
         doublings = max(0, split.bit_length() - self.position.split.bit_length())
         if doublings:  # an earlier attempt of this job ran out of memory (see the docstring)
             before = self.position.size
@@ -244,14 +239,14 @@ class BatchGrowth(LoopExtension):
             f"{self.settings.min_batch_size})"
         )
 
-    def after_step(self, loop: TrainingLoop) -> None:
+    def after_step(self, loop: LoopView) -> None:
         step = loop.state.step
         changed = self.previous_size is not None and self.step_size != self.previous_size
         if changed and not _reports_at(loop, step, self.log_interval):
             loop.report_metrics({"batch_size": float(self.step_size)})
         self.previous_size = self.step_size
         position = self.position
-        if loop.steps.last_step_skipped or self.troubled:  # an overflow, an OOM: not stable
+        if loop.last_step_skipped or self.troubled:  # an overflow, an OOM: not stable
             position.stable, self.troubled = 0, False
             return
         position.stable += 1
@@ -261,7 +256,7 @@ class BatchGrowth(LoopExtension):
             if bigger != position.size:
                 self._change(loop, bigger, f"{self.settings.stable_steps} stable step(s)")
 
-    def on_instability(self, loop: TrainingLoop, reason: str) -> None:
+    def on_instability(self, loop: LoopView, reason: str) -> None:
         self.position.stable = 0
         smaller = shrunk(self.position.size, self.settings)
         if smaller != self.position.size:
@@ -269,24 +264,24 @@ class BatchGrowth(LoopExtension):
 
     def saving(self) -> contextlib.AbstractContextManager[Any]:
         if self.loop is not None:
-            self.loop.state.carry[CARRY_KEY] = self.position.to_carry()
+            self.loop.keep_in_checkpoint(CARRY_KEY, self.position.to_carry())
         return contextlib.nullcontext()
 
-    def finish(self, loop: TrainingLoop) -> dict[str, Any]:
+    def finish(self, loop: LoopView) -> dict[str, Any]:
         return {"batch_size": self.step_size}  # what the last step ran
 
     # -- changes ------------------------------------------------------------------------------
     def _cap(self) -> int:
         return largest(self.settings, self.position.ceiling)
 
-    def _change(self, loop: TrainingLoop, size: int, why: str, ahead: int = 1) -> None:
+    def _change(self, loop: LoopView, size: int, why: str, ahead: int = 1) -> None:
         """The next steps run at ``size`` (from ``ahead`` steps after the last finished one)."""
         before, self.position.size = self.position.size, size
         loop.log(f"batch size {before} -> {size} from step {loop.state.step + ahead} ({why})")
 
-    def _out_of_memory(self) -> None:
-        """A one-process run's step ran out of memory (it is retried in place): later steps
-        run smaller and never reach this size again."""
+    def out_of_memory(self) -> None:
+        """A one-process run's step ran out of memory (it is retried in place; the step runner
+        calls this): later steps run smaller and never reach this size again."""
         assert self.loop is not None
         failed = self.step_size
         self.position.ceiling = max(self.settings.min_batch_size, failed - 1)
@@ -296,7 +291,7 @@ class BatchGrowth(LoopExtension):
             self._change(self.loop, smaller, f"out of memory at batch size {failed}", ahead=2)
 
 
-def _reports_at(loop: TrainingLoop, step: int, log_interval: int) -> bool:
+def _reports_at(loop: LoopView, step: int, log_interval: int) -> bool:
     """Whether the loop reports training metrics (``batch_size`` with them) after this step:
     the interval's report, or the last step of an epoch or of the run."""
     max_steps = loop.config.max_steps

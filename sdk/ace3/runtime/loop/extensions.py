@@ -2,10 +2,18 @@
 loop (:class:`ace3.runtime.loop.loop.TrainingLoop`), without branches of their own in it.
 
 The loop calls every extension of ``Components.extensions`` on every rank, in list order, at
-the same points, so an extension may run collectives (validation, broadcasts)::
+the same points, so an extension may run collectives (validation, broadcasts). It sees the
+loop through :class:`ace3.runtime.loop.view.LoopView` (what it may read, and the operations the
+loop performs for it)::
 
     start(loop)        once, before the first step (after the hooks' on_train_begin)
+    before_forward()   in each optimizer step, before its first micro-batch (again when an
+                       out-of-memory step is retried in place)
+    after_optimizer_step(loss_scale, skipped, learning_rate)
+                       in each optimizer step, right after the model's optimizer step (or the
+                       step the scaler or the guard skipped)
     after_step(loop)   after each optimizer step (loop.state.step counts it already)
+    training_metrics() entries for each training-metrics report (every rank: a collective)
     step_end(loop)     at the end of each step, after its metrics, its checkpoint and the
                        stop check (preemption stops here: :mod:`ace3.runtime.loop.preemption`)
     saving()           a context around every checkpoint the loop writes
@@ -16,45 +24,49 @@ the same points, so an extension may run collectives (validation, broadcasts)::
                        batch-size growth shrinks the batch); not when it stops the run
     close()            always, last, however the run ended (an exception included)
 
-:func:`compression_extensions` builds the ones a config asks for: pruning
-(:mod:`ace3.runtime.techniques.pruning`) then post-training quantization
-(:mod:`ace3.runtime.techniques.quantization`), in that order (the int8 model is made from the pruned one).
+:func:`ace3.runtime.techniques.compression.compression_extensions` builds pruning and
+quantization; knowledge distillation (:mod:`ace3.runtime.techniques.distillation`) is one too.
 """
 
 from __future__ import annotations
 
 import contextlib
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
-from ace3.config import TrainingConfig
-from ace3.runtime.process.distributed import DistContext
-
-if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
+from ace3.runtime.loop.view import LoopView
 
 
 class LoopExtension:
     """Base class: every point is a no-op (see the module docstring for when each runs)."""
 
-    def start(self, loop: TrainingLoop) -> None:
+    def start(self, loop: LoopView) -> None:
         return None
 
-    def after_step(self, loop: TrainingLoop) -> None:
+    def before_forward(self) -> None:
         return None
 
-    def step_end(self, loop: TrainingLoop) -> None:
+    def after_optimizer_step(self, loss_scale: float, skipped: bool, learning_rate: float) -> None:
+        return None
+
+    def after_step(self, loop: LoopView) -> None:
+        return None
+
+    def training_metrics(self) -> dict[str, float]:
+        return {}
+
+    def step_end(self, loop: LoopView) -> None:
         return None
 
     def saving(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def on_instability(self, loop: TrainingLoop, reason: str) -> None:
+    def on_instability(self, loop: LoopView, reason: str) -> None:
         return None
 
-    def finish(self, loop: TrainingLoop) -> dict[str, Any]:
+    def finish(self, loop: LoopView) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:
@@ -85,20 +97,3 @@ def matching_modules(
                 f"(its {what} layers: {shown}{more})"
             )
     return [(n, m) for n, m in candidates if any(fnmatchcase(n, p) for p in patterns)]
-
-
-def compression_extensions(
-    config: TrainingConfig, model: nn.Module, ctx: DistContext, total_steps: int
-) -> list[LoopExtension]:
-    """The extensions ``config`` asks for, built over this rank's ``model`` (a bad setting
-    fails here, before the first step)."""
-    found: list[LoopExtension] = []
-    if config.pruning is not None:
-        from ace3.runtime.techniques.pruning import Pruner
-
-        found.append(Pruner(config.pruning, model, ctx, total_steps))
-    if config.quantization is not None:
-        from ace3.runtime.techniques.quantization import PostTrainingQuantization
-
-        found.append(PostTrainingQuantization(config.quantization, model))
-    return found

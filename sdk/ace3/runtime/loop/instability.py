@@ -6,10 +6,11 @@ step's loss and gradient norm (one small all-reduce and one host read per step: 
 whole per-step cost, measured by ``benchmarks/overhead.py``) and decides from the reduced
 values, so every rank decides the same. An unstable step's update is dropped unless the action
 is ``warn``. The loop then calls :func:`react` (every rank, right after the step): rank 0 writes
-the ``instability`` record, and the action runs: ``rollback`` reloads the newest checkpoint of
-the run's checkpoint directory (:func:`roll_back`), ``stop`` raises
-:class:`ace3.errors.InstabilityError`. Every extension's ``on_instability`` then runs (every
-action but ``stop``).
+the ``instability`` record, and the action runs: ``rollback`` finds the newest checkpoint of
+the run's checkpoint directory and the loop rolls back to it
+(:meth:`ace3.runtime.loop.view.LoopView.roll_back_to`, which loads it with
+:func:`rolled_back_state`), ``stop`` raises :class:`ace3.errors.InstabilityError`. The loop
+then runs every extension's ``on_instability`` (every action but ``stop``).
 
 With the guard off nothing here runs: a NaN loss still stops the run at the next metrics
 report (:class:`ace3.errors.NonFiniteLossError`), as before.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,10 +31,12 @@ from ace3.config.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.config.instability import InstabilityConfig
 from ace3.errors import InstabilityError, UnsupportedFeatureError
 from ace3.runtime.checkpoint.files import load_checkpoint
+from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.loop.view import LoopView
 from ace3.runtime.process.distributed import DistContext
 
 if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
+    from ace3.runtime.components import Components
 
 
 @dataclass(frozen=True)
@@ -116,27 +119,30 @@ def make_guard(config: InstabilityConfig | None, ctx: DistContext) -> Instabilit
     return InstabilityGuard(config, ctx) if config is not None else None
 
 
-def check_rollback_place(loop: TrainingLoop) -> None:
+@dataclass(frozen=True)
+class Reaction:
+    """What :func:`react` did about an unstable step: ``rolled_back`` (the loop then trains on
+    from the restored position)."""
+
+    reason: str
+    rolled_back: bool
+
+
+def check_rollback_place(guard: InstabilityGuard | None, checkpoint_dir: Path | None) -> None:
     """A rollback needs the run's checkpoint files (an in-process run without ``save_dir`` has
     none): refused before the first step."""
-    guard = loop.steps.guard
-    if (
-        guard is not None
-        and guard.config.action == "rollback"
-        and loop.place.checkpoint_dir is None
-    ):
+    if guard is not None and guard.config.action == "rollback" and checkpoint_dir is None:
         raise UnsupportedFeatureError(
             "instability.action='rollback' reloads the run's checkpoints, and this run writes "
             "none: give the Trainer a save_dir, or use action='skip'"
         )
 
 
-def react(loop: TrainingLoop) -> bool:
-    """After a step the guard found unstable (every rank): record it, act; True when the run
-    was rolled back (the loop then trains on from the restored position)."""
-    guard = loop.steps.guard
+def react(loop: LoopView, guard: InstabilityGuard | None) -> Reaction | None:
+    """After each step (every rank): None when the guard found it stable; otherwise record it
+    and act (the loop performs a rollback: :meth:`LoopView.roll_back_to`)."""
     if guard is None or guard.finding is None:
-        return False
+        return None
     finding, guard.finding = guard.finding, None
     state, config = loop.state, guard.config
     action, note = config.action, ""
@@ -166,11 +172,9 @@ def react(loop: TrainingLoop) -> bool:
     )
     loop.log(f"step {finding.step}: training instability: {finding.reason}; {done}")
     if target is not None:
-        roll_back(loop, target, lr_scale)
+        loop.roll_back_to(target, lr_scale)
         guard.recent.clear()
-    for extension in loop.extensions:
-        extension.on_instability(loop, finding.reason)
-    return target is not None
+    return Reaction(finding.reason, rolled_back=target is not None)
 
 
 def _checkpoint_step(path: Path) -> int:
@@ -179,10 +183,10 @@ def _checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def _newest_checkpoint(loop: TrainingLoop, before_step: int) -> Path | None:
+def _newest_checkpoint(loop: LoopView, before_step: int) -> Path | None:
     """The run's newest checkpoint before ``before_step``, as rank 0 sees its directory
     (broadcast, so every rank loads the same file)."""
-    loop.saver.close()  # an async_save in flight is written (and recorded) first
+    loop.finish_saves()  # an async_save in flight is written (and recorded) first
     found: list[str | None] = [None]
     directory = loop.place.checkpoint_dir
     if loop.ctx.is_main and directory is not None and directory.is_dir():
@@ -197,20 +201,12 @@ def _newest_checkpoint(loop: TrainingLoop, before_step: int) -> Path | None:
     return Path(found[0]) if found[0] is not None else None
 
 
-def roll_back(loop: TrainingLoop, path: Path, lr_scale: float) -> None:
-    """Load ``path`` into the run (every rank: the strategy's resume, a collective) and go on
-    from its position with the learning rate times ``lr_scale`` (kept in the train state, so
-    the next checkpoints carry it)."""
-    parts = loop.parts
-    rollbacks = loop.state.rollbacks + 1
+def rolled_back_state(parts: Components, path: Path, lr_scale: float) -> TrainState:
+    """Load ``path`` into the run's model and optimizer (every rank: the strategy's resume, a
+    collective); return the position to go on from, its learning rate times ``lr_scale`` and
+    one more rollback counted (kept in the train state, so the next checkpoints carry them)."""
+    rollbacks = parts.state.rollbacks + 1
     parts.precision.zero_grad(parts.optimizer)
-    restored = loop.strategy.checkpoints.restore(load_checkpoint(path), parts)
+    restored = parts.strategy.checkpoints.restore(load_checkpoint(path), parts)
     restored.lr_scale, restored.rollbacks = lr_scale, rollbacks
-    state = loop.state  # the same object everywhere (parts.state, the loop's locals): updated
-    for entry in fields(state):
-        setattr(state, entry.name, getattr(restored, entry.name))
-    loop.last_saved_step = state.step  # never rewrite the checkpoint it came from
-    loop.window.reset()
-    loop.epoch_window.reset()
-    loop.window.set_carry(*state.carry.get("interval", (0.0, 0.0)))
-    loop.epoch_window.set_carry(*state.carry.get("epoch", (0.0, 0.0)))
+    return restored

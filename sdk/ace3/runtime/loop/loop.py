@@ -12,23 +12,23 @@ report and save) stops every rank at once with :class:`ace3.errors.NonFiniteLoss
 With ``instability`` set, the guard (:mod:`ace3.runtime.loop.instability`) judges every step before
 its update and may drop it, roll the run back to its newest checkpoint, or stop it.
 Hooks (:mod:`ace3.runtime.loop.hooks`) see every step and epoch; any of them can stop the run.
-Extensions (pruning, quantization, batch-size growth, preemption:
-:mod:`ace3.runtime.loop.extensions`) act at fixed points: the start, after each step, its end,
-around saves, after the final save, and last. The batch plan
-(:mod:`ace3.runtime.loop.batch_growth`) sizes each step.
+Extensions (pruning, quantization, distillation, batch-size growth, preemption:
+:mod:`ace3.runtime.loop.extensions`) act at fixed points and see the loop through
+:class:`ace3.runtime.loop.view.LoopView`: nothing outside this module assigns its state. The
+batch plan (:mod:`ace3.runtime.loop.batch_growth`) sizes each step.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ace3.errors import NonFiniteLossError
 from ace3.runtime.checkpoint.saver import CheckpointSaver
 from ace3.runtime.components import Components
 from ace3.runtime.data.loaders import (
@@ -40,34 +40,23 @@ from ace3.runtime.data.loaders import (
 )
 from ace3.runtime.loop.batch_growth import AccumulationPlan
 from ace3.runtime.loop.hooks import HookList, RunContext
-from ace3.runtime.loop.instability import check_rollback_place, react
+from ace3.runtime.loop.instability import check_rollback_place, react, rolled_back_state
 from ace3.runtime.loop.metric_window import MetricWindow, NonFiniteLoss
 from ace3.runtime.loop.optim import current_learning_rate
 from ace3.runtime.loop.rng import rank_seed
 from ace3.runtime.loop.run_metrics import RunMetrics, reports_after
+from ace3.runtime.loop.run_summary import final_metrics, nonfinite_loss_error
 from ace3.runtime.loop.step_counts import planned_total_steps, steps_per_epoch
 from ace3.runtime.loop.steps import StepRunner
+from ace3.runtime.loop.view import RunPlace
 from ace3.runtime.observe.memory_meter import PeakMemoryMeter, max_over_ranks, memory_summary
 from ace3.runtime.observe.reporting import EventWriter
 from ace3.runtime.process.distributed import DistContext
 
-# The training metrics the summary repeats (their last reported values).
-SUMMARY_TRAINING_METRICS = ("train_loss", "kd_loss", "feature_loss", "task_loss", "attention_loss")
-
-
-@dataclass(frozen=True)
-class RunPlace:
-    """Where a run writes: ``label`` names it in logs (``job X attempt N`` or ``local run``)."""
-
-    label: str
-    output_dir: Path
-    checkpoint_dir: Path | None  # None: no checkpoint files (an in-process run without save_dir)
-    resumed: bool = False
-    keep_checkpoints: int | None = None  # prune checkpoint_dir to the newest N files
-
 
 class TrainingLoop:
-    """Runs one job attempt on this rank (every rank runs the same sequence of collectives)."""
+    """Runs one job attempt on this rank (every rank runs the same sequence of collectives).
+    Its extensions get it as a :class:`ace3.runtime.loop.view.LoopView`."""
 
     def __init__(
         self,
@@ -79,13 +68,10 @@ class TrainingLoop:
         memory: PeakMemoryMeter | None = None,
     ) -> None:
         self.place, self.ctx, self.parts = place, ctx, parts
-        self.config = parts.config
-        self.state = parts.state
+        self.config, self.state = parts.config, parts.state
         self.hooks = hooks or HookList()
         self.events = events or EventWriter(place.output_dir / "events.jsonl", enabled=ctx.is_main)
-        self.memory = memory
-        self.strategy = parts.strategy
-        self.extensions = parts.extensions
+        self.memory, self.strategy, self.extensions = memory, parts.strategy, parts.extensions
         # Every rank of a data replica (its stages and tensor shards) reads the same batches.
         data_rank, data_world = self.strategy.dims.replica
         self.counts_samples = self.strategy.dims.counts_samples
@@ -111,26 +97,69 @@ class TrainingLoop:
         self.last_saved_step: int | None = self.state.step if place.resumed else None
         self.save_after_validation = False
         self.validated_step: int | None = None  # the step of the last validation
-        self.saver = CheckpointSaver(self, place.checkpoint_dir, place.keep_checkpoints)
+        self.saver = CheckpointSaver(self, parts, place.checkpoint_dir, place.keep_checkpoints)
         self.stop_requested = False
         self.step_lr: float | None = None  # the learning rate of the last optimizer step
         self.run_metrics = RunMetrics(ctx, self.strategy.dims.dp)
         parts.model.stop_training = False  # type: ignore[assignment]
 
     # -- reporting --------------------------------------------------------------------------
-    def _log(self, message: str) -> None:
+    def log(self, message: str) -> None:
         if self.ctx.is_main:
             print(message, flush=True)
 
-    log = _log  # for extensions
+    # -- the view's figures and operations (ace3.runtime.loop.view.LoopView) --------------------
+    @property
+    def micro_batch_split(self) -> int:
+        return self.steps.split
+
+    @property
+    def last_step_skipped(self) -> bool:
+        return self.steps.last_step_skipped
+
+    def checkpoint_name(self, step: int) -> str:
+        return self.strategy.checkpoints.name(step)
+
+    def keep_in_checkpoint(self, key: str, value: list[float]) -> None:
+        self.state.carry[key] = value
+
+    def save_checkpoint_now(self) -> None:
+        if self.last_saved_step != self.state.step:
+            self._save()  # a collective; it also carries the metric windows into the file
+
+    def finish_saves(self) -> None:
+        self.saver.close()
+
+    def validation_at_step(self) -> dict[str, float]:
+        if self.validated_step == self.state.step:
+            return {k: v for k, v in self.state.last_metrics.items() if k.startswith("val_")}
+        values = self.evaluate_model()
+        if values:
+            self._metrics(values)
+            self.validated_step = self.state.step
+        return values
+
+    def roll_back_to(self, path: Path, lr_scale: float) -> None:
+        restored = rolled_back_state(self.parts, path, lr_scale)
+        state = self.state  # the same object everywhere (parts.state, the loop's locals): updated
+        for entry in fields(state):
+            setattr(state, entry.name, getattr(restored, entry.name))
+        self.last_saved_step = state.step  # never rewrite the checkpoint it came from
+        for window, key in ((self.window, "interval"), (self.epoch_window, "epoch")):
+            window.reset()
+            window.set_carry(*state.carry.get(key, (0.0, 0.0)))
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for extension in self.extensions:
+                stack.enter_context(extension.saving())
+            yield
 
     def report_metrics(self, values: dict[str, float]) -> None:
-        """For extensions: a metrics event at the current step (every rank calls it)."""
         self._metrics(values)
 
     def evaluate_model(self) -> dict[str, float]:
-        """For extensions: the validation metrics of the model as it is now, without reporting
-        them ({} without a validation set). A collective."""
         if self.val_loader is None:
             return {}
         return self.strategy.evaluate(self.parts, self.val_loader)
@@ -143,11 +172,8 @@ class TrainingLoop:
     def _report_window(self) -> None:
         report = self.window.reduce(self.ctx.world_size)
         train_loss, samples_per_sec = report.loss, report.samples_per_sec
-        lr = (
-            self.step_lr
-            if self.step_lr is not None
-            else current_learning_rate(self.parts.optimizer)
-        )
+        lr = self.step_lr
+        lr = lr if lr is not None else current_learning_rate(self.parts.optimizer)
         values = {
             "train_loss": train_loss,
             "learning_rate": lr,
@@ -160,12 +186,13 @@ class TrainingLoop:
             values["samples_per_sec"] = samples_per_sec
         if self.parts.scaler.is_enabled():
             values["loss_scale"] = float(self.parts.scaler.get_scale())
-        if self.parts.distiller is not None:  # kd_loss, feature_loss, task_loss (a collective)
-            values.update(self.parts.distiller.report())
-        values.update(self.run_metrics.report(self))  # grad_norm, per-rank figures (a collective)
+        for extension in self.extensions:  # distillation's kd_loss, ... (a collective)
+            values.update(extension.training_metrics())
+        # grad_norm, per-rank figures (a collective)
+        values.update(self.run_metrics.report(self.steps, self.state))
         self._metrics(values)
         speed = f" samples/s={samples_per_sec:.0f}" if samples_per_sec is not None else ""
-        self._log(
+        self.log(
             f"step {self.state.step} epoch {self.state.display_epoch()} "
             f"train_loss={train_loss:.5f} lr={lr:.3g}{speed}"
         )
@@ -174,14 +201,9 @@ class TrainingLoop:
         self.window.reset()
 
     def _stop_on_nonfinite_loss(self, found: NonFiniteLoss) -> None:
-        """Record the first non-finite training loss and stop every rank (each one calls this
-        at the same reduction, so none is left waiting in a collective)."""
-        state = self.state
-        error = NonFiniteLossError(found.step, state.step, found.value)
-        self.events.nonfinite_loss(
-            found.step, state.step, state.display_epoch(), "train_loss", found.value
-        )
-        self._log(f"stopping at step {state.step}: {error}")
+        """Stop every rank (each one calls this at the same reduction: none is left waiting)."""
+        error = nonfinite_loss_error(found, self.state, self.events)
+        self.log(f"stopping at step {self.state.step}: {error}")
         raise error
 
     def _validate(self, label: str, with_epoch_loss: bool) -> dict[str, float]:
@@ -195,7 +217,7 @@ class TrainingLoop:
             self.validated_step = self.state.step
         if values:
             self._metrics(values)
-            self._log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()))
+            self.log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()))
             if self.parts.scheduler is not None:
                 self.parts.scheduler.after_validation(values)
         return values
@@ -216,12 +238,10 @@ class TrainingLoop:
     def save_model(self, path: Path, weights_only: bool) -> None:
         """For hooks (ModelCheckpoint): the full training checkpoint, or the weights alone, at
         ``path`` (written by rank 0; every rank must call this at the same point)."""
-        with contextlib.ExitStack() as stack:
-            for extension in self.extensions:
-                stack.enter_context(extension.saving())
+        with self.saving():
             self.strategy.checkpoints.save_model_file(self.parts, path, weights_only)
 
-    def _done(self) -> bool:
+    def done(self) -> bool:
         max_steps = self.config.max_steps
         return self.stop_requested or (max_steps is not None and self.state.step >= max_steps)
 
@@ -233,18 +253,14 @@ class TrainingLoop:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             wanted = bool(flag.item() > 0)
         if wanted and not self.stop_requested:
-            self._log(f"stopping at step {self.state.step}: a callback asked to stop training")
+            self.log(f"stopping at step {self.state.step}: a callback asked to stop training")
         self.stop_requested = self.stop_requested or wanted
         return wanted
 
     # -- training ---------------------------------------------------------------------------
-    def _train_epoch(self) -> None:
-        """Train the rest of the current epoch, or until max_steps or a stop request (from
-        the restored position after an instability rollback)."""
-        while self._train_part():
-            pass
-
     def _train_part(self) -> bool:
+        """Train the rest of the current epoch, or until max_steps or a stop request; True:
+        rolled back by the instability guard (the caller trains on from the restored place)."""
         state, parts, config = self.state, self.parts, self.config
         self.sampler.set_epoch(state.epoch)
         loader = train_loader(
@@ -253,17 +269,22 @@ class TrainingLoop:
             pin_memory=self.ctx.device.type == "cuda", collate_fn=parts.collate_fn,
         )  # fmt: skip
         batches, hooks, plan = iter(loader), self.hooks, self.plan
-        while state.batch_in_epoch < self.batches_per_epoch and not self._done():
+        while state.batch_in_epoch < self.batches_per_epoch and not self.done():
             group = min(plan.batches_per_step(), self.batches_per_epoch - state.batch_in_epoch)
+            self.steps.lr_factor = plan.lr_factor  # batch-size growth's (1.0 without it)
             batch_index = plan.batch_index(state.batch_in_epoch)
             hooks.on_batch_begin(batch_index)
             self.step_lr = (  # the rate this step uses
                 current_learning_rate(parts.optimizer) * plan.lr_factor * state.lr_scale
             )
             taken = plan.combine([next(batches) for _ in range(group)])
-            step_loss, samples = self.steps.run(taken, state.step, reports_after(self, group))
-            if react(self):  # the guard found the step unstable and rolled the run back
-                return True
+            measure = reports_after(state, config, self.batches_per_epoch, group)
+            step_loss, samples = self.steps.run(taken, state.step, measure)
+            if (reaction := react(self, self.steps.guard)) is not None:  # an unstable step
+                for extension in self.extensions:
+                    extension.on_instability(self, reaction.reason)
+                if reaction.rolled_back:
+                    return True
             state.step += 1
             state.batch_in_epoch += group
             if parts.scheduler is not None:
@@ -276,16 +297,11 @@ class TrainingLoop:
             if not self.steps.dropped:  # (a step the guard skipped adds no loss)
                 self.window.add(step_loss, samples, state.step)
                 self.epoch_window.add(step_loss, samples, state.step)
+            logs: dict[str, Any] = {}
             if hooks.wants_batch_logs:
-                logs = {
-                    "loss": float(step_loss.item()),
-                    "step": float(state.step),
-                    "learning_rate": self.step_lr,
-                    "batch_size": float(samples),
-                }
-                hooks.on_batch_end(batch_index, logs)
-            else:
-                hooks.on_batch_end(batch_index, {})
+                logs = {"loss": float(step_loss.item()), "step": float(state.step),
+                        "learning_rate": self.step_lr, "batch_size": float(samples)}  # fmt: skip
+            hooks.on_batch_end(batch_index, logs)
             if state.step == 1 or state.step % config.log_interval == 0:
                 self._report_window()
             if config.save_interval and state.step % config.save_interval == 0:
@@ -301,51 +317,38 @@ class TrainingLoop:
 
     def run(self) -> dict[str, Any]:
         """Train to the end; write the final checkpoint and the summary; return final metrics."""
-        state, config = self.state, self.config
-        parts = self.parts
-        self._log(
+        state, config, parts = self.state, self.config, self.parts
+        self.log(
             f"{self.place.label}: "
             f"{len(self.sampler.dataset)} training samples, "  # type: ignore[arg-type]
             f"{self.batches_per_epoch} micro-batches of {parts.per_rank_batch} per rank "
             f"per epoch, {config.epochs} epoch(s), precision {parts.precision.describe()}"
         )
+        batches, accumulation = self.batches_per_epoch, config.gradient_accumulation_steps
         self.events.start(
             total_steps=planned_total_steps(
-                self.batches_per_epoch, config.gradient_accumulation_steps, config.epochs,
-                config.max_steps, state,
+                batches, accumulation, config.epochs, config.max_steps, state
             ),
-            steps_per_epoch=steps_per_epoch(
-                self.batches_per_epoch, config.gradient_accumulation_steps
-            ),
-            epochs=config.epochs,
-            world_size=self.ctx.world_size,
-            resumed_from_step=state.step if self.place.resumed else 0,
+            steps_per_epoch=steps_per_epoch(batches, accumulation), epochs=config.epochs,
+            world_size=self.ctx.world_size, resumed_from_step=state.step if self.place.resumed else 0,
         )  # fmt: skip
-        self.hooks.bind(
-            RunContext(
-                model=parts.model,
-                optimizer=parts.optimizer,
-                config=config,
-                rank=self.ctx.rank,
-                world_size=self.ctx.world_size,
-                device=self.ctx.device,
-                output_dir=self.place.output_dir,
-                scheduler=parts.scheduler.scheduler if parts.scheduler is not None else None,
-                save_model=self.save_model,
-                example_batch=example_batch(parts, self.sampler, self.ctx.device)
-                if self.hooks
-                else None,
-            )
-        )
+        self.hooks.bind(RunContext(
+            model=parts.model, optimizer=parts.optimizer, config=config, rank=self.ctx.rank,
+            world_size=self.ctx.world_size, device=self.ctx.device,
+            output_dir=self.place.output_dir, save_model=self.save_model,
+            scheduler=parts.scheduler.scheduler if parts.scheduler is not None else None,
+            example_batch=example_batch(parts, self.sampler, self.ctx.device) if self.hooks else None,
+        ))  # fmt: skip
         validated_at: int | None = None
         try:
             self.hooks.on_train_begin()
-            check_rollback_place(self)
+            check_rollback_place(self.steps.guard, self.place.checkpoint_dir)
             for extension in self.extensions:
                 extension.start(self)
-            while state.epoch < config.epochs and not self._done():
+            while state.epoch < config.epochs and not self.done():
                 self.hooks.on_epoch_begin(state.epoch + 1)
-                self._train_epoch()
+                while self._train_part():  # the rest of the epoch (again after a rollback)
+                    pass
                 if state.batch_in_epoch < self.batches_per_epoch:
                     break  # stopped by max_steps or a callback mid-epoch
                 if self.window.has_data:
@@ -383,35 +386,13 @@ class TrainingLoop:
             self.events.close()
             for extension in self.extensions:
                 extension.close()
-            if parts.distiller is not None:
-                parts.distiller.close()
 
     def _summary(self, extras: dict[str, Any] | None = None) -> dict[str, Any]:
-        state = self.state
-        final: dict[str, Any] = {
-            key: value
-            for key, value in state.last_metrics.items()
-            if key in SUMMARY_TRAINING_METRICS or key.startswith("val_")
-        }
-        if state.best_val_accuracy is not None:
-            final["best_val_accuracy"] = state.best_val_accuracy
-        final["steps"] = state.step
-        final["epochs"] = state.display_epoch()
-        if self.memory is not None:
-            final.update(self._memory_figures())
-        if self.steps.split > 1:
-            final["micro_batch_split"] = self.steps.split
-        if self.parts.scaler.is_enabled():
-            final["skipped_steps"] = self.parts.scaler.skipped_steps
-            final["loss_scale"] = float(self.parts.scaler.get_scale())
-        final.update(extras or {})
+        state, memory = self.state, None
+        if self.memory is not None:  # peak memory (the largest rank's), the state's size
+            reading = max_over_ranks(self.memory.reading(), self.ctx.device)
+            memory = memory_summary(reading, self.strategy.state_bytes(self.parts))
+        final = final_metrics(state, self.parts.scaler, self.steps.split, memory, extras)
         self.events.summary(final, state.best_val_accuracy, state.step, state.display_epoch())
-        self._log("done: " + " ".join(f"{k}={v}" for k, v in final.items()))
+        self.log("done: " + " ".join(f"{k}={v}" for k, v in final.items()))
         return final
-
-    def _memory_figures(self) -> dict[str, Any]:
-        """Peak memory (the rank with the largest) and the training state's size (a
-        collective)."""
-        assert self.memory is not None
-        reading = max_over_ranks(self.memory.reading(), self.ctx.device)
-        return memory_summary(reading, self.strategy.state_bytes(self.parts))

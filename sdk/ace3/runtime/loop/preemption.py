@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,10 +33,8 @@ import torch.distributed as dist
 from ace3.config import TrainingConfig
 from ace3.errors import TrainingPreemptedError
 from ace3.runtime.loop.extensions import LoopExtension
+from ace3.runtime.loop.view import LoopView
 from ace3.runtime.process.distributed import DistContext
-
-if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
 
 
 class SigtermNotice:
@@ -108,7 +106,7 @@ class Preemption(LoopExtension):
         self.flag = torch.zeros(1)
         self.pending: Any = None  # the all-reduce issued at the end of the previous step
 
-    def start(self, loop: TrainingLoop) -> None:
+    def start(self, loop: LoopView) -> None:
         if not self.notice.install():
             loop.log(
                 "note: checkpoint_on_sigterm: the run is not in the main thread, where a "
@@ -117,10 +115,10 @@ class Preemption(LoopExtension):
         if self.ctx.world_size > 1:  # (every rank, in the same order as any other group)
             self.group = dist.new_group(backend="gloo")
 
-    def step_end(self, loop: TrainingLoop) -> None:
+    def step_end(self, loop: LoopView) -> None:
         if loop.state.batch_in_epoch >= loop.batches_per_epoch:
             return  # the epoch's last step: decided at the next one (see the module docstring)
-        if loop._done():
+        if loop.done():
             return  # max_steps reached (or a callback stopped it): the run ends now anyway
         if self.ctx.world_size == 1:
             if self.notice.received:
@@ -136,20 +134,19 @@ class Preemption(LoopExtension):
             self.flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True
         )
 
-    def _stop(self, loop: TrainingLoop) -> None:
+    def _stop(self, loop: LoopView) -> None:
         """Every rank, at the same step: the checkpoint of this step, the record, the error."""
         state = loop.state
         self.notice.acted = True
         loop.log(f"preempted (SIGTERM): stopping after step {state.step} with a checkpoint")
-        if loop.last_saved_step != state.step:
-            loop._save()  # a collective; it also carries the metric windows into the file
+        loop.save_checkpoint_now()  # a collective; it carries the metric windows into the file
         name = None
         if loop.place.checkpoint_dir is not None:
-            name = loop.strategy.checkpoints.name(state.step)
+            name = loop.checkpoint_name(state.step)
         loop.events.preempted(state.step, state.display_epoch(), name)
         raise TrainingPreemptedError(state.step, name)
 
-    def finish(self, loop: TrainingLoop) -> dict[str, Any]:
+    def finish(self, loop: LoopView) -> dict[str, Any]:
         self._drain()
         return {}
 

@@ -42,7 +42,9 @@ from ace3.runtime.observe.memory_meter import _statm_rss_bytes
 from ace3.runtime.process.distributed import DistContext
 
 if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
+    from ace3.config import TrainingConfig
+    from ace3.runtime.loop.steps import StepRunner
+    from ace3.runtime.loop.train_state import TrainState
 
 MAX_RANKS_SHOWN = 8  # ranks reported one by one; more: max / min / mean only
 _MB = float(1 << 20)
@@ -99,9 +101,8 @@ class RunMetrics:
         self.since = time.perf_counter()
         self.steps_at_report = 0
 
-    def report(self, loop: TrainingLoop) -> dict[str, float]:
+    def report(self, runner: StepRunner, state: TrainState) -> dict[str, float]:
         """The figures of the span since the last report (a collective on every rank)."""
-        runner, state = loop.steps, loop.state
         values: dict[str, float] = {}
         if runner.grad_norm is not None and runner.grad_norm_step == state.step:
             values["grad_norm"] = float(runner.grad_norm)
@@ -127,16 +128,17 @@ class RunMetrics:
         return values
 
 
-def reports_after(loop: TrainingLoop, group: int) -> bool:
+def reports_after(
+    state: TrainState, config: TrainingConfig, batches_per_epoch: int, group: int
+) -> bool:
     """Whether the loop reports training metrics after its coming step (of ``group`` loader
     batches), so the step keeps its gradient norm for the report."""
-    state, config = loop.state, loop.config
     step = state.step + 1
     return (
         step == 1
         or step % config.log_interval == 0
         or step == config.max_steps
-        or state.batch_in_epoch + group >= loop.batches_per_epoch
+        or state.batch_in_epoch + group >= batches_per_epoch
     )
 
 

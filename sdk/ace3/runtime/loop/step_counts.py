@@ -13,7 +13,6 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from ace3.config import TrainingConfig
 from ace3.runtime.data.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.loop.train_state import TrainState
 
@@ -43,7 +42,7 @@ def planned_total_steps(
     """The optimizer steps the run plans in all, counted from step 0 (a resumed run's earlier
     steps included): an upper bound that ``state.step`` never exceeds.
 
-    It follows :meth:`TrainingLoop._train_epoch`: an epoch's ``batches_per_epoch`` loader batches
+    It follows :meth:`TrainingLoop._train_part`: an epoch's ``batches_per_epoch`` loader batches
     (of one rank, or of the one data replica of a model- or pipeline-parallel job) run as
     optimizer steps of ``accumulation`` batches each, the last group shorter, so a whole epoch takes ``ceil(batches_per_epoch / accumulation)`` steps. A resumed
     run first finishes its epoch from ``batch_in_epoch``, grouped by the accumulation it runs
@@ -66,21 +65,3 @@ def planned_total_steps(
     if max_steps is not None:
         total = min(total, max(max_steps, state.step))
     return total
-
-
-def total_optimizer_steps(
-    config: TrainingConfig, train_set: Dataset[Any], data_world: int, replica_batch: int
-) -> int:
-    """Optimizer steps of a whole fresh run (what schedules without a horizon use): the plan of
-    :func:`planned_total_steps` from step 0; with batch-size growth, the steps of its path
-    (:func:`ace3.runtime.loop.batch_growth.grown_path_steps`)."""
-    from ace3.config.batch_growth import batch_growth
-    from ace3.runtime.loop.batch_growth import grown_path_steps  # (it imports this module)
-
-    batches = replica_batches_per_epoch(train_set, 0, data_world, config.seed, replica_batch)
-    growth = batch_growth(config)
-    if growth is not None:
-        return grown_path_steps(growth, batches, config.epochs, config.max_steps, TrainState())
-    return planned_total_steps(
-        batches, config.gradient_accumulation_steps, config.epochs, config.max_steps, TrainState()
-    )

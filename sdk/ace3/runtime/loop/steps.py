@@ -121,7 +121,9 @@ class StepRunner:
         # Batch-size growth (ace3.runtime.loop.batch_growth): the learning rate of the next steps is
         # the schedule's times this, and it hears of an out-of-memory step retried in place.
         self.lr_factor = 1.0
-        self.on_out_of_memory: Callable[[], None] | None = None
+        self.on_out_of_memory: Callable[[], None] | None = (
+            parts.batch_plan.out_of_memory if parts.batch_plan is not None else None
+        )
         self.guard = make_guard(config.instability, ctx)
         self.dropped = False  # the guard dropped the last step's update
         self.grad_norm: torch.Tensor | None = None  # the global norm of a step's gradients...
@@ -158,8 +160,8 @@ class StepRunner:
         while True:
             parts.precision.zero_grad(parts.optimizer)
             strategy.before_step(parts)
-            if parts.distiller is not None:
-                parts.distiller.begin_step()
+            for extension in parts.extensions:  # (distillation's projections)
+                extension.before_forward()
             try:
                 step_loss, samples = strategy.forward_backward(self._micro_batches(batches), parts)
                 break
@@ -190,10 +192,11 @@ class StepRunner:
         else:
             self._optimizer_step()
         precision.weights_from_optimizer()
-        if parts.distiller is not None:  # the projections learn with the student
+        if parts.extensions:  # (distillation's projections learn with the student)
             lr = parts.optimizer.param_groups[0]["lr"] * self.lr_factor * parts.state.lr_scale
             skipped = self.last_step_skipped or self.dropped
-            parts.distiller.finish_step(scale, skipped, float(lr))
+            for extension in parts.extensions:
+                extension.after_optimizer_step(scale, skipped, float(lr))
         if self.last_step_skipped and self.ctx.is_main:  # the same decision on every rank
             print(
                 f"step {step + 1}: inf/nan gradients at loss scale {scale:g}: step skipped, "

@@ -43,7 +43,7 @@ from ace3.runtime.loop.extra_optimizers import (
     needs_grad_graph,
     plain_backward,
 )
-from ace3.runtime.loop.losses import batch_size_of, forward_loss, move_to_device
+from ace3.runtime.loop.losses import batch_size_of, move_to_device
 from ace3.runtime.loop.optim import build_optimizer
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.observe.state_size import training_state_bytes
@@ -175,7 +175,7 @@ class Strategy(ABC):
         step_loss: torch.Tensor | None = None
         samples = 0
         assert self.forward is not None
-        compute = forward_loss if parts.distiller is None else parts.distiller.forward_loss
+        compute = parts.training_loss  # the model's own, or distillation's
         backward = graph_keeping_backward if needs_grad_graph(parts.optimizer) else plain_backward
         for i, (raw, weight) in enumerate(chunks):
             batch = move_to_device(raw, self.ctx.device)

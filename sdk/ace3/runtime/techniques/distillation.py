@@ -1,9 +1,10 @@
-"""Knowledge distillation, a component of the engine: the loss of every training micro-batch
-when ``config.distillation`` is set (:meth:`Distiller.forward_loss`, used by the strategy's
-``forward_backward`` in place of :func:`ace3.runtime.loop.losses.forward_loss`), the projections'
-optimizer step (:meth:`Distiller.begin_step`, :meth:`Distiller.finish_step`, called by the
-step runner), and the ``kd_loss`` / ``feature_loss`` / ``task_loss`` (/ ``attention_loss``)
-metrics (:meth:`Distiller.report`, beside ``train_loss``, averaged the same way).
+"""Knowledge distillation, a technique like the others: the loss the strategy's step is given
+(:meth:`Distiller.forward_loss` as ``Components.training_loss``, in place of
+:func:`ace3.runtime.loop.losses.forward_loss`) and a loop extension
+(:class:`ace3.runtime.loop.extensions.LoopExtension`): the projections' optimizer step
+(``before_forward``, ``after_optimizer_step``), the ``kd_loss`` / ``feature_loss`` /
+``task_loss`` (/ ``attention_loss``) metrics (``training_metrics``, beside ``train_loss``,
+averaged the same way) and the feature hooks' removal (``close``).
 
 The loss: ``alpha * T^2 * KL(softmax(t/T) || softmax(s/T)) + (1 - alpha) * task_loss +
 feature_loss_weight * feature_loss + attention_loss_weight * attention_loss``. The teacher
@@ -28,6 +29,7 @@ from torch import nn
 
 from ace3.config import TrainingConfig
 from ace3.config.distillation import DistillationConfig
+from ace3.runtime.loop.extensions import LoopExtension
 from ace3.runtime.loop.losses import ForwardResult, batch_size_of, default_loss
 from ace3.runtime.loop.optim import build_optimizer
 from ace3.runtime.loop.precision import Precision, cast_floating
@@ -65,7 +67,7 @@ def _module(model: nn.Module, name: str, who: str) -> nn.Module:
     return modules[name]
 
 
-class Distiller:
+class Distiller(LoopExtension):
     """The distillation state of one rank: teacher, hooks, projections, metric sums."""
 
     def __init__(
@@ -225,14 +227,14 @@ class Distiller:
         return self.projections[index]
 
     # -- around the optimizer step -------------------------------------------------------------
-    def begin_step(self) -> None:
+    def before_forward(self) -> None:
         """Before a step's (or a retried step's) first micro-batch."""
         self.step_sums.zero_()
         self.step_samples = 0
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
 
-    def finish_step(self, loss_scale: float, skipped: bool, learning_rate: float) -> None:
+    def after_optimizer_step(self, loss_scale: float, skipped: bool, learning_rate: float) -> None:
         """After the student's optimizer step: the projections' step (gradients averaged over
         the ranks and unscaled; skipped with the student's), and the step's loss parts."""
         if self.step_samples:
@@ -265,7 +267,7 @@ class Distiller:
         self.features.clear()
 
     # -- metrics -------------------------------------------------------------------------------
-    def report(self) -> dict[str, float]:
+    def training_metrics(self) -> dict[str, float]:
         """The loss parts' means since the last report, over the steps and the ranks (a
         collective: every rank calls it where it reports ``train_loss``)."""
         vector = torch.cat(

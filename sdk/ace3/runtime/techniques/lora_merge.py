@@ -16,17 +16,15 @@ artifact). In-process runs write no file: the caller's module gets the merged we
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ace3.runtime.loop.extensions import LoopExtension
 from ace3.runtime.loop.precision import Precision
+from ace3.runtime.loop.view import LoopView
 from ace3.runtime.techniques.lora import ADAPTER, LoRAAdapters
-
-if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
 
 MERGED_MODEL = "merged_model.safetensors"  # under output_dir/artifacts
 
@@ -82,7 +80,7 @@ class LoRAExtension(LoopExtension):
     def __init__(self, adapters: LoRAAdapters, precision: Precision, write_merged: bool) -> None:
         self.adapters, self.precision, self.write_merged = adapters, precision, write_merged
 
-    def finish(self, loop: TrainingLoop) -> dict[str, Any]:
+    def finish(self, loop: LoopView) -> dict[str, Any]:
         if self.write_merged and loop.ctx.is_main:
             from ace3.training.checkpoints import save_checkpoint
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,10 +42,8 @@ from torch.nn.utils import prune
 
 from ace3.config.compression import PruningConfig
 from ace3.runtime.loop.extensions import LoopExtension, matching_modules
+from ace3.runtime.loop.view import LoopView
 from ace3.runtime.process.distributed import DistContext
-
-if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
 
 PRUNABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -154,7 +152,7 @@ class Pruner(LoopExtension):
                 dist.broadcast(module.weight_mask, src=0)
 
     # -- the loop's points ----------------------------------------------------------------------
-    def start(self, loop: TrainingLoop) -> None:
+    def start(self, loop: LoopView) -> None:
         if loop.place.resumed and "sparsity" in loop.state.last_metrics:
             # A checkpoint written once pruning had begun holds the pruned weights as zeros.
             for _, module in self.targets:
@@ -164,10 +162,10 @@ class Pruner(LoopExtension):
             loop.log(f"pruning: resumed at sparsity {self.sparsity():.4f}")
         self._maybe_prune(loop)
 
-    def after_step(self, loop: TrainingLoop) -> None:
+    def after_step(self, loop: LoopView) -> None:
         self._maybe_prune(loop)
 
-    def _maybe_prune(self, loop: TrainingLoop) -> None:
+    def _maybe_prune(self, loop: LoopView) -> None:
         step = loop.state.step
         if not is_pruning_step(self.settings, step, self.end_step):
             return
@@ -198,7 +196,7 @@ class Pruner(LoopExtension):
     def saving(self) -> contextlib.AbstractContextManager[Any]:
         return self._folded()
 
-    def finish(self, loop: TrainingLoop) -> dict[str, Any]:
+    def finish(self, loop: LoopView) -> dict[str, Any]:
         if self.masked:
             for _, module in self.targets:
                 prune.remove(module, "weight")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,11 +34,9 @@ from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.extensions import LoopExtension, matching_modules
 from ace3.runtime.loop.losses import forward_loss, move_to_device
 from ace3.runtime.loop.precision import Precision
+from ace3.runtime.loop.view import LoopView
 from ace3.runtime.process.distributed import barrier
 from ace3.training.quantized import import_torchao, save_quantized_model
-
-if TYPE_CHECKING:
-    from ace3.runtime.loop.loop import TrainingLoop
 
 ARTIFACT = "quantized/model-int8.safetensors"
 CPU = torch.device("cpu")
@@ -81,7 +79,7 @@ class PostTrainingQuantization(LoopExtension):
             )
         ]
 
-    def _calibrate(self, model: nn.Module, loop: TrainingLoop) -> dict[str, torch.Tensor]:
+    def _calibrate(self, model: nn.Module, loop: LoopView) -> dict[str, torch.Tensor]:
         """The static activation scale of each layer's input (see the module docstring)."""
         from torchao.quantization.quant_primitives import MappingType, choose_qparams_affine
 
@@ -131,7 +129,7 @@ class PostTrainingQuantization(LoopExtension):
             scales[name] = scale.reshape([1] * ndims[name])
         return scales
 
-    def finish(self, loop: TrainingLoop) -> dict[str, Any]:
+    def finish(self, loop: LoopView) -> dict[str, Any]:
         parts, ctx, method = loop.parts, loop.ctx, self.settings.method
         model = float_copy(parts.model)
         float_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
