@@ -35,7 +35,7 @@ from ace3_control import job_transitions
 from ace3_control.models import Job, JobRecord, utcnow
 from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
-from ace3_worker import reports
+from ace3_worker import checkpoints, reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.attempt import (
     ERROR_TAIL_LINES,
@@ -61,7 +61,9 @@ class PendingRecord:
     """An events record read but not yet stored, with what reading it decided."""
 
     record: EventRecord | RefusedRecord
-    checkpoint: reports.StagedCheckpoint | None = None  # a valid checkpoint, copied to the store
+    checkpoint: checkpoints.StagedCheckpoint | None = (
+        None  # a valid checkpoint, copied to the store
+    )
     notice: str | None = None  # the warning for the job's log
     plan: RunPlan | None = None  # an accepted start record's plan, for the job row
     typed: bool = False  # an instability or preempted record to store in job_records
@@ -205,14 +207,14 @@ class Ingest:
                         )
                     )
                 elif item.checkpoint is not None:
-                    stale_keys += reports.record_checkpoint(
+                    stale_keys += checkpoints.record_checkpoint(
                         session,
                         self.store,
                         job.id,
                         watch.attempt,
                         item.checkpoint,
                         job.config.get("max_checkpoints"),
-                        reports.best_by(job.config),
+                        checkpoints.best_by(job.config),
                     )
             session.commit()
         output.pending_lines = []
@@ -242,12 +244,12 @@ class Ingest:
             self._take_typed(output, job, item, record)
             return item
         elif isinstance(record, CheckpointRecord):
-            outcome: str | reports.StagedCheckpoint | None = reports.checkpoint_problem(
+            outcome: str | checkpoints.StagedCheckpoint | None = checkpoints.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan
             )
             if outcome is None and record.name in output.staged_checkpoints:
                 outcome = f"checkpoint {record.name} was already taken"
-            outcome = outcome or reports.stage_checkpoint(
+            outcome = outcome or checkpoints.stage_checkpoint(
                 self.store, job.id, record, directory.output_dir, self.settings.max_checkpoint_bytes
             )
             if isinstance(outcome, str):

@@ -27,7 +27,7 @@ from ace3_control import job_nodes, job_transitions
 from ace3_control.db import rows_changed
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
-from ace3_worker import reports
+from ace3_worker import checkpoints, reports
 from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS
 from ace3_worker.drain import draining
 from ace3_worker.failures import RankFailure, failed_ranks, failure_message, root_cause
@@ -285,7 +285,7 @@ class Outcomes:
         cancel asked meanwhile wins: the job is cancelled instead; past
         ``ACE3_MAX_PREEMPTIONS`` the job fails, saying so."""
         with self.sessions() as session:
-            newest = reports.latest_checkpoint(session, job.id)
+            newest = checkpoints.latest_checkpoint(session, job.id)
             resumes = (
                 f"the next attempt resumes from checkpoint {newest.name} (step {newest.step})"
                 if newest is not None

@@ -18,7 +18,7 @@ from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
 from ace3_control.stored_weights import StoredWeights, required_weights
-from ace3_worker import reports
+from ace3_worker import checkpoints
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.job_dir import (
     JobDirectory,
@@ -39,7 +39,7 @@ def resume_checkpoint(session: Session, job: Job, attempt: int) -> JobCheckpoint
     """What an attempt resumes from: after the first, the job's own newest checkpoint when it
     has one; else the stored checkpoint the job was created from (``resume_from_checkpoint``)."""
     if attempt > 1:
-        own = reports.latest_checkpoint(session, job.id)
+        own = checkpoints.latest_checkpoint(session, job.id)
         if own is not None:
             return own
     if job.resume_from_checkpoint_id is None:

@@ -19,7 +19,7 @@ refused, every string and collection is bounded, every number finite and in rang
 that does not validate is refused with a reason (the worker stores it as a warning in the
 job's log, and nothing else happens). The ``instability`` and ``preempted`` records are kept
 as typed rows (``GET /v1/jobs/{id}/records``, the SDK's ``client.jobs.records``). What a checkpoint record may point at is checked by the
-worker separately (:func:`ace3_worker.reports.checkpoint_problem`). The worker keeps the start
+worker separately (:func:`ace3_worker.checkpoints.checkpoint_problem`). The worker keeps the start
 record's plan on the job (:class:`RunPlan`), which is how the SDK's progress bar knows the
 total from step 1.
 

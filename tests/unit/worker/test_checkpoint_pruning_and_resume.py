@@ -16,7 +16,7 @@ from ace3_control.models import Job, JobCheckpoint
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
 from ace3_server.migrations_check import upgrade
-from ace3_worker import reports
+from ace3_worker import checkpoints
 from ace3_worker.supervisor import Supervisor
 from ace3_worker.workspace import resume_checkpoint
 from tests.conftest import insert_job
@@ -58,10 +58,10 @@ def _store(
     output_dir: Path,
 ) -> None:
     record = CheckpointRecord.model_validate(event)
-    staged = reports.stage_checkpoint(store, job.id, record, output_dir, 1 << 30)
+    staged = checkpoints.stage_checkpoint(store, job.id, record, output_dir, 1 << 30)
     if isinstance(staged, str):  # refused: nothing recorded
         return
-    stale = reports.record_checkpoint(session, store, job.id, 1, staged, keep)
+    stale = checkpoints.record_checkpoint(session, store, job.id, 1, staged, keep)
     session.commit()
     for key in stale:
         store.delete(key)
@@ -268,11 +268,11 @@ def test_the_best_checkpoint_is_kept_beside_the_newest_and_moves_when_beaten(
             event = _checkpoint_event(tmp_path, step)
             # the job claims "best" for every one: the worker decides from the values
             event.update(monitor="val_loss", monitor_value=value, best=True)
-            staged = reports.stage_checkpoint(
+            staged = checkpoints.stage_checkpoint(
                 supervisor.store, job.id, CheckpointRecord.model_validate(event), tmp_path, 1 << 30
             )
             assert not isinstance(staged, str)
-            stale = reports.record_checkpoint(
+            stale = checkpoints.record_checkpoint(
                 session, supervisor.store, job.id, 1, staged, 2, ("val_loss", "min")
             )
             session.commit()
@@ -290,11 +290,11 @@ def test_the_best_checkpoint_is_kept_beside_the_newest_and_moves_when_beaten(
         # another metric than the job's monitor is not judged
         event = _checkpoint_event(tmp_path, 80)
         event.update(monitor="train_loss", monitor_value=0.0)
-        staged = reports.stage_checkpoint(
+        staged = checkpoints.stage_checkpoint(
             supervisor.store, job.id, CheckpointRecord.model_validate(event), tmp_path, 1 << 30
         )
         assert not isinstance(staged, str)
-        reports.record_checkpoint(
+        checkpoints.record_checkpoint(
             session, supervisor.store, job.id, 1, staged, 2, ("val_loss", "min")
         )
         session.commit()

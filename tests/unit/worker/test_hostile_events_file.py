@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from ace3_control.models import Job, JobCheckpoint, JobLog
 from ace3_control.settings import Settings
-from ace3_worker import reports
+from ace3_worker import checkpoints, reports
 from ace3_worker.attempt import MAX_NOTICES_PER_ATTEMPT
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.supervisor import Supervisor
@@ -126,14 +126,14 @@ def test_a_repeated_checkpoint_record_is_copied_once_and_odd_names_are_refused(
         + "\n"
     )
     staged: list[str] = []
-    original = reports.stage_checkpoint
+    original = checkpoints.stage_checkpoint
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         staged.append(args[2].name)
         return original(*args, **kwargs)
 
     reports_stage = pytest.MonkeyPatch()
-    reports_stage.setattr(reports, "stage_checkpoint", counting)
+    reports_stage.setattr(checkpoints, "stage_checkpoint", counting)
     try:
         job_id, _, _ = _ingest_everything(supervisor, directory)
     finally:

@@ -18,7 +18,7 @@ from ace3.config.events import (
     parse_record,
 )
 from ace3_control.storage import LocalArtifactStore
-from ace3_worker import reports
+from ace3_worker import checkpoints, reports
 from ace3_worker.job_files import UnsafeJobPathError, open_job_file
 
 CHECKPOINTS = PurePosixPath("/job/output/checkpoints")
@@ -158,7 +158,7 @@ PLAN = StartRecord(type="start", total_steps=10)
 def test_checkpoint_records_name_only_the_attempt_s_own_checkpoints(
     record: CheckpointRecord, plan: StartRecord | None, problem: str | None
 ) -> None:
-    found = reports.checkpoint_problem(record, CHECKPOINTS, plan)
+    found = checkpoints.checkpoint_problem(record, CHECKPOINTS, plan)
     assert (found is None) if problem is None else (problem in (found or ""))
 
 
@@ -169,22 +169,22 @@ def test_staging_copies_a_verified_checkpoint_and_never_deletes_the_job_s_file(
     output = tmp_path / "output"
     (output / "checkpoints").mkdir(parents=True)
     (output / "checkpoints" / "step-00000004.pt").write_bytes(b"weights")
-    staged = reports.stage_checkpoint(
+    staged = checkpoints.stage_checkpoint(
         store, "job", _record("step-00000004.pt", 4, data=b"weights"), output, 1 << 20
     )
-    assert isinstance(staged, reports.StagedCheckpoint)
+    assert isinstance(staged, checkpoints.StagedCheckpoint)
     assert store.open(staged.storage_key).read() == b"weights"
     assert (output / "checkpoints" / "step-00000004.pt").exists()
 
     (output / "checkpoints" / "step-00000005.pt").write_bytes(b"other")
-    mismatch = reports.stage_checkpoint(
+    mismatch = checkpoints.stage_checkpoint(
         store, "job", _record("step-00000005.pt", 5, data=b"claim"), output, 1 << 20
     )
     assert isinstance(mismatch, str) and "failed verification" in mismatch
     assert not [
         key for key in (store.root / "checkpoints" / "job").iterdir() if "step-00000005" in key.name
     ]
-    too_big = reports.stage_checkpoint(
+    too_big = checkpoints.stage_checkpoint(
         store, "job", _record("step-00000004.pt", 4, data=b"weights"), output, 3
     )
     assert isinstance(too_big, str) and "ACE3_MAX_CHECKPOINT_BYTES" in too_big
