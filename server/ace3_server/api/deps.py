@@ -23,7 +23,7 @@ from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
 from ace3_server.auth import hash_key, key_matches, parse_lookup_prefix
 from ace3_server.key_cache import KeyCache
-from ace3_server.searches.driver import DriverWakes
+from ace3_server.searches.wakes import DriverWakes
 
 _bearer = HTTPBearer(
     auto_error=False, description="An ACE3 API key: `ace3 keys create --name NAME`."
