@@ -22,7 +22,7 @@ TUNING_REASON = (
 
 
 def read_number(value: Any, path: str, *, integer: bool = False, minimum: float = 0.0) -> Any:
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+    kinds: tuple[type[float], ...] = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
         what = "an integer" if integer else "a number"
         raise ValueError(f"DeepSpeed config {path}: expected {what} >= {minimum:g}, got {value!r}")
@@ -82,6 +82,7 @@ class DeepSpeedMapping:
                 "train_micro_batch_size_per_gpu"
             )
         if micro is None:
+            assert train is not None  # (refused above when both are missing)
             accumulation = accumulation or 1
             if train % (accumulation * world):
                 raise ValueError(

@@ -65,7 +65,7 @@ def _optional(inner: Check) -> Check:
 
 def _choice(*options: str) -> Check:
     def check(key: str, value: Any) -> str:
-        if value not in options:
+        if not isinstance(value, str) or value not in options:
             allowed = ", ".join(map(repr, options))
             raise ValueError(f"'{key}' must be one of {allowed}, got {value!r}")
         return value

@@ -106,6 +106,7 @@ def _field_adapter(key: str) -> TypeAdapter[Any]:
     """Validates one TrainingConfig field on its own (its type and bounds, not the checks
     that involve other fields)."""
     info = TrainingConfig.model_fields[key]
+    annotation: Any = info.annotation
     if not info.metadata:
-        return TypeAdapter(info.annotation)
-    return TypeAdapter(Annotated[info.annotation, *info.metadata])  # type: ignore[valid-type]
+        return TypeAdapter(annotation)
+    return TypeAdapter(Annotated[annotation, *info.metadata])

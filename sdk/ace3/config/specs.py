@@ -85,6 +85,10 @@ class CallbackSpec(_Spec):
         return self
 
 
+def _cpu_only() -> list[Literal["cpu", "cuda"]]:
+    return ["cpu"]
+
+
 class ProfilerSpec(_Spec):
     """torch.profiler on rank 0 (``ace3.TrainingProfiler`` around a remote job).
 
@@ -96,7 +100,7 @@ class ProfilerSpec(_Spec):
     """
 
     activities: list[Literal["cpu", "cuda"]] = Field(
-        default_factory=lambda: ["cpu"], min_length=1, description="cpu and/or cuda."
+        default_factory=_cpu_only, min_length=1, description="cpu and/or cuda."
     )
     record_shapes: bool = False
     profile_memory: bool = False

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from ace3.runtime.observe.profile_events import (
 from ace3.training.profiling.torch_profiler import in_process_profiler_running
 
 
-def torch_activities(names: list[str], device: torch.device) -> tuple[list[Any], list[str]]:
+def torch_activities(names: Sequence[str], device: torch.device) -> tuple[list[Any], list[str]]:
     """The torch activities for ``names`` on ``device``, and the names dropped (``cuda``
     without a CUDA device)."""
     from torch.profiler import ProfilerActivity
