@@ -8,6 +8,8 @@ it, record the outcome. This module only composes the steps; each has its own mo
 - :mod:`ace3_worker.membership`: this worker's part in the attempt, one interface for both
   shapes: :class:`~ace3_worker.membership.SingleNode` (a gang of one) or a node of a
   multi-node gang (:mod:`ace3_worker.gang` assembles it, :mod:`ace3_worker.gang_node` runs it).
+- :mod:`ace3_worker.attempt_run`: one attempt of a part taken: prepared, launched, watched,
+  drained and reported.
 - :mod:`ace3_worker.workspace`: the uid, the attempt's directory, the artifacts restored.
 - :mod:`ace3_worker.gpu_sets`: the devices the attempt holds (its ``CUDA_VISIBLE_DEVICES``).
 - :mod:`ace3_worker.launch`: the sandboxed torchrun and the threads reading its output.
@@ -39,15 +41,13 @@ from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings, get_settings
 from ace3_control.storage import open_store
-from ace3_worker import reports
 from ace3_worker.admission import Admission
-from ace3_worker.device import device_pool, local_capacity, worker_device
+from ace3_worker.attempt_run import AttemptRunner
+from ace3_worker.device import device_pool, local_capacity
 from ace3_worker.gang import GangMember, NodeSeat
 from ace3_worker.gang_node import GangNode
 from ace3_worker.gpu_sets import DeviceAllocator, DeviceSet
-from ace3_worker.ingest import Ingest, JobOutput, service_line
-from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
-from ace3_worker.launch import RunningTorchrun, job_environment, start_torchrun
+from ace3_worker.ingest import Ingest
 from ace3_worker.membership import Membership, SingleNode
 from ace3_worker.messages import publish
 from ace3_worker.outcome import Outcomes
@@ -55,7 +55,7 @@ from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError
 from ace3_worker.sandbox.limits import JobLimits
 from ace3_worker.warm import WarmSlot
 from ace3_worker.warm_sandbox import WarmSandbox
-from ace3_worker.watch import AttemptWatch, RunState, Watcher, apply_beat
+from ace3_worker.watch import Watcher
 from ace3_worker.workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,9 @@ class Supervisor:
         )
         self.warm = WarmSlot(
             settings, self.workspace, self.limits, pool, keeps_warm_sandboxes, slot
+        )
+        self.runner = AttemptRunner(
+            settings, self.workspace, self.warm, self.limits, self.watcher, self.ingest
         )
 
     def run(self, job_id: str) -> None:
@@ -297,107 +300,8 @@ class Supervisor:
         devices: DeviceSet | None,
         warm: WarmSandbox | None,
     ) -> None:
-        """Prepare, run and record this worker's part (in ``warm``'s directory, when a sandbox
-        was prepared); its directory goes on every path."""
-        job_id, attempt = membership.job_id, membership.attempt
-        root = self.workspace.attempt_root(job_id, attempt, membership.node_rank)
-        try:
-            try:
-                with membership.keep_alive():
-                    job, directory = self.workspace.prepare(
-                        job_id,
-                        attempt,
-                        identity,
-                        node_rank=membership.node_rank,
-                        skeleton=self.warm.skeleton_for(warm),
-                    )
-                    device = worker_device(self.settings.worker_device)
-            except Exception as exc:
-                logger.exception("job %s: could not prepare %s", job_id, membership.name)
-                membership.failed_outside_torchrun(f"could not prepare the job: {exc}")
-                return
-            try:
-                self._launch_and_watch(membership, job, directory, device, identity, devices, warm)
-            except Exception as exc:
-                logger.exception("job %s: the supervisor failed during %s", job_id, membership.name)
-                membership.failed_outside_torchrun(f"the worker could not run the job: {exc}")
-        finally:
-            if warm is not None:
-                self.warm.discard(warm, keep_identity=True)
-            remove_attempt_directory(root)
-
-    def _launch_and_watch(
-        self,
-        membership: Membership,
-        job: Job,
-        directory: JobDirectory,
-        device: str,
-        identity: JobIdentity | None,
-        devices: DeviceSet | None = None,
-        warm: WarmSandbox | None = None,
-    ) -> None:
-        with membership.keep_alive():  # (restoring large artifacts takes a while)
-            artifacts = self.workspace.artifact_sync(job, membership.attempt, directory, identity)
-        nproc = int(job.num_processes) // membership.nodes
-        spec = membership.launch_spec(str(directory.visible(directory.job_file)), nproc)
-        env = job_environment(
-            self.settings,
-            directory,
-            identity,
-            device=device,
-            job_id=job.id,
-            nproc=nproc,
-            visible_devices=None if devices is None else devices.visible_devices,
-            extra=spec.env,
-        )
-
-        def cold() -> RunningTorchrun:
-            return start_torchrun(
-                self.settings,
-                self.workspace.plan,
-                self.limits,
-                spec,
-                env,
-                directory=directory,
-                identity=identity,
-                device=device,
-            )
-
-        running, path = self.warm.start(warm, spec, env, cold)
-        try:  # (until the watch loop, which stops it on every path, owns it)
-            logger.info("job %s %s: %s", job.id, membership.name, path.removeprefix("ace3: "))
-            running.lines.put(service_line(path))
-            self.warm.prepare()  # the next job's, while this one runs
-            watch = AttemptWatch(
-                job.id,
-                membership.attempt,
-                output=JobOutput(syncs_artifacts=membership.hosts_rank_zero),
-                # (a draining worker lets gangs run to the end)
-                run=RunState(preemptible=membership.nodes == 1),
-            )
-            events = reports.EventTail(directory.output_dir)
-            membership.started()
-        except BaseException:
-            running.stop()
-            raise
-
-        def beat() -> None:
-            apply_beat(watch, membership.beat(), running.process, membership.name)
-
-        returncode = self.watcher.watch(job, directory, watch, running, events, artifacts, beat)
-
-        def drain() -> None:
-            while self.ingest.store_batch(
-                job, directory, watch, running.lines, events, running.limiter
-            ):
-                pass
-
-        with membership.keep_alive():
-            if not watch.run.lease_lost and watch.output.syncs_artifacts:
-                self.ingest.final_artifact_sync(artifacts, running.lines)
-            self.watcher.through_outage(watch, beat, drain)
-            membership.report(job, watch, returncode, events, beat)
-        membership.decide(watch)
+        """Prepare, run and record this worker's part (:class:`AttemptRunner`)."""
+        self.runner.run(membership, identity, devices, warm)
 
 
 def run_job(job_id: str, node_id: str | None = None) -> None:

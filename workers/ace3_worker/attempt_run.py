@@ -1,0 +1,158 @@
+"""Running one attempt of the part of a job this worker took (:class:`AttemptRunner`): its
+directory prepared (:mod:`ace3_worker.workspace`), torchrun started warm or cold
+(:mod:`ace3_worker.warm`, :mod:`ace3_worker.launch`), watched (:mod:`ace3_worker.watch`), what
+is left of its output stored (:mod:`ace3_worker.ingest`), and its exit reported through the
+membership (:mod:`ace3_worker.membership`). The directory goes on every path, and torchrun's
+sandbox is dead before the attempt is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ace3_control.models import Job
+from ace3_control.settings import Settings
+from ace3_worker import reports
+from ace3_worker.device import worker_device
+from ace3_worker.gpu_sets import DeviceSet
+from ace3_worker.ingest import Ingest, JobOutput, service_line
+from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
+from ace3_worker.launch import RunningTorchrun, job_environment, start_torchrun
+from ace3_worker.membership import Membership
+from ace3_worker.sandbox.identity import JobIdentity
+from ace3_worker.sandbox.limits import JobLimits
+from ace3_worker.warm import WarmSlot
+from ace3_worker.warm_sandbox import WarmSandbox
+from ace3_worker.watch import AttemptWatch, RunState, Watcher, apply_beat
+from ace3_worker.workspace import Workspace
+
+logger = logging.getLogger(__name__)
+
+
+class AttemptRunner:
+    """Runs the attempts of the parts a supervisor took, one at a time."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        workspace: Workspace,
+        warm: WarmSlot,
+        limits: JobLimits,
+        watcher: Watcher,
+        ingest: Ingest,
+    ) -> None:
+        self.settings = settings
+        self.workspace = workspace
+        self.warm = warm
+        self.limits = limits
+        self.watcher = watcher
+        self.ingest = ingest
+
+    def run(
+        self,
+        membership: Membership,
+        identity: JobIdentity | None,
+        devices: DeviceSet | None,
+        warm: WarmSandbox | None,
+    ) -> None:
+        """Prepare, run and record this worker's part (in ``warm``'s directory, when a sandbox
+        was prepared); its directory goes on every path."""
+        job_id, attempt = membership.job_id, membership.attempt
+        root = self.workspace.attempt_root(job_id, attempt, membership.node_rank)
+        try:
+            try:
+                with membership.keep_alive():
+                    job, directory = self.workspace.prepare(
+                        job_id,
+                        attempt,
+                        identity,
+                        node_rank=membership.node_rank,
+                        skeleton=self.warm.skeleton_for(warm),
+                    )
+                    device = worker_device(self.settings.worker_device)
+            except Exception as exc:
+                logger.exception("job %s: could not prepare %s", job_id, membership.name)
+                membership.failed_outside_torchrun(f"could not prepare the job: {exc}")
+                return
+            try:
+                self._launch_and_watch(membership, job, directory, device, identity, devices, warm)
+            except Exception as exc:
+                logger.exception("job %s: the supervisor failed during %s", job_id, membership.name)
+                membership.failed_outside_torchrun(f"the worker could not run the job: {exc}")
+        finally:
+            if warm is not None:
+                self.warm.discard(warm, keep_identity=True)
+            remove_attempt_directory(root)
+
+    def _launch_and_watch(
+        self,
+        membership: Membership,
+        job: Job,
+        directory: JobDirectory,
+        device: str,
+        identity: JobIdentity | None,
+        devices: DeviceSet | None = None,
+        warm: WarmSandbox | None = None,
+    ) -> None:
+        with membership.keep_alive():  # (restoring large artifacts takes a while)
+            artifacts = self.workspace.artifact_sync(job, membership.attempt, directory, identity)
+        nproc = int(job.num_processes) // membership.nodes
+        spec = membership.launch_spec(str(directory.visible(directory.job_file)), nproc)
+        env = job_environment(
+            self.settings,
+            directory,
+            identity,
+            device=device,
+            job_id=job.id,
+            nproc=nproc,
+            visible_devices=None if devices is None else devices.visible_devices,
+            extra=spec.env,
+        )
+
+        def cold() -> RunningTorchrun:
+            return start_torchrun(
+                self.settings,
+                self.workspace.plan,
+                self.limits,
+                spec,
+                env,
+                directory=directory,
+                identity=identity,
+                device=device,
+            )
+
+        running, path = self.warm.start(warm, spec, env, cold)
+        try:  # (until the watch loop, which stops it on every path, owns it)
+            logger.info("job %s %s: %s", job.id, membership.name, path.removeprefix("ace3: "))
+            running.lines.put(service_line(path))
+            self.warm.prepare()  # the next job's, while this one runs
+            watch = AttemptWatch(
+                job.id,
+                membership.attempt,
+                output=JobOutput(syncs_artifacts=membership.hosts_rank_zero),
+                # (a draining worker lets gangs run to the end)
+                run=RunState(preemptible=membership.nodes == 1),
+            )
+            events = reports.EventTail(directory.output_dir)
+            membership.started()
+        except BaseException:
+            running.stop()
+            raise
+
+        def beat() -> None:
+            apply_beat(watch, membership.beat(), running.process, membership.name)
+
+        returncode = self.watcher.watch(job, directory, watch, running, events, artifacts, beat)
+
+        def drain() -> None:
+            while self.ingest.store_batch(
+                job, directory, watch, running.lines, events, running.limiter
+            ):
+                pass
+
+        with membership.keep_alive():
+            if not watch.run.lease_lost and watch.output.syncs_artifacts:
+                self.ingest.final_artifact_sync(artifacts, running.lines)
+            self.watcher.through_outage(watch, beat, drain)
+            membership.report(job, watch, returncode, events, beat)
+        membership.decide(watch)
