@@ -21,6 +21,7 @@ Importing ``ace3`` needs only httpx, pydantic and rich (never torch). The traini
 from __future__ import annotations
 
 from ace3 import _aliases, hp, utils, webhooks
+from ace3._version import __version__ as SDK_VERSION
 from ace3.client import (
     Client,
     DatasetRef,
@@ -28,7 +29,6 @@ from ace3.client import (
     get_default_client,
     set_default_client,
 )
-from ace3.client._http import SDK_VERSION
 from ace3.client.pagination import CursorPage
 from ace3.client.searches import Search, SearchEvent, SearchState, SearchTrial, TrialState
 from ace3.client.types import (

@@ -298,7 +298,9 @@ class HTTPClient:
             yield attempt, request
             attempt.retries_done += 1
 
-    def _send(self, request: httpx.Request, attempt: _Attempt, *, stream: bool):
+    def _send(
+        self, request: httpx.Request, attempt: _Attempt, *, stream: bool
+    ) -> httpx.Response | None:
         """One attempt. Returns the response, or None after sleeping when it should be
         retried; raises the typed error when it should not."""
         request_id = request.headers.get("x-request-id")

@@ -62,7 +62,9 @@ def iter_directory(directory: Path) -> Iterator[tuple[Path, str, bool]]:
     yield from walk(directory, "")
 
 
-def _tar_info(name: str, *, is_dir: bool, size: int = 0, executable: bool = False):
+def _tar_info(
+    name: str, *, is_dir: bool, size: int = 0, executable: bool = False
+) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.mtime = 0
     info.uid = info.gid = 0

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from ace3.client.pagination import CursorPage, ItemT
+from ace3.client.pagination import CursorPage
 
 if TYPE_CHECKING:
     from ace3.client._http import HTTPClient
 
 
+ModelT = TypeVar("ModelT", bound=BaseModel)
 RunT = TypeVar("RunT", bound=BaseModel)
 
 
@@ -23,11 +24,11 @@ class _Resource:
         self._http = http
 
     def _list(
-        self, path: str, item_type: type[ItemT], params: Mapping[str, Any], cursor: str | None
-    ) -> CursorPage[ItemT]:
+        self, path: str, item_type: type[ModelT], params: Mapping[str, Any], cursor: str | None
+    ) -> CursorPage[ModelT]:
         """``GET path`` as a cursor page that fetches the following pages with the same query."""
 
-        def fetch(next_cursor: str | None) -> CursorPage[ItemT]:
+        def fetch(next_cursor: str | None) -> CursorPage[ModelT]:
             payload = self._http.request(
                 "GET", path, params={**params, "cursor": next_cursor}
             ).json()
@@ -45,7 +46,7 @@ class _Runs(_Resource, Generic[RunT]):
 
     def retrieve(self, run_id: str) -> RunT:
         response = self._http.request("GET", f"{self._path}/{run_id}")
-        return self._run_type.model_validate(response.json())
+        return self._run(response.json())
 
     def list(
         self,
@@ -60,7 +61,7 @@ class _Runs(_Resource, Generic[RunT]):
     def cancel(self, run_id: str) -> RunT:
         """Ask it to stop (idempotent: one that already ended is returned as it is)."""
         response = self._http.request("POST", f"{self._path}/{run_id}/cancel", idempotent=True)
-        return self._run_type.model_validate(response.json())
+        return self._run(response.json())
 
     def _create(
         self,
@@ -86,4 +87,8 @@ class _Runs(_Resource, Generic[RunT]):
         response = self._http.request(
             "POST", self._path, json_body=body, idempotency_key=idempotency_key
         )
-        return self._run_type.model_validate(response.json())
+        return self._run(response.json())
+
+    def _run(self, payload: Any) -> RunT:
+        run: RunT = self._run_type.model_validate(payload)
+        return run

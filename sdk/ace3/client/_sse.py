@@ -175,9 +175,9 @@ class ReconnectingEventStream:
                 ) from error
             self.reconnects += 1
             delay = self._backoff(failures)
-            response = getattr(error, "response", None)
-            if response is not None:  # a busy server's retry-after wins when longer
-                retry_after = parse_retry_after(response.headers)
+            refusal = getattr(error, "response", None)
+            if refusal is not None:  # a busy server's retry-after wins when longer
+                retry_after = parse_retry_after(refusal.headers)
                 if retry_after is not None:
                     delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
             _sleep(delay)
