@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from typing import Any
 
 from fastapi import HTTPException
-from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -28,23 +25,12 @@ from ace3_control.models import (
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_control.stored_weights import find_owned_weights
-from ace3_server.errors import not_found
 from ace3_server.schemas import JobCreate
 from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
+from ace3_server.services.submissions import create_once, get_owned_run
 
 logger = logging.getLogger(__name__)
-
-
-def request_hash(body: BaseModel) -> str:
-    """The hash an Idempotency-Key replay must match. Optional fields added after a body shape
-    was first hashed are left out while unset, so earlier requests keep their hash."""
-    payload = body.model_dump(mode="json")
-    for later_field, default in (("resume_from_checkpoint", None), ("priority", "normal")):
-        if payload.get(later_field) == default:
-            payload.pop(later_field, None)
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _problems(body: JobCreate) -> list[dict[str, Any]]:
@@ -219,24 +205,6 @@ async def resume_checkpoint_problems(
     return []
 
 
-async def find_by_idempotency_key(
-    session: AsyncSession, model: Any, owner_id: str, key: str
-) -> Any:
-    return await session.scalar(
-        select(model).where(model.owner_id == owner_id, model.idempotency_key == key)
-    )
-
-
-def replay(existing: Any, digest: str) -> Any:
-    """The earlier result of this Idempotency-Key, if the request is the same; else 409."""
-    if existing.request_hash != digest:
-        raise HTTPException(
-            status_code=409,
-            detail="this Idempotency-Key was already used for a different request; use a new key",
-        )
-    return existing
-
-
 PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
 
 
@@ -293,75 +261,54 @@ async def create_job(
 ) -> tuple[Job, bool]:
     """Validate, insert (queued) and publish; return (job, created). A job no live worker can
     run is refused (``services.admission``)."""
-    digest = request_hash(body)
-    if idempotency_key:
-        existing = await find_by_idempotency_key(session, Job, owner_id, idempotency_key)
-        if existing is not None:
-            return replay(existing, digest), False
-    problems = (
-        _problems(body)
-        + await reference_problems(session, owner_id, body)
-        + await resume_checkpoint_problems(session, owner_id, body)
-        + await capacity_problems(session, settings, body.config, ["body", "config"])
-        + await quota_problems(
-            session,
-            owner_id,
-            body.config.world_size,
-            body.priority,
-            settings.default_max_priority,
+
+    async def problems() -> list[dict[str, Any]]:
+        return (
+            _problems(body)
+            + await reference_problems(session, owner_id, body)
+            + await resume_checkpoint_problems(session, owner_id, body)
+            + await capacity_problems(session, settings, body.config, ["body", "config"])
+            + await quota_problems(
+                session,
+                owner_id,
+                body.config.world_size,
+                body.priority,
+                settings.default_max_priority,
+            )
         )
-    )
-    if problems:
-        raise HTTPException(status_code=422, detail=problems)
-    job = Job(
-        owner_id=owner_id,
-        name=body.name,
-        priority=body.priority,
-        model_id=body.model_id,
-        dataset_id=body.dataset_id,
-        validation_dataset_id=body.validation_dataset_id,
-        config=body.config.model_dump(mode="json"),
-        model_kwargs=body.model_kwargs,
-        num_processes=body.config.world_size,
-        idempotency_key=idempotency_key,
-        request_hash=digest,
-        state=JobState.QUEUED,
-        max_retries=settings.max_retries,
-        resume_from_checkpoint_id=body.resume_from_checkpoint,
-    )
+
+    def build(digest: str) -> Job:
+        return Job(
+            owner_id=owner_id,
+            name=body.name,
+            priority=body.priority,
+            model_id=body.model_id,
+            dataset_id=body.dataset_id,
+            validation_dataset_id=body.validation_dataset_id,
+            config=body.config.model_dump(mode="json"),
+            model_kwargs=body.model_kwargs,
+            num_processes=body.config.world_size,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            state=JobState.QUEUED,
+            max_retries=settings.max_retries,
+            resume_from_checkpoint_id=body.resume_from_checkpoint,
+        )
+
     try:
-        job, created = await insert_once(
-            session, job, idempotency_key=idempotency_key, digest=digest
-        )
+        job, created = await create_once(
+            session, Job, owner_id=owner_id, body=body, idempotency_key=idempotency_key,
+            problems=problems, build=build,
+        )  # fmt: skip
     except IntegrityError:
         # The checkpoint was pruned between the check above and the insert (its foreign key).
-        problems = await resume_checkpoint_problems(session, owner_id, body)
-        if problems:
-            raise HTTPException(status_code=422, detail=problems) from None
+        found = await resume_checkpoint_problems(session, owner_id, body)
+        if found:
+            raise HTTPException(status_code=422, detail=found) from None
         raise
     if created:
         await publish_safely(publisher, job.id)
     return job, created
-
-
-async def insert_once(
-    session: AsyncSession, row: Any, *, idempotency_key: str | None, digest: str
-) -> tuple[Any, bool]:
-    """Commit a new job or search; if a concurrent request with the same Idempotency-Key won the
-    race, return that one instead (or 409 when its body differs). Returns (row, created)."""
-    session.add(row)
-    try:
-        await session.commit()
-    except IntegrityError:
-        await session.rollback()
-        model = type(row)
-        existing = await find_by_idempotency_key(
-            session, model, row.owner_id, idempotency_key or ""
-        )
-        if existing is None:  # pragma: no cover - only the idempotency key can conflict
-            raise
-        return replay(existing, digest), False
-    return row, True
 
 
 async def publish_safely(publisher: JobPublisher, job_id: str) -> None:
@@ -373,10 +320,7 @@ async def publish_safely(publisher: JobPublisher, job_id: str) -> None:
 
 
 async def get_owned_job(session: AsyncSession, owner_id: str, job_id: str) -> Job:
-    job = await session.get(Job, job_id)
-    if job is None or job.owner_id != owner_id:
-        raise not_found("job")
-    return job
+    return await get_owned_run(session, Job, owner_id, job_id, "job")
 
 
 async def cancel_job(session: AsyncSession, job: Job) -> Job:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import HTTPException
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -13,16 +12,10 @@ from ace3.config.search_checks import search_space_problems
 from ace3.hp import HPConfig
 from ace3_control.models import Search, SearchState, SearchTrial, TrialState, utcnow
 from ace3_control.settings import Settings
-from ace3_server.errors import not_found
 from ace3_server.schemas import SearchCreate, SearchOut, SearchTrialOut
 from ace3_server.services.admission import capacity_problems
-from ace3_server.services.jobs import (
-    find_by_idempotency_key,
-    insert_once,
-    reference_problems,
-    replay,
-    request_hash,
-)
+from ace3_server.services.jobs import reference_problems
+from ace3_server.services.submissions import create_once, get_owned_run
 
 MAX_GRID_SIZE = 10_000
 _TERMINAL_SEARCH_STATES = frozenset(
@@ -70,44 +63,42 @@ async def create_search(
     """Validate and insert (queued): the driver loop picks it up. Returns (search, created).
     A base config no live worker can run is refused, unless the field at fault is searched (the
     driver then checks every trial)."""
-    digest = request_hash(body)
-    if idempotency_key:
-        existing = await find_by_idempotency_key(session, Search, owner_id, idempotency_key)
-        if existing is not None:
-            return replay(existing, digest), False
-    problems = (
-        _config_problems(body.config)
-        + await reference_problems(session, owner_id, body)
-        + await capacity_problems(
-            session,
-            settings,
-            body.config.base_config,
-            ["body", "config", "base_config"],
-            searched=body.config.search_space.keys(),
+
+    async def problems() -> list[dict[str, Any]]:
+        return (
+            _config_problems(body.config)
+            + await reference_problems(session, owner_id, body)
+            + await capacity_problems(
+                session,
+                settings,
+                body.config.base_config,
+                ["body", "config", "base_config"],
+                searched=body.config.search_space.keys(),
+            )
         )
-    )
-    if problems:
-        raise HTTPException(status_code=422, detail=problems)
-    search = Search(
-        owner_id=owner_id,
-        name=body.name,
-        model_id=body.model_id,
-        dataset_id=body.dataset_id,
-        validation_dataset_id=body.validation_dataset_id,
-        config=body.config.model_dump(mode="json"),
-        model_kwargs=body.model_kwargs,
-        idempotency_key=idempotency_key,
-        request_hash=digest,
-        state=SearchState.QUEUED,
-    )
-    return await insert_once(session, search, idempotency_key=idempotency_key, digest=digest)
+
+    def build(digest: str) -> Search:
+        return Search(
+            owner_id=owner_id,
+            name=body.name,
+            model_id=body.model_id,
+            dataset_id=body.dataset_id,
+            validation_dataset_id=body.validation_dataset_id,
+            config=body.config.model_dump(mode="json"),
+            model_kwargs=body.model_kwargs,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            state=SearchState.QUEUED,
+        )
+
+    return await create_once(
+        session, Search, owner_id=owner_id, body=body, idempotency_key=idempotency_key,
+        problems=problems, build=build,
+    )  # fmt: skip
 
 
 async def get_owned_search(session: AsyncSession, owner_id: str, search_id: str) -> Search:
-    search = await session.get(Search, search_id)
-    if search is None or search.owner_id != owner_id:
-        raise not_found("search")
-    return search
+    return await get_owned_run(session, Search, owner_id, search_id, "search")
 
 
 async def trials_of(session: AsyncSession, search_id: str) -> list[SearchTrial]:
