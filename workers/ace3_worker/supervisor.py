@@ -51,10 +51,9 @@ from ace3_worker.ingest import Ingest
 from ace3_worker.membership import Membership, SingleNode
 from ace3_worker.messages import publish
 from ace3_worker.outcome import Outcomes
-from ace3_worker.sandbox.identity import JobIdentity, NoFreeIdentityError
+from ace3_worker.sandbox.identity import NoFreeIdentityError
 from ace3_worker.sandbox.limits import JobLimits
 from ace3_worker.warm import WarmSlot
-from ace3_worker.warm_sandbox import WarmSandbox
 from ace3_worker.watch import Watcher
 from ace3_worker.workspace import Workspace
 
@@ -133,7 +132,7 @@ class Supervisor:
             membership, devices = self._take_next(job_id, self.warm.preferred_devices(warm))
             if membership is not None:
                 try:
-                    self._run_attempt(membership, identity, devices, warm)
+                    self.runner.run(membership, identity, devices, warm)
                 finally:
                     self._wake_owner_queue(membership.job_id)
         finally:
@@ -292,16 +291,6 @@ class Supervisor:
             ).first()
             session.commit()
         return None if row is None else int(row.attempt)
-
-    def _run_attempt(
-        self,
-        membership: Membership,
-        identity: JobIdentity | None,
-        devices: DeviceSet | None,
-        warm: WarmSandbox | None,
-    ) -> None:
-        """Prepare, run and record this worker's part (:class:`AttemptRunner`)."""
-        self.runner.run(membership, identity, devices, warm)
 
 
 def run_job(job_id: str, node_id: str | None = None) -> None:

@@ -96,7 +96,7 @@ def test_a_job_that_fits_is_claimed(
         # Stop before launching torchrun: the claim is what is tested.
         claimed.append((membership.job_id, membership.attempt))
 
-    monkeypatch.setattr(supervisor, "_run_attempt", claim_only)
+    monkeypatch.setattr(supervisor.runner, "run", claim_only)
     supervisor.run(job.id)
     assert claimed == [(job.id, 1)]
     assert _messages(supervisor) == []
