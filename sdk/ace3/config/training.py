@@ -298,6 +298,3 @@ class TrainingConfig(
             )
             check_batch_split(info.data["batch_size"], value, other, split)
         return value
-
-
-_OFFLOAD_FIELDS = OFFLOAD_FIELDS  # (its former name)
