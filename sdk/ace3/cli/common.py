@@ -1,9 +1,11 @@
 """What the user verbs share: the SDK client (``ACE3_API_KEY`` / ``ACE3_BASE_URL``, as the SDK
-reads them) and the ``--json`` flag."""
+reads them), the ``--json`` flag, and the ``list`` and ``cancel`` verbs of the runs (jobs and
+searches: the same logic over ``client.jobs`` or ``client.searches``)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -34,3 +36,49 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def add_list_parser(verbs: Any, what: str, state_example: str = "") -> argparse.ArgumentParser:
+    """``<what>s list [--state S] [--limit N] [--json]``."""
+    listing: argparse.ArgumentParser = verbs.add_parser("list", help=f"your {what}s, newest first")
+    listing.add_argument("--state", default=None, help=f"only {what}s in this state{state_example}")
+    listing.add_argument(
+        "--limit", type=positive_int, default=20, help="at most this many (default 20)"
+    )
+    return listing
+
+
+def list_runs(
+    collection: Any,
+    args: argparse.Namespace,
+    columns: Sequence[str],
+    row: Callable[[Any], Sequence[Any]],
+) -> int:
+    """The newest ``args.limit`` runs (in ``args.state``) of ``collection`` as JSON or a
+    table of ``columns`` (``row`` of each)."""
+    from ace3.cli import output
+    from ace3.cli.errors import OK
+
+    runs: list[Any] = []
+    for run in collection.list(state=args.state, limit=min(args.limit, 100)):
+        runs.append(run)
+        if len(runs) >= args.limit:
+            break
+    if args.json:
+        output.print_json(runs)
+        return OK
+    output.print_table(None, list(columns), [tuple(row(run)) for run in runs])
+    return OK
+
+
+def cancel_run(collection: Any, args: argparse.Namespace, kind: str) -> int:
+    """Ask run ``args.id`` to stop; print it as JSON or ``<kind> <id>: <state>``."""
+    from ace3.cli import output
+    from ace3.cli.errors import OK
+
+    run = collection.cancel(args.id)
+    if args.json:
+        output.print_json(run)
+    else:
+        print(f"{kind} {run.id}: {run.state}")
+    return OK

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ace3.cli import output
-from ace3.cli.common import add_json_flag, make_client, positive_int
+from ace3.cli.common import add_json_flag, add_list_parser, cancel_run, list_runs, make_client
 from ace3.cli.errors import NOT_FOUND, OK, RUN_FAILED, CLIError
 
 
@@ -20,32 +20,20 @@ def _best_value(job: Any) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    client = make_client()
-    jobs: list[Any] = []
-    for job in client.jobs.list(state=args.state, limit=min(args.limit, 100)):
-        jobs.append(job)
-        if len(jobs) >= args.limit:
-            break
-    if args.json:
-        output.print_json(jobs)
-        return OK
-    output.print_table(
-        None,
+    return list_runs(
+        make_client().jobs,
+        args,
         ["ID", "NAME", "STATE", "PROCS", "CREATED", "DURATION", "FINAL"],
-        [
-            (
-                job.id,
-                job.name,
-                job.state,
-                job.num_processes,
-                job.created_at,
-                output.duration(job.started_at, job.finished_at),
-                _best_value(job),
-            )
-            for job in jobs
-        ],
+        lambda job: (
+            job.id,
+            job.name,
+            job.state,
+            job.num_processes,
+            job.created_at,
+            output.duration(job.started_at, job.finished_at),
+            _best_value(job),
+        ),
     )
-    return OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -130,13 +118,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    client = make_client()
-    job = client.jobs.cancel(args.id)
-    if args.json:
-        output.print_json(job)
-    else:
-        print(f"job {job.id}: {job.state}")
-    return OK
+    return cancel_run(make_client().jobs, args, "job")
 
 
 def pick_checkpoint(checkpoints: list[Any], wanted: str, job_id: str) -> Any:
@@ -184,11 +166,7 @@ def add_parsers(sub: Any) -> None:
     jobs = sub.add_parser("jobs", help="list, inspect, follow, cancel and download jobs")
     verbs = jobs.add_subparsers(dest="jobs_command", required=True)
 
-    listing = verbs.add_parser("list", help="your jobs, newest first")
-    listing.add_argument("--state", default=None, help="only jobs in this state (e.g. running)")
-    listing.add_argument(
-        "--limit", type=positive_int, default=20, help="at most this many (default 20)"
-    )
+    listing = add_list_parser(verbs, "job", " (e.g. running)")
     listing.set_defaults(func=cmd_list)
 
     show = verbs.add_parser("show", help="one job: state, timings, metrics, config")

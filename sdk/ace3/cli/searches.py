@@ -6,37 +6,25 @@ import argparse
 from typing import Any
 
 from ace3.cli import output
-from ace3.cli.common import add_json_flag, make_client, positive_int
+from ace3.cli.common import add_json_flag, add_list_parser, cancel_run, list_runs, make_client
 from ace3.cli.errors import OK
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    client = make_client()
-    searches: list[Any] = []
-    for search in client.searches.list(state=args.state, limit=min(args.limit, 100)):
-        searches.append(search)
-        if len(searches) >= args.limit:
-            break
-    if args.json:
-        output.print_json(searches)
-        return OK
-    output.print_table(
-        None,
+    return list_runs(
+        make_client().searches,
+        args,
         ["ID", "NAME", "STATE", "TRIALS", "OBJECTIVE", "BEST", "CREATED"],
-        [
-            (
-                s.id,
-                s.name,
-                s.state,
-                f"{s.trials_created}/{s.trial_budget or '-'}",
-                f"{s.objective} ({s.direction})",
-                s.best_trial.value if s.best_trial is not None else None,
-                s.created_at,
-            )
-            for s in searches
-        ],
+        lambda s: (
+            s.id,
+            s.name,
+            s.state,
+            f"{s.trials_created}/{s.trial_budget or '-'}",
+            f"{s.objective} ({s.direction})",
+            s.best_trial.value if s.best_trial is not None else None,
+            s.created_at,
+        ),
     )
-    return OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -77,23 +65,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    client = make_client()
-    search = client.searches.cancel(args.id)
-    if args.json:
-        output.print_json(search)
-    else:
-        print(f"search {search.id}: {search.state}")
-    return OK
+    return cancel_run(make_client().searches, args, "search")
 
 
 def add_parsers(sub: Any) -> None:
     searches = sub.add_parser("searches", help="list, inspect and cancel hyperparameter searches")
     verbs = searches.add_subparsers(dest="searches_command", required=True)
-    listing = verbs.add_parser("list", help="your searches, newest first")
-    listing.add_argument("--state", default=None, help="only searches in this state")
-    listing.add_argument(
-        "--limit", type=positive_int, default=20, help="at most this many (default 20)"
-    )
+    listing = add_list_parser(verbs, "search")
     listing.set_defaults(func=cmd_list)
     show = verbs.add_parser("show", help="one search and its trials")
     show.set_defaults(func=cmd_show)
