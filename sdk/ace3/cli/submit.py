@@ -22,6 +22,7 @@ def _model_ref(client: Any, spec: JobFile) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ace3.errors import JobCancelledError, JobFailedError
+    from ace3.follow.job_handle import JobHandle
     from ace3.trainers import Trainer
 
     spec = load_job_file(args.file, args.overrides)
@@ -43,12 +44,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             output.print_json(trainer.last_job.job)
         output.note(f"ace3: {exc}")
         return RUN_FAILED
-    if args.detach:
-        job = outcome.job
+    if isinstance(outcome, JobHandle):  # (--detach)
         if args.json:
-            output.print_json(job)
+            output.print_json(outcome.job)
         else:
-            print(job.id)
+            print(outcome.id)
         return OK
     job = trainer.last_job.job if trainer.last_job is not None else None
     if args.json:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ace3.client.types import Dataset, Model
 from ace3.config import ConfigProblem, TrainingConfig, unsupported_settings
@@ -62,13 +62,21 @@ def dataset_id(
     )
 
 
+class RunInputs(TypedDict):
+    """The ids a job or search request names its model and datasets by."""
+
+    model_id: str
+    dataset_id: str
+    validation_dataset_id: str | None
+
+
 def resolve_inputs(
     explicit: Client | None, model: Any, dataset: Any, validation_dataset: Any
-) -> tuple[Client, dict[str, str | None]]:
+) -> tuple[Client, RunInputs]:
     """The client, and the ids of the model and datasets (uploading paths, in that order), as
     the ``model_id``/``dataset_id``/``validation_dataset_id`` of a job or search request."""
     client = resolve_client(explicit, model, dataset, validation_dataset)
-    ids = {
+    ids: RunInputs = {
         "model_id": model_id(model, client),
         "dataset_id": dataset_id(dataset, client, "dataset"),
         "validation_dataset_id": (

@@ -59,7 +59,7 @@ def hyperparameter_search(
     name: str | None = None,
     client: Client | None = None,
     wait: bool = True,
-    show_progress: bool = True,
+    show_progress: bool | None = True,
     idempotency_key: str | None = None,
 ) -> BestParams | SearchHandle:
     """Search hyperparameters on the ACE3 service and return the best ones.

@@ -6,6 +6,7 @@ directory and the checkpoint to resume from, and tells active profilers what ran
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,7 +127,7 @@ def run_locally(
         hooks.extend(logger.engine_hooks(local=True))
     memory_profilers = [p for p in active_profilers() if isinstance(p, MemoryProfiler)]
 
-    def on_memory(final: dict[str, Any]) -> None:
+    def on_memory(final: Mapping[str, Any]) -> None:
         state_mb = final.get("state_memory_mb")
         if state_mb is not None:
             for profiler in memory_profilers:

@@ -87,9 +87,11 @@ class RemotePlan:
         self.profile_dir: Path | None = None
         if self.profilers:
             self.profile_dir = Path(tempfile.mkdtemp(prefix="ace3-profile-"))
-            fields["profiler"] = combined_remote_spec(self.profilers).model_copy(
-                update={"output_dir": ARTIFACT_SCHEME + "profiler"}
-            )
+            profiler = combined_remote_spec(self.profilers)  # (None only for no profilers)
+            if profiler is not None:
+                fields["profiler"] = profiler.model_copy(
+                    update={"output_dir": ARTIFACT_SCHEME + "profiler"}
+                )
             self.artifact_dirs["profiler"] = self.profile_dir
         self.config = TrainingConfig(**{**config.model_dump(), **fields}) if fields else config
 
@@ -246,7 +248,7 @@ def submit_job(
 
 
 def follow_job(
-    objects: TrainerObjects, plan: RemotePlan, handle: JobHandle, *, show_progress: bool
+    objects: TrainerObjects, plan: RemotePlan, handle: JobHandle, *, show_progress: bool | None
 ) -> TrainingResult:
     """Wait for the job while the follower feeds the loggers and the local directories;
     Ctrl-C cancels the job. Its result, or the job's error."""

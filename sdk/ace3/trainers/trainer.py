@@ -244,7 +244,7 @@ class Trainer:
         name: str | None = None,
         priority: str | None = None,
         wait: Literal[True] = True,
-        show_progress: bool = True,
+        show_progress: bool | None = True,
         idempotency_key: str | None = None,
         resume: bool = False,
     ) -> TrainingResult: ...
@@ -262,7 +262,7 @@ class Trainer:
         name: str | None = None,
         priority: str | None = None,
         wait: Literal[False],
-        show_progress: bool = True,
+        show_progress: bool | None = True,
         idempotency_key: str | None = None,
         resume: bool = False,
     ) -> JobHandle: ...
@@ -280,7 +280,7 @@ class Trainer:
         name: str | None = None,
         priority: str | None = None,
         wait: bool,
-        show_progress: bool = True,
+        show_progress: bool | None = True,
         idempotency_key: str | None = None,
         resume: bool = False,
     ) -> TrainingResult | JobHandle: ...
@@ -311,7 +311,7 @@ class Trainer:
         name: str | None = None,
         priority: str | None = None,
         wait: bool = True,
-        show_progress: bool = True,
+        show_progress: bool | None = True,
         idempotency_key: str | None = None,
         resume: bool = False,
         compute_loss: Callable[..., Any] | None = None,
