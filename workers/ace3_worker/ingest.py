@@ -61,9 +61,8 @@ class PendingRecord:
     """An events record read but not yet stored, with what reading it decided."""
 
     record: EventRecord | RefusedRecord
-    checkpoint: checkpoints.StagedCheckpoint | None = (
-        None  # a valid checkpoint, copied to the store
-    )
+    # a valid checkpoint, copied to the store
+    checkpoint: checkpoints.StagedCheckpoint | None = None
     notice: str | None = None  # the warning for the job's log
     plan: RunPlan | None = None  # an accepted start record's plan, for the job row
     typed: bool = False  # an instability or preempted record to store in job_records
