@@ -10,9 +10,11 @@ like every checkpoint; the staging directory is removed. The checkpoint event na
 
 What the DCP part holds is torch's own "distributed state dict" layout, the same at every
 stage: ``{"model": {fqn: tensor}, "optimizer": {"state": {fqn: {...}}, "param_groups":
-[...]}}``; at stages 2/3 the tensors are DTensor shards, at stage 1 the model is replicated and
-each rank writes the optimizer state of the parameters it owns. So DCP can re-shard on load:
-a checkpoint resumes on any number of ranks, and at any ZeRO stage.
+[...]}}``, given (and taken back) by the strategy's
+:class:`~ace3.runtime.checkpoint.state_dicts.StateDicts`: at stages 2/3 the tensors are DTensor
+shards, at stage 1 the model is replicated and each rank gives the optimizer state of the
+parameters it owns. So DCP can re-shard on load: a checkpoint resumes on any number of ranks,
+and at any ZeRO stage.
 
 Loading: :func:`ace3.runtime.checkpoint.files.load_checkpoint` reads only ``train_state.pt``
 (sha256 checked first). While the job is assembled, :func:`load_sharded_model_and_optimizer`
