@@ -91,7 +91,7 @@ def watch_ranks_by_pidfd() -> None:
     readable once that process itself has exited, whatever its children hold."""
     from multiprocessing import popen_fork, util
 
-    launch = popen_fork.Popen._launch
+    launch = popen_fork.Popen._launch  # type: ignore[attr-defined]  # private, not in the stubs
     if getattr(launch, "watched_by_pidfd", False):
         return
 
@@ -104,8 +104,8 @@ def watch_ranks_by_pidfd() -> None:
         self.sentinel = pidfd
         util.Finalize(self, os.close, (pidfd,))
 
-    _launch.watched_by_pidfd = True  # type: ignore[attr-defined]
-    popen_fork.Popen._launch = _launch  # type: ignore[method-assign]
+    _launch.watched_by_pidfd = True  # type: ignore[attr-defined]  # our marker on the function
+    popen_fork.Popen._launch = _launch  # type: ignore[attr-defined]  # private, not in the stubs
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

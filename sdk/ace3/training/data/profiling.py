@@ -30,7 +30,7 @@ from ace3.training.data.loader import DataLoader, usable_cpu_count
 @contextlib.contextmanager
 def preserved_rng(loader: TorchDataLoader[Any]) -> Iterator[None]:
     """Restore the global torch RNG and the loader's/sampler's generators on exit."""
-    generators = []
+    generators: list[tuple[Any, Any]] = []
     for owner in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         generator = getattr(owner, "generator", None)
         if isinstance(generator, torch.Generator) and all(
@@ -278,7 +278,7 @@ def optimize_dataloader(
     fastest = max(report.samples_per_sec for report in reports.values())
     chosen = min(w for w, r in reports.items() if r.samples_per_sec >= 0.95 * fastest)
     result = _build(loader, chosen, prefetch, persistent=True)
-    result.tuning_reports = reports  # type: ignore[attr-defined]
+    result.tuning_reports = reports
     if verbose:
         tried = ", ".join(f"{w}: {r.samples_per_sec:.0f}" for w, r in sorted(reports.items()))
         print(

@@ -114,7 +114,7 @@ class Adam8bit(ExactStateOptimizer):
         if getattr(self, "_bnb", None) is None:
             super().add_param_group(param_group)
             return
-        self._bnb.add_param_group(param_group)
+        self._bnb.add_param_group(param_group)  # type: ignore[union-attr]  # set: checked above
         check_adam_group(self.param_groups[-1])
 
     @torch.no_grad()
