@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -30,7 +30,7 @@ def _of(row: JobCheckpoint | UploadedCheckpoint) -> StoredWeights:
     return StoredWeights(row.id, name, row.storage_key, row.sha256, row.size_bytes)
 
 
-def _job_checkpoint_query(owner_id: str, checkpoint_id: str):  # type: ignore[no-untyped-def]
+def _job_checkpoint_query(owner_id: str, checkpoint_id: str) -> Select[JobCheckpoint]:
     return (
         select(JobCheckpoint)
         .join(Job, Job.id == JobCheckpoint.job_id)
@@ -38,7 +38,7 @@ def _job_checkpoint_query(owner_id: str, checkpoint_id: str):  # type: ignore[no
     )
 
 
-def _uploaded_query(owner_id: str, checkpoint_id: str):  # type: ignore[no-untyped-def]
+def _uploaded_query(owner_id: str, checkpoint_id: str) -> Select[UploadedCheckpoint]:
     return select(UploadedCheckpoint).where(
         UploadedCheckpoint.id == checkpoint_id,
         UploadedCheckpoint.owner_id == owner_id,

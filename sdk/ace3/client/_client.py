@@ -12,7 +12,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -244,12 +244,14 @@ class Client:
             )
         return ModelRef(model, self, uploaded=True)
 
-    def _upload_dataset(self, file: Path, kind: str, name: str | None) -> DatasetRef:
+    def _upload_dataset(
+        self, file: Path, kind: Literal["file", "directory"], name: str | None
+    ) -> DatasetRef:
         digest = sha256_file(file)
         for dataset in self.datasets.list(sha256=digest).data:
             if dataset.kind == kind:
                 return DatasetRef(dataset, self, uploaded=False)
-        dataset = self.datasets.create(file, name=name, kind=kind)  # type: ignore[arg-type]
+        dataset = self.datasets.create(file, name=name, kind=kind)
         return DatasetRef(dataset, self, uploaded=True)
 
 

@@ -89,5 +89,5 @@ def float32_state_dict(
         result[key] = value
     metadata = getattr(raw, "_metadata", None)
     if metadata is not None:
-        result._metadata = metadata  # type: ignore[attr-defined]
+        result._metadata = metadata  # type: ignore[attr-defined]  # what torch's state_dict carries
     return result
