@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import Header, Query, Request, Response, status
+from fastapi import Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -25,6 +25,13 @@ from ace3_server.api.deps import OwnerDep, PublisherDep, SessionDep, SettingsDep
 from ace3_server.api.downloads import presigned_redirect, stored_file_response
 from ace3_server.api.params import Int32, Int64, PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
+from ace3_server.api.run_routes import (
+    EVENT_STREAM_RESPONSES,
+    create_responses,
+    event_stream,
+    owned_page,
+    set_created_status,
+)
 from ace3_server.errors import field_error, not_found
 from ace3_server.schemas import (
     ArtifactList,
@@ -40,7 +47,6 @@ from ace3_server.schemas import (
 )
 from ace3_server.services import events, job_artifacts, jobs
 from ace3_server.services.job_progress import latest_progress
-from ace3_server.services.pagination import paginate
 
 router = resource_router("/jobs", "jobs")
 
@@ -56,13 +62,7 @@ NOT_FOUND = error_responses(404)
     response_model=JobOut,
     status_code=201,
     operation_id="create_job",
-    responses={
-        200: {
-            "model": JobOut,
-            "description": "Replay of an earlier request with this Idempotency-Key.",
-        },
-        **error_responses(400, 409),
-    },
+    responses=create_responses(JobOut),
 )
 async def create_job(
     body: JobCreate,
@@ -81,7 +81,7 @@ async def create_job(
         idempotency_key=idempotency_key,
         settings=settings,
     )
-    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    set_created_status(response, created)
     return await with_queue_place(session, job)
 
 
@@ -97,14 +97,10 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: PageCursor = None,
 ) -> dict[str, object]:
-    stmt = select(Job).where(Job.owner_id == owner_id)
-    if state is not None:
-        stmt = stmt.where(Job.state == state)
-    if q:
-        stmt = stmt.where(Job.name.icontains(q, autoescape=True))
-    rows, next_cursor = await paginate(
-        session, stmt, Job, owner_id=owner_id, cursor=cursor, limit=limit
-    )
+    rows, next_cursor = await owned_page(
+        session, Job, owner_id=owner_id, state=state, cursor=cursor, limit=limit,
+        where=(Job.name.icontains(q, autoescape=True),) if q else (),
+    )  # fmt: skip
     progress = await latest_progress(session, rows)
     items = [JobListItem.model_validate(row) for row in rows]
     for item in items:
@@ -322,7 +318,7 @@ async def download_artifact(
     "/{job_id}/events",
     operation_id="stream_job_events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
+    responses=EVENT_STREAM_RESPONSES,
 )
 async def stream_events(
     job_id: StoredText,
@@ -349,7 +345,7 @@ async def stream_events(
                 "2**63-1 (the id of the last event received)",
             )
         cursor = resumed
-    stream = events.until_database_outage(
+    return event_stream(
         events.job_events(
             request.app.state.session_factory,
             job_id,
@@ -357,9 +353,4 @@ async def stream_events(
             request.is_disconnected,
             request.app.state.stream_wakes,
         )
-    )
-    return StreamingResponse(
-        stream,
-        media_type="text/event-stream",
-        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
