@@ -27,6 +27,10 @@ The mapping (see docs/parallelism.md for the full table):
 - ``optimizer.type`` Adam (``adam_w_mode`` true, DeepSpeed's default), AdamW -> ``adamw``;
   Adam with ``adam_w_mode: false`` -> ``adam``; SGD -> ``sgd``; ``optimizer.params`` lr,
   betas, eps, weight_decay, momentum -> the same fields;
+- ``communication_data_type`` -> the same field (fp16/bf16 gradient reduction);
+  ``reduce_scatter_base_size`` (elements of float32 gradients) -> ``ddp_bucket_cap_mb``
+  (refused at ZeRO-2/3: FSDP has no bucket to size); ``allgather_base_size``: accepted at
+  ZeRO-0 (nothing is all-gathered), refused at 1-3 (nothing there has a bucket size);
 - ``scheduler``: refused (DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR take their
   peak from ``warmup_max_lr`` and warm up from ``warmup_min_lr``, logarithmically by default:
   no ACE3 schedule gives the same learning rate at every step); pass ``lr_scheduler=``.
@@ -54,7 +58,13 @@ __all__ = ["is_deepspeed_config", "training_fields_from_deepspeed"]
 
 
 # Keys only a DeepSpeed dict has (none is a TrainingConfig field): how a dict is recognised.
-DEEPSPEED_MARKERS = ("zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu")
+DEEPSPEED_MARKERS = (
+    "zero_optimization",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "allgather_base_size",
+    "reduce_scatter_base_size",
+)
 
 _SCHEDULER_REASON = (
     "DeepSpeed's {kind} does not give the same learning rate at every step as any ACE3 "
@@ -66,7 +76,8 @@ _SCHEDULER_REASON = (
 
 def is_deepspeed_config(config: Mapping[str, Any]) -> bool:
     """True for a dict with a key only DeepSpeed configs have (``zero_optimization``,
-    ``train_batch_size``, ``train_micro_batch_size_per_gpu``)."""
+    ``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``allgather_base_size``,
+    ``reduce_scatter_base_size``)."""
     return any(key in config for key in DEEPSPEED_MARKERS)
 
 
@@ -116,11 +127,22 @@ def training_fields_from_deepspeed(ds_config: Mapping[str, Any], **fields: Any) 
             mapping.fields["log_interval"] = read_number(value, key, integer=True, minimum=1)
         elif key == "zero_allow_untested_optimizer":
             read_flag(value, key)  # a permission for client optimizers: the same run either way
+        elif key == "allgather_base_size":
+            read_number(value, key, integer=True, minimum=1)  # (checked against the stage below)
+        elif key in _COMMUNICATION_KEYS:
+            _communication(key, value, mapping)
         elif key in _ACCEPTED_TOP_LEVEL:
             expected, meaning = _ACCEPTED_TOP_LEVEL[key]
             mapping.accept_only(key, value, expected, meaning)
         else:
             mapping.refuse(key, "not supported by ACE3's DeepSpeed mapping")
+    stage = mapping.fields.get("zero_stage", 0)
+    if mapping.fields.get("offload_optimizer") or mapping.fields.get("offload_parameters"):
+        stage = max(stage, 3)  # (offload runs ZeRO-3 at stage 0)
+    if "ddp_bucket_cap_mb" in mapping.fields and stage >= 2:
+        mapping.refuse("reduce_scatter_base_size", _FSDP_BUCKET_REASON)
+    if "allgather_base_size" in ds_config and stage >= 1:
+        mapping.refuse("allgather_base_size", _ALLGATHER_REASON)
     precisions = [k for k in ("fp16", "bf16", "amp") if _enabled(ds_config.get(k))]
     if len(precisions) > 1:
         mapping.refuse(
@@ -136,6 +158,39 @@ def training_fields_from_deepspeed(ds_config: Mapping[str, Any], **fields: Any) 
             "config already: pass it there, or drop it from the keyword arguments"
         )
     return {**mapping.fields, **fields}
+
+
+_COMMUNICATION_KEYS = ("communication_data_type", "reduce_scatter_base_size")
+_ALLGATHER_REASON = (
+    "has no meaning here: ZeRO-2/3 run on FSDP2, which all-gathers each unit's parameters (one "
+    "layer of the model) in one collective, and ZeRO-1 broadcasts each rank's updated "
+    "parameters; neither has a bucket size to set (at zero_stage 0 nothing is all-gathered and "
+    "it is accepted): remove it"
+)
+_FSDP_BUCKET_REASON = (
+    "has no meaning at ZeRO-2/3: FSDP2 reduce-scatters each unit's gradients in one "
+    "collective, with no bucket to size (it is DDP's bucket_cap_mb at zero_stage 0 or 1): "
+    "remove it"
+)
+
+
+def _communication(key: str, value: Any, mapping: DeepSpeedMapping) -> None:
+    """``communication_data_type`` -> the same field; ``reduce_scatter_base_size`` (elements of
+    float32 gradients) -> ``ddp_bucket_cap_mb``, the nearest knob (DDP's gradient buckets);
+    ``allgather_base_size`` is read in the caller (accepted at ZeRO-0, where nothing is
+    all-gathered; refused at 1-3, where nothing has a bucket size to set)."""
+    if key == "communication_data_type":
+        if value is None:
+            return
+        if value not in ("fp32", "fp16", "bf16"):
+            raise ValueError(
+                f"DeepSpeed config communication_data_type: expected 'fp32', 'fp16' or 'bf16', "
+                f"got {value!r}"
+            )
+        mapping.fields["communication_data_type"] = value
+    elif key == "reduce_scatter_base_size":
+        elements = read_number(value, key, integer=True, minimum=1)
+        mapping.fields["ddp_bucket_cap_mb"] = elements * 4 / 2**20
 
 
 def _enabled(section: Any) -> bool:

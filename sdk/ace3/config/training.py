@@ -19,6 +19,7 @@ from pydantic import (
 from ace3.config.base import OFFLOAD_FIELDS, _Schema
 from ace3.config.batch_growth import DynamicBatchSizeConfig, batch_size_from_growth
 from ace3.config.checkpointing import CheckpointFields
+from ace3.config.communication import CommunicationFields
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
 from ace3.config.extra_optimizers import ExtraOptimizerFields
@@ -53,6 +54,7 @@ class TrainingConfig(
     InstabilityFields,
     PreemptionFields,
     SpeedFields,
+    CommunicationFields,
     ExtraOptimizerFields,
     PrecisionFields,
     ScaleFields,

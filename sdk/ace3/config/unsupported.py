@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ace3.config.base import OFFLOAD_FIELDS
+from ace3.config.communication import communication_problems
 from ace3.config.distillation_checks import distillation_problems
 from ace3.config.layout import (
     parallel_degrees,
@@ -56,7 +57,13 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + extra_optimizer_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
-            for field, reason in (*distillation_problems(config), *class_optimizer_problems(config))
+            for field, reason in (
+                *distillation_problems(config),
+                *class_optimizer_problems(config),
+                *communication_problems(
+                    config, runs_pipeline(config) or runs_tensor_parallel(config)
+                ),
+            )
         ]
     )
 

@@ -1,7 +1,8 @@
 """The user's own recipe, unchanged: pytorch/examples' mnist (``Net``, Adadelta lr=1.0, StepLR
 gamma=0.7 once per epoch) and word_language_model (``RNNModel`` LSTM 200x200x2, dropout 0.2,
 batch 20, bptt 35, lr 20 with plain SGD, clip 0.25, batches in ``batchify`` order with the
-hidden state carried across them) under real torchrun with 2 gloo ranks, on local data:
+hidden state carried across them; here with its gradients averaged in bfloat16, which gloo
+reduces) under real torchrun with 2 gloo ranks, on local data:
 scikit-learn's digits upsampled and padded to 28x28 for ``Net``, the Zen of Python for the word
 model (no downloads). The model code below is copied from pytorch/examples (commit 77f55b9)
 without a change; only the glue around it (``build_model``, ``compute_loss``, the dataset.py)
@@ -306,7 +307,8 @@ def test_word_language_model_recipe_in_batchify_order(root: Path) -> None:
     traces = root / "word-trace"
     traces.mkdir()
     config = {"batch_size": 20, "epochs": 2, "optimizer": "SGD", "learning_rate": 20.0,
-              "max_grad_norm": 0.25, "shuffle": False, "validation_split": 0.0, "seed": 1111}  # fmt: skip
+              "max_grad_norm": 0.25, "shuffle": False, "validation_split": 0.0, "seed": 1111,
+              "communication_data_type": "bf16"}  # fmt: skip
     job = _job("word", root, config, "word.py", root / "corpus",
                {"ntoken": ntoken, "trace": str(traces / "batches.txt")})  # fmt: skip
     # Each rank appends to its own trace: the file name gets the rank (the kwargs are shared).

@@ -59,13 +59,18 @@ MicroBatches = list[tuple[Any, float]]  # (micro-batch, its loss weight); weight
 GRADIENT_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
 
 
-def average_over(tensors: list[torch.Tensor], replicas: int, group: Any = None) -> None:
+def average_over(
+    tensors: list[torch.Tensor], replicas: int, group: Any = None, dtype: torch.dtype | None = None
+) -> None:
     """Replace each tensor (in place) by its mean over the ``replicas`` ranks of ``group``:
     flattened in buckets of at most ``GRADIENT_BUCKET_BYTES`` per dtype, as DDP's (bounded
     extra memory), each divided before the sum, as DDP's default hook does (the same
-    arithmetic). A collective."""
+    arithmetic). ``dtype`` (``communication_data_type``): each bucket is cast to it first, as
+    DDP's fp16/bf16 compression hooks do. A collective."""
     for bucket in _take_tensors(tensors, GRADIENT_BUCKET_BYTES):
         flat = _flatten_dense_tensors(bucket)
+        if dtype is not None:
+            flat = flat.to(dtype)
         flat /= replicas
         dist.all_reduce(flat, group=group)
         for tensor, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):

@@ -28,6 +28,11 @@ from ace3.config import TrainingConfig
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.parallel.base import Strategy, average_over
+from ace3.runtime.parallel.communication import (
+    ddp_options,
+    reduction_dtype,
+    register_compression,
+)
 from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.techniques.grad_checkpointing import enable_gradient_checkpointing
 from ace3.runtime.user_code import UserCode
@@ -49,17 +54,24 @@ def wrap_ddp(
     ctx: DistContext,
     find_unused_parameters: bool = False,
     process_group: Any = None,
+    config: TrainingConfig | None = None,
 ) -> nn.Module:
     """DDP as a hand-written loop sets it up: bucketed all-reduce overlapped with the backward
-    pass, rank 0's buffers broadcast at each synchronised forward."""
+    pass, rank 0's buffers broadcast at each synchronised forward; ``config``'s
+    ``communication_data_type`` and ``ddp_bucket_cap_mb``
+    (:mod:`ace3.runtime.parallel.communication`)."""
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(
+    ddp = DistributedDataParallel(
         model,
         device_ids=device_ids,
         find_unused_parameters=find_unused_parameters,
         process_group=process_group,
         **_buffer_sync(True),
+        **(ddp_options(config) if config is not None else {}),
     )
+    if config is not None:
+        register_compression(ddp, reduction_dtype(config.communication_data_type), process_group)
+    return ddp
 
 
 def place_on_device(model: nn.Module, precision: Precision, ctx: DistContext) -> None:
@@ -103,7 +115,9 @@ class DataParallel(Strategy):
 
     def wrap(self, model: nn.Module) -> None:
         find_unused = bool(self.config.find_unused_parameters)
-        self.forward = wrap_ddp(model, self.ctx, find_unused_parameters=find_unused)
+        self.forward = wrap_ddp(
+            model, self.ctx, find_unused_parameters=find_unused, config=self.config
+        )
 
     # -- the step -------------------------------------------------------------------------------
     def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
@@ -134,12 +148,14 @@ class DataParallel(Strategy):
             grads.append(param.grad)
         flag = torch.tensor([float(unused)], device=self.ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        average_over(grads, world)
+        average_over(grads, world, dtype=reduction_dtype(self.config.communication_data_type))
         self.first_step = False
         if flag.item() > 0:
             self.forward = None  # (its buckets go before the new ones)
             gc.collect()
-            self.forward = wrap_ddp(parts.model, self.ctx, find_unused_parameters=True)
+            self.forward = wrap_ddp(
+                parts.model, self.ctx, find_unused_parameters=True, config=self.config
+            )
             if self.ctx.is_main:
                 print(
                     "some parameters got no gradient in step 1: DDP runs with "

@@ -37,6 +37,7 @@ from torch import nn
 
 from ace3.config import TrainingConfig
 from ace3.runtime.observe.state_size import training_state_bytes
+from ace3.runtime.parallel.communication import fsdp_mixed_precision
 from ace3.runtime.process.distributed import DistContext
 
 STAGE_SUMMARY = {
@@ -55,6 +56,7 @@ class ShardingPlan:
     offload_requested: bool
     offload: bool  # requested and the device is not the CPU already
     implied: bool  # stage 3 because offload was asked for with zero_stage=0
+    reduce_dtype: str | None = None  # communication_data_type: gradients reduce-scattered in it
 
     @property
     def fsdp(self) -> bool:
@@ -81,6 +83,7 @@ def sharding_plan(config: TrainingConfig, device: torch.device) -> ShardingPlan 
         offload_requested=config.offload,
         offload=config.offload and device.type != "cpu",
         implied=stage != config.zero_stage,
+        reduce_dtype=config.communication_data_type,
     )
 
 
@@ -114,6 +117,7 @@ def shard_model(model: nn.Module, plan: ShardingPlan, ctx: DistContext, mesh: An
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": plan.stage == 3}
     if plan.offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+    options.update(fsdp_mixed_precision(plan.reduce_dtype))
     units = _units(model)
     for unit in units:
         fully_shard(unit, **options)

@@ -26,6 +26,7 @@ from ace3.runtime.checkpoint.format import FormatKind
 from ace3.runtime.checkpoint.gathered import GatheredFormat
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.parallel.base import Strategy, average_over
+from ace3.runtime.parallel.communication import reduction_dtype
 from ace3.runtime.parallel.sharding import (
     local_state_bytes,
     plan_notes,
@@ -173,7 +174,8 @@ class SplitModel(Strategy):
             if param.grad is None:  # unused in this replica's step: it still takes part
                 param.grad = torch.zeros_like(param)
             grads.append(_local(param.grad))
-        average_over(grads, replicas, self._dp_group())
+        dtype = reduction_dtype(self.config.communication_data_type)
+        average_over(grads, replicas, self._dp_group(), dtype=dtype)
 
     def clip_gradients(self, parts: Components, max_norm: float) -> torch.Tensor:
         return clip_split_grad_norm(

@@ -7,8 +7,9 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Annotated, Any
 
-from fastapi import Query, Request, Response
+from fastapi import Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.models import Search, SearchState, SearchTrial
@@ -16,16 +17,10 @@ from ace3_server.api.deps import OwnerDep, SearchDriverDep, SessionDep, Settings
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routes.jobs import IdempotencyKey
 from ace3_server.api.routing import error_responses, resource_router
-from ace3_server.api.run_routes import (
-    EVENT_STREAM_RESPONSES,
-    create_responses,
-    event_stream,
-    owned_page,
-    set_created_status,
-)
 from ace3_server.schemas import Page, SearchCreate, SearchOut, SearchTrialList, SearchTrialOut
 from ace3_server.services import searches
-from ace3_server.services.events import KEEPALIVE_SECONDS, format_event
+from ace3_server.services.events import KEEPALIVE_SECONDS, format_event, until_database_outage
+from ace3_server.services.pagination import paginate
 
 router = resource_router("/searches", "searches")
 NOT_FOUND = error_responses(404)
@@ -38,7 +33,13 @@ POLL_SECONDS = 0.5
     response_model=SearchOut,
     status_code=201,
     operation_id="create_search",
-    responses=create_responses(SearchOut),
+    responses={
+        200: {
+            "model": SearchOut,
+            "description": "Replay of an earlier request with this Idempotency-Key.",
+        },
+        **error_responses(400, 409),
+    },
 )
 async def create_search(
     body: SearchCreate,
@@ -57,7 +58,7 @@ async def create_search(
         settings=settings,
     )
     driver.wake()  # (committed: its first trial starts now, not at the driver's next tick)
-    set_created_status(response, created)
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return searches.search_out(search, await searches.trials_of(session, search.id))
 
 
@@ -69,8 +70,11 @@ async def list_searches(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: PageCursor = None,
 ) -> dict[str, object]:
-    rows, next_cursor = await owned_page(
-        session, Search, owner_id=owner_id, state=state, cursor=cursor, limit=limit
+    stmt = select(Search).where(Search.owner_id == owner_id)
+    if state is not None:
+        stmt = stmt.where(Search.state == state)
+    rows, next_cursor = await paginate(
+        session, stmt, Search, owner_id=owner_id, cursor=cursor, limit=limit
     )
     data = [searches.search_out(row, await searches.trials_of(session, row.id)) for row in rows]
     return {"data": data, "next_cursor": next_cursor}
@@ -173,12 +177,17 @@ async def search_events(
     "/{search_id}/events",
     operation_id="stream_search_events",
     response_class=StreamingResponse,
-    responses=EVENT_STREAM_RESPONSES,
+    responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
 )
 async def stream_events(
     search_id: StoredText, request: Request, session: SessionDep, owner_id: OwnerDep
 ) -> StreamingResponse:
     await searches.get_owned_search(session, owner_id, search_id)
-    return event_stream(
+    stream = until_database_outage(
         search_events(request.app.state.session_factory, search_id, request.is_disconnected)
+    )
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
