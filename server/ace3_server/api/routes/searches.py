@@ -7,9 +7,8 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Annotated, Any
 
-from fastapi import Query, Request, Response, status
+from fastapi import Query, Request, Response
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.models import Search, SearchState, SearchTrial
@@ -17,10 +16,16 @@ from ace3_server.api.deps import OwnerDep, SearchDriverDep, SessionDep, Settings
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routes.jobs import IdempotencyKey
 from ace3_server.api.routing import error_responses, resource_router
+from ace3_server.api.run_routes import (
+    EVENT_STREAM_RESPONSES,
+    create_responses,
+    event_stream,
+    owned_page,
+    set_created_status,
+)
 from ace3_server.schemas import Page, SearchCreate, SearchOut, SearchTrialList, SearchTrialOut
 from ace3_server.services import searches
-from ace3_server.services.events import KEEPALIVE_SECONDS, format_event, until_database_outage
-from ace3_server.services.pagination import paginate
+from ace3_server.services.events import KEEPALIVE_SECONDS, format_event
 
 router = resource_router("/searches", "searches")
 NOT_FOUND = error_responses(404)
@@ -33,13 +38,7 @@ POLL_SECONDS = 0.5
     response_model=SearchOut,
     status_code=201,
     operation_id="create_search",
-    responses={
-        200: {
-            "model": SearchOut,
-            "description": "Replay of an earlier request with this Idempotency-Key.",
-        },
-        **error_responses(400, 409),
-    },
+    responses=create_responses(SearchOut),
 )
 async def create_search(
     body: SearchCreate,
@@ -58,7 +57,7 @@ async def create_search(
         settings=settings,
     )
     driver.wake()  # (committed: its first trial starts now, not at the driver's next tick)
-    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    set_created_status(response, created)
     return searches.search_out(search, await searches.trials_of(session, search.id))
 
 
@@ -70,11 +69,8 @@ async def list_searches(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: PageCursor = None,
 ) -> dict[str, object]:
-    stmt = select(Search).where(Search.owner_id == owner_id)
-    if state is not None:
-        stmt = stmt.where(Search.state == state)
-    rows, next_cursor = await paginate(
-        session, stmt, Search, owner_id=owner_id, cursor=cursor, limit=limit
+    rows, next_cursor = await owned_page(
+        session, Search, owner_id=owner_id, state=state, cursor=cursor, limit=limit
     )
     data = [searches.search_out(row, await searches.trials_of(session, row.id)) for row in rows]
     return {"data": data, "next_cursor": next_cursor}
@@ -177,17 +173,12 @@ async def search_events(
     "/{search_id}/events",
     operation_id="stream_search_events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
+    responses=EVENT_STREAM_RESPONSES,
 )
 async def stream_events(
     search_id: StoredText, request: Request, session: SessionDep, owner_id: OwnerDep
 ) -> StreamingResponse:
     await searches.get_owned_search(session, owner_id, search_id)
-    stream = until_database_outage(
+    return event_stream(
         search_events(request.app.state.session_factory, search_id, request.is_disconnected)
-    )
-    return StreamingResponse(
-        stream,
-        media_type="text/event-stream",
-        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
