@@ -27,6 +27,7 @@ from ace3.errors import (
     StepOutOfMemoryError,
     TrainingPreemptedError,
 )
+from ace3.runtime.observe.log import ENGINE, TO_STDERR, set_rank
 from ace3.runtime.process.log_prefix import install_log_prefix
 from ace3.runtime.process.parent_death import exit_with_parent
 
@@ -55,9 +56,7 @@ def _train(job_path: str) -> None:
 
     job = load_job_spec(job_path)
     ctx = init_distributed(job.config)
-    print(
-        f"ready: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}", flush=True
-    )
+    ENGINE.info(f"ready: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}")
     memory = PeakMemoryMeter(ctx.device)
     memory.start()
     try:
@@ -82,17 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if "LOCAL_RANK" in os.environ:  # under torchrun: a rank must not outlive its agent
         exit_with_parent()
-    install_log_prefix(int(os.environ.get("RANK", "0") or 0))
+    rank = int(os.environ.get("RANK", "0") or 0)
+    install_log_prefix(rank)
+    set_rank(rank)  # (the rank in every engine log record)
     try:
         _train(args.job)
         return 0
     except StepOutOfMemoryError as exc:
         # No traceback: the worker reads the exit status and retries with smaller micro-batches.
-        print(f"StepOutOfMemoryError: {exc}", file=sys.stderr, flush=True)
+        ENGINE.error(f"StepOutOfMemoryError: {exc}", extra=TO_STDERR)
         return OUT_OF_MEMORY_EXIT_CODE
     except TrainingPreemptedError as exc:
         # No traceback: the worker re-queues the job, which resumes from this checkpoint.
-        print(f"TrainingPreemptedError: {exc}", file=sys.stderr, flush=True)
+        ENGINE.error(f"TrainingPreemptedError: {exc}", extra=TO_STDERR)
         return PREEMPTED_EXIT_CODE
     except Exception:
         traceback.print_exc()

@@ -34,6 +34,7 @@ from ace3.runtime.loop.rng import rank_seed, seed_all
 from ace3.runtime.loop.speed import compile_model, uncompile
 from ace3.runtime.loop.total_steps import total_optimizer_steps
 from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel import Strategy, strategy_for
 from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.techniques.compression import compression_extensions
@@ -66,7 +67,7 @@ def apply_dropout_override(model: nn.Module, config: TrainingConfig, ctx: DistCo
     """``config.dropout`` on every dropout module of ``model``, said once in the log."""
     changed = override_dropout(model, config.dropout)
     if ctx.is_main and config.dropout is not None:
-        print(f"dropout override p={config.dropout} applied to {changed} module(s)")
+        ENGINE.info(f"dropout override p={config.dropout} applied to {changed} module(s)")
 
 
 def check_config(config: TrainingConfig, ctx: DistContext, strategy: Strategy) -> int:
@@ -74,7 +75,7 @@ def check_config(config: TrainingConfig, ctx: DistContext, strategy: Strategy) -
     micro-batch."""
     per_rank_batch = strategy.per_rank_batch
     if ctx.is_main and config.world_size != ctx.world_size:
-        print(
+        ENGINE.info(
             f"warning: the config asks for num_gpus * num_nodes = {config.world_size} processes "
             f"but {ctx.world_size} were started; batch_size {config.batch_size} is split over "
             f"{strategy.dims.dp} data-parallel replica(s)"
@@ -102,7 +103,7 @@ def start_from_weights(
     weights = read_weights(path, expected_sha256, allow_sharded=job)
     note = load_initial_weights(model, weights, path.name)
     if ctx.is_main:
-        print(note, flush=True)
+        ENGINE.info(note)
 
 
 def build(job: JobSpec, ctx: DistContext) -> Components:
@@ -132,10 +133,9 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     parts.micro_batch_split = job.micro_batch_split
     if job.micro_batch_split > 1 and ctx.is_main:
         micro = -(-parts.per_rank_batch // job.micro_batch_split)
-        print(
+        ENGINE.info(
             f"micro-batch split {job.micro_batch_split} (an earlier attempt ran out of memory): "
-            f"micro-batches of {micro} per rank, the effective batch unchanged",
-            flush=True,
+            f"micro-batches of {micro} per rank, the effective batch unchanged"
         )
     return parts
 
@@ -188,17 +188,17 @@ def assemble(
     frozen = apply_freezing(model, config)
     adapters = apply_lora(model, config)  # after freezing: trainable=[...] also trains fully
     if ctx.is_main and (adapters is not None or frozen is not None):
-        print((adapters or frozen).describe(), flush=True)  # type: ignore[union-attr]
+        ENGINE.info((adapters or frozen).describe())  # type: ignore[union-attr]
     precision = resolve_precision(config, ctx.device)
     if ctx.is_main:
         for note in strategy.describe():
-            print(note, flush=True)
+            ENGINE.info(note)
     local = strategy.prepare(model, precision, user, ckpt, live_module)
     if teacher is not None:
         teacher = prepare_teacher(teacher, precision, ctx.device)
     distiller = make_distiller(config.distillation, config, local, teacher, precision, ctx)
     if distiller is not None and ctx.is_main:
-        print(distiller.describe(), flush=True)
+        ENGINE.info(distiller.describe())
     optimizer = strategy.make_optimizer(local, precision, user)
     steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
     scheduler = (
@@ -213,7 +213,7 @@ def assemble(
     seed_all(rank_seed(config.seed, ctx.rank))
     compiled = compile_model(local, config)  # after sharding, before DDP wraps it
     if compiled and ctx.is_main:
-        print(compiled, flush=True)
+        ENGINE.info(compiled)
     strategy.wrap(local)
     parts = Components(
         config=config,
@@ -241,7 +241,7 @@ def assemble(
     if ckpt is not None:
         parts.state = strategy.checkpoints.restore(ckpt, parts)
         if ctx.is_main:
-            print(
+            ENGINE.info(
                 f"resumed from {resume_label} at step {parts.state.step} "
                 f"(epoch {parts.state.epoch + 1}, batch {parts.state.batch_in_epoch})"
             )

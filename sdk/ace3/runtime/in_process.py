@@ -41,6 +41,7 @@ from ace3.runtime.loop.hooks import TrainingHook
 from ace3.runtime.loop.loop import RunPlace, TrainingLoop
 from ace3.runtime.loop.speed import speed_settings, uncompile
 from ace3.runtime.observe.hook_factory import engine_hooks
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.observe.memory_meter import PeakMemoryMeter
 from ace3.runtime.observe.reporting import EventWriter
 from ace3.runtime.process.distributed import destroy_distributed, init_distributed
@@ -187,10 +188,9 @@ def train_in_process(
         raise TypeError(f"model must be a torch.nn.Module, not {type(module).__name__}")
     data = resolve_local_data(dataset, validation_dataset, config)
     if data.batch_size is not None and data.batch_size != config.batch_size:
-        print(
+        ENGINE.info(
             f"note: using the DataLoader's batch_size={data.batch_size} "
-            f"(the config said {config.batch_size})",
-            flush=True,
+            f"(the config said {config.batch_size})"
         )
         config = config.model_copy(update={"batch_size": data.batch_size})
     created_group = not (dist.is_available() and dist.is_initialized())

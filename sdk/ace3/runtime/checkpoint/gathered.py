@@ -33,6 +33,7 @@ from ace3.runtime.checkpoint.plain import (
     schedule_state,
 )
 from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel.dims import ParallelDims
 from ace3.runtime.process.distributed import DistContext, barrier
 
@@ -217,6 +218,6 @@ class GatheredFormat(CheckpointFormat):
             group = {**saved["param_groups"][0], "params": list(range(len(params)))}
             parts.optimizer.load_state_dict({"state": local_state, "param_groups": [group]})
         elif ctx.is_main:
-            print(NO_OPTIMIZER_NOTE)
+            ENGINE.info(NO_OPTIMIZER_NOTE)
         restore_schedule(ckpt, parts, ctx)
         return resume_position(ckpt, ctx, self.dims.dp)

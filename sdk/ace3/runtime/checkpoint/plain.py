@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from ace3.runtime.loop.rng import capture_rng, restore_rng
 from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def load_plain_state(
     optimizer = ckpt.get("optimizer") or None
     state_dicts.load_full(parts, ckpt["model"], optimizer)
     if not optimizer and ctx.is_main:
-        print(NO_OPTIMIZER_NOTE)
+        ENGINE.info(NO_OPTIMIZER_NOTE)
 
 
 def restore_schedule(ckpt: dict[str, Any], parts: TrainingParts, ctx: DistContext) -> None:
@@ -84,7 +85,7 @@ def restore_schedule(ckpt: dict[str, Any], parts: TrainingParts, ctx: DistContex
         if ckpt.get("scheduler"):
             parts.scheduler.load_state_dict(ckpt["scheduler"])
         elif ctx.is_main:
-            print("note: the checkpoint holds no scheduler state: the schedule restarts")
+            ENGINE.info("note: the checkpoint holds no scheduler state: the schedule restarts")
 
 
 def resume_position(ckpt: dict[str, Any], ctx: DistContext, replicas: int) -> TrainState:
@@ -102,7 +103,7 @@ def resume_position(ckpt: dict[str, Any], ctx: DistContext, replicas: int) -> Tr
     if len(rngs) == ctx.world_size:
         restore_rng(rngs[ctx.rank])
     elif ctx.is_main:
-        print(
+        ENGINE.info(
             f"note: the checkpoint holds the random state of {len(rngs)} process(es), this "
             f"job has {ctx.world_size}: dropout and other random draws start fresh"
         )

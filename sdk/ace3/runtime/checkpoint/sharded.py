@@ -60,6 +60,7 @@ from ace3.runtime.checkpoint.shard_transfer import collect_shards
 from ace3.runtime.data.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.loop.rng import rank_seed, restore_rng, seed_all
 from ace3.runtime.loop.train_state import TrainState
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.process.distributed import DistContext, barrier
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ def load_sharded_model_and_optimizer(
     with extracted(Path(ckpt["archive"]), ctx) as directory:
         _load_into(state_dicts, parts, directory, with_optimizer)
     if not with_optimizer and ctx.is_main:
-        print(NO_OPTIMIZER_NOTE)
+        ENGINE.info(NO_OPTIMIZER_NOTE)
 
 
 def resume_train_state(
@@ -237,14 +238,13 @@ def resume_train_state(
         samples = state.batch_in_epoch * saved_batch
         position = min(samples // config.batch_size, now_per_epoch)
     if ctx.is_main:
-        print(
+        ENGINE.info(
             f"note: this checkpoint was written by {saved_world} process(es) with batch_size "
             f"{saved_batch}; this run has {ctx.world_size} with batch_size {config.batch_size}: "
             f"continuing epoch {state.epoch + 1} after {position} global micro-batch(es) "
             f"(was {state.batch_in_epoch}). The remaining samples are the same, but each rank "
             "sees different ones and new ranks start new RNG streams, so the run is not "
-            "bit-identical to an uninterrupted one",
-            flush=True,
+            "bit-identical to an uninterrupted one"
         )
     state.batch_in_epoch = position
     return state

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ace3.config.specs import ARTIFACT_SCHEME
+from ace3.runtime.observe.log import ENGINE
 
 
 @dataclass
@@ -59,8 +60,9 @@ class RunContext:
         return self.rank == 0
 
     def print(self, *args: Any) -> None:
+        """A line of the engine's log (rank 0), as ``print(*args)`` would write it."""
         if self.is_main:
-            print(*args, flush=True)
+            ENGINE.info(" ".join(str(arg) for arg in args))
 
     def resolve_path(self, path: str) -> Path:
         """``artifact://x/y`` -> ``output_dir/artifacts/x/y``; any other path as given."""
@@ -159,4 +161,4 @@ class HookList(TrainingHook):
             try:
                 hook.close()
             except Exception as exc:  # one failing close must not hide the others
-                print(f"warning: closing {type(hook).__name__} failed: {exc}", flush=True)
+                ENGINE.warning(f"warning: closing {type(hook).__name__} failed: {exc}")

@@ -21,6 +21,7 @@ batch plan (:mod:`ace3.runtime.loop.batch_growth`) sizes each step.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -49,6 +50,7 @@ from ace3.runtime.loop.run_summary import final_metrics, nonfinite_loss_error
 from ace3.runtime.loop.step_counts import planned_total_steps, steps_per_epoch
 from ace3.runtime.loop.steps import StepRunner
 from ace3.runtime.loop.view import RunPlace
+from ace3.runtime.observe.log import ENGINE, METRICS
 from ace3.runtime.observe.memory_meter import PeakMemoryMeter, max_over_ranks, memory_summary
 from ace3.runtime.observe.reporting import EventWriter
 from ace3.runtime.process.distributed import DistContext
@@ -104,9 +106,9 @@ class TrainingLoop:
         parts.model.stop_training = False  # type: ignore[assignment]
 
     # -- reporting --------------------------------------------------------------------------
-    def log(self, message: str) -> None:
-        if self.ctx.is_main:
-            print(message, flush=True)
+    def log(self, message: str, channel: logging.Logger = ENGINE) -> None:
+        if self.ctx.is_main:  # (METRICS: the metric echo and progress lines)
+            channel.info(message)
 
     # -- the view's figures and operations (ace3.runtime.loop.view.LoopView) --------------------
     @property
@@ -188,13 +190,12 @@ class TrainingLoop:
             values["loss_scale"] = float(self.parts.scaler.get_scale())
         for extension in self.extensions:  # distillation's kd_loss, ... (a collective)
             values.update(extension.training_metrics())
-        # grad_norm, per-rank figures (a collective)
-        values.update(self.run_metrics.report(self.steps, self.state))
+        values.update(self.run_metrics.report(self.steps, self.state))  # grad_norm, per rank
         self._metrics(values)
         speed = f" samples/s={samples_per_sec:.0f}" if samples_per_sec is not None else ""
+        step, epoch = self.state.step, self.state.display_epoch()
         self.log(
-            f"step {self.state.step} epoch {self.state.display_epoch()} "
-            f"train_loss={train_loss:.5f} lr={lr:.3g}{speed}"
+            f"step {step} epoch {epoch} train_loss={train_loss:.5f} lr={lr:.3g}{speed}", METRICS
         )
         if report.nonfinite is not None:
             self._stop_on_nonfinite_loss(report.nonfinite)
@@ -217,7 +218,7 @@ class TrainingLoop:
             self.validated_step = self.state.step
         if values:
             self._metrics(values)
-            self.log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()))
+            self.log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()), METRICS)
             if self.parts.scheduler is not None:
                 self.parts.scheduler.after_validation(values)
         return values
@@ -394,5 +395,5 @@ class TrainingLoop:
             memory = memory_summary(reading, self.strategy.state_bytes(self.parts))
         final = final_metrics(state, self.parts.scaler, self.steps.split, memory, extras)
         self.events.summary(final, state.best_val_accuracy, state.step, state.display_epoch())
-        self.log("done: " + " ".join(f"{k}={v}" for k, v in final.items()))
+        self.log("done: " + " ".join(f"{k}={v}" for k, v in final.items()), METRICS)
         return final

@@ -41,6 +41,7 @@ from ace3.runtime.components import Components
 from ace3.runtime.loop.batch_growth import scaled_learning_rate
 from ace3.runtime.loop.instability import make_guard
 from ace3.runtime.loop.losses import batch_size_of
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.process.distributed import DistContext
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -198,10 +199,9 @@ class StepRunner:
             for extension in parts.extensions:
                 extension.after_optimizer_step(scale, skipped, float(lr))
         if self.last_step_skipped and self.ctx.is_main:  # the same decision on every rank
-            print(
+            ENGINE.info(
                 f"step {step + 1}: inf/nan gradients at loss scale {scale:g}: step skipped, "
-                f"loss scale now {parts.scaler.get_scale():g}",
-                flush=True,
+                f"loss scale now {parts.scaler.get_scale():g}"
             )
         self.busy_seconds += time.perf_counter() - started
         return step_loss, samples
@@ -241,11 +241,10 @@ class StepRunner:
         if not self.strategy.in_place_oom_retry():
             raise StepOutOfMemoryError(step + 1, current, self.split) from failure
         self.split *= 2
-        print(
+        ENGINE.info(
             f"out of memory at step {step + 1} with micro-batch {current}: retrying with "
             f"micro-batch {-(-micro // self.split)} and {len(batches) * self.split} "
-            "accumulation micro-steps per optimizer step (effective batch unchanged)",
-            flush=True,
+            "accumulation micro-steps per optimizer step (effective batch unchanged)"
         )
         if self.on_out_of_memory is not None:
             self.on_out_of_memory()

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ace3.config import TrainingConfig
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.precision import Precision
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel.base import Strategy, average_over
 from ace3.runtime.parallel.communication import (
     ddp_options,
@@ -85,7 +86,7 @@ def checkpoint_activations(model: nn.Module, config: TrainingConfig, ctx: DistCo
     if config.gradient_checkpointing:
         how = enable_gradient_checkpointing(model, config.checkpoint_segments)
         if ctx.is_main:
-            print(f"gradient checkpointing: {how}")
+            ENGINE.info(f"gradient checkpointing: {how}")
 
 
 class DataParallel(Strategy):
@@ -157,11 +158,10 @@ class DataParallel(Strategy):
                 parts.model, self.ctx, find_unused_parameters=True, config=self.config
             )
             if self.ctx.is_main:
-                print(
+                ENGINE.info(
                     "some parameters got no gradient in step 1: DDP runs with "
                     "find_unused_parameters=True (slower; a model that uses every parameter "
-                    "in each forward pass avoids it)",
-                    flush=True,
+                    "in each forward pass avoids it)"
                 )
 
     # -- validation -----------------------------------------------------------------------------

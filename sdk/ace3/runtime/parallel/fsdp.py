@@ -23,6 +23,7 @@ from ace3.runtime.checkpoint.state_dicts import DistributedStateDicts, StateDict
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.optim import build_optimizer
 from ace3.runtime.loop.precision import Precision
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel.base import Strategy, full_norm, total_grad_norm
 from ace3.runtime.parallel.ddp import checkpoint_activations, place_on_device
 from ace3.runtime.parallel.sharding import (
@@ -77,7 +78,7 @@ class FullyShardedDataParallel(ZeroRedundancy):
         checkpoint_activations(model, self.config, ctx)
         units = shard_model(model, self.plan, ctx)  # O0/O1 only: the optimizer takes the params
         if ctx.is_main:
-            print(f"FSDP units: {units} layer(s) + the root")
+            ENGINE.info(f"FSDP units: {units} layer(s) + the root")
         return model
 
     def make_optimizer(

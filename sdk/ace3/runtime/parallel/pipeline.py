@@ -19,6 +19,7 @@ from torch import nn
 
 from ace3.config import pipeline_layout
 from ace3.runtime.loop.precision import Precision
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel.base import MicroBatches
 from ace3.runtime.parallel.pipeline_schedule import PipelineRunner, broadcast_from_last
 from ace3.runtime.parallel.split_model import SplitModel
@@ -84,21 +85,19 @@ class PipelineParallel(SplitModel):
         )  # fmt: skip
         if ctx.is_main:
             if config.model_sharding_strategy == "layer":
-                print(
+                ENGINE.info(
                     "model parallel (layer): consecutive layers on "
                     f"{stages_count} process(es), one micro-batch per batch (a pipeline without "
-                    "overlap)",
-                    flush=True,
+                    "overlap)"
                 )
             else:
-                print(
+                ENGINE.info(
                     f"pipeline parallel: {stages_count} stage(s), {schedule} schedule, "
-                    f"{micro_batches} micro-batch(es) of {micro_size} per batch of {batch}",
-                    flush=True,
+                    f"{micro_batches} micro-batch(es) of {micro_size} per batch of {batch}"
                 )
             for i, stage in enumerate(stages):
                 rank = dims.global_rank(0, i, 0)
-                print(f"stage {i} (rank {rank}): {_stage_label(stage)}", flush=True)
+                ENGINE.info(f"stage {i} (rank {rank}): {_stage_label(stage)}")
         return local
 
     def _shard_stage(self, stage: nn.Module, user: UserCode) -> None:
@@ -113,7 +112,7 @@ class PipelineParallel(SplitModel):
         mesh = self.dims.submesh(self.ctx.device.type, "tp")
         describe = parallelize(stage, mesh, None, required=False)
         if self.dims.tp_rank == 0 and self.dims.dp_rank == 0:  # one line per stage
-            print(f"stage {self.dims.pp_rank}: {describe}", flush=True)
+            ENGINE.info(f"stage {self.dims.pp_rank}: {describe}")
 
     # -- the step -------------------------------------------------------------------------------
     def forward_backward(self, chunks: MicroBatches, parts: Components) -> tuple[torch.Tensor, int]:

@@ -25,6 +25,7 @@ from torch import nn
 from ace3.runtime.checkpoint.format import FormatKind
 from ace3.runtime.checkpoint.gathered import GatheredFormat
 from ace3.runtime.loop.precision import Precision
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel.base import Strategy, average_over
 from ace3.runtime.parallel.communication import reduction_dtype
 from ace3.runtime.parallel.sharding import (
@@ -109,7 +110,7 @@ class SplitModel(Strategy):
         mesh = self.dims.submesh(self.ctx.device.type, "dp")
         units = shard_model(local, self.plan, self.ctx, mesh=mesh)
         if self.ctx.is_main:
-            print(f"FSDP over the replicas: {units} layer(s) + the root", flush=True)
+            ENGINE.info(f"FSDP over the replicas: {units} layer(s) + the root")
 
     def in_place_oom_retry(self) -> bool:
         return self.plan is None and super().in_place_oom_retry()

@@ -12,6 +12,7 @@ from torch import nn
 
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.precision import Precision
+from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel.split_model import SplitModel
 from ace3.runtime.parallel.tensor_plan import parallelize
 from ace3.runtime.user_code import UserCode
@@ -38,7 +39,7 @@ class TensorParallel(SplitModel):
         describe = parallelize(model, mesh, user.module)
         precision.prepare_model(model)
         if ctx.is_main:
-            print(describe, flush=True)
+            ENGINE.info(describe)
         self.shard_replicas(model)
         return model
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ace3.config import TrainingConfig
+from ace3.runtime.observe.log import ENGINE, TO_STDERR
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def resolve_device_and_backend(
     wants_cuda = os.environ.get("ACE3_DEVICE", default_device).strip().lower() == "cuda"
     has_cuda = torch.cuda.is_available()
     if wants_cuda and not has_cuda:
-        print(
-            "warning: ACE3_DEVICE=cuda but CUDA is not available; training on CPU", file=sys.stderr
+        ENGINE.warning(
+            "warning: ACE3_DEVICE=cuda but CUDA is not available; training on CPU", extra=TO_STDERR
         )
     use_cuda = wants_cuda and has_cuda
     backend = config.backend
