@@ -3,13 +3,12 @@ runs of a live module), and :func:`hyperparameter_search`. :mod:`.remote` follow
 service, :mod:`.in_process` runs the engine here; :mod:`.downloads` copies a job's checkpoints
 and artifacts to a local directory while it runs."""
 
-from ace3.trainers.trainer import (
+from ace3.trainers.trainer import Trainer, is_live_module
+from ace3.trainers.variants import (
     DataParallelTrainer,
     DistributedTrainer,
     ModelParallelTrainer,
     PipelineParallelTrainer,
-    Trainer,
-    is_live_module,
 )
 
 __all__ = [
