@@ -188,7 +188,7 @@ def assemble(
     frozen = apply_freezing(model, config)
     adapters = apply_lora(model, config)  # after freezing: trainable=[...] also trains fully
     if ctx.is_main and (adapters is not None or frozen is not None):
-        ENGINE.info((adapters or frozen).describe())  # type: ignore[union-attr]
+        ENGINE.info((adapters or frozen).describe())  # type: ignore[union-attr]  # one is set: checked above
     precision = resolve_precision(config, ctx.device)
     if ctx.is_main:
         for note in strategy.describe():

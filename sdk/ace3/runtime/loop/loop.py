@@ -103,7 +103,7 @@ class TrainingLoop:
         self.stop_requested = False
         self.step_lr: float | None = None  # the learning rate of the last optimizer step
         self.run_metrics = RunMetrics(ctx, self.strategy.dims.dp)
-        parts.model.stop_training = False  # type: ignore[assignment]
+        parts.model.stop_training = False
 
     # -- reporting --------------------------------------------------------------------------
     def log(self, message: str, channel: logging.Logger = ENGINE) -> None:
@@ -321,7 +321,7 @@ class TrainingLoop:
         state, config, parts = self.state, self.config, self.parts
         self.log(
             f"{self.place.label}: "
-            f"{len(self.sampler.dataset)} training samples, "  # type: ignore[arg-type]
+            f"{len(self.sampler.dataset)} training samples, "
             f"{self.batches_per_epoch} micro-batches of {parts.per_rank_batch} per rank "
             f"per epoch, {config.epochs} epoch(s), precision {parts.precision.describe()}"
         )

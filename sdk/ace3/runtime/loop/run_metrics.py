@@ -60,7 +60,7 @@ class _Nvml:
         if device.type != "cuda":
             return
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             uuid = str(torch.cuda.get_device_properties(device).uuid)

@@ -45,7 +45,7 @@ def _update(layer: nn.Module, state: dict[str, Any]) -> torch.Tensor:
     own computation on a float32 copy of the layer loaded with ``state`` (its tensors)."""
     clone = copy.deepcopy(layer).to(device="cpu", dtype=torch.float32)
     clone.load_state_dict({key: value.to("cpu", torch.float32) for key, value in state.items()})
-    return clone.get_delta_weight(ADAPTER)  # type: ignore[operator, no-any-return]
+    return clone.get_delta_weight(ADAPTER)
 
 
 def merged_state_dict(adapters: LoRAAdapters, precision: Precision) -> dict[str, torch.Tensor]:

@@ -137,7 +137,7 @@ class PostTrainingQuantization(LoopExtension):
         modules = dict(model.named_modules())
         done = [name for name in self.names if method == "dynamic" or name in scales]
         for name in done:
-            quantize_linear(modules[name], method, scales.get(name))  # type: ignore[arg-type]
+            quantize_linear(modules[name], method, scales.get(name))
         summary: dict[str, Any] = {"quantization_method": method, "quantized_layers": len(done)}
         if ctx.is_main:
             written = save_quantized_model(
