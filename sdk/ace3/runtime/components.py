@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -12,18 +11,15 @@ from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
 from ace3.runtime.loop.extensions import LoopExtension
-from ace3.runtime.loop.losses import ForwardResult, forward_loss
+from ace3.runtime.loop.losses import TrainingLoss, forward_loss
 from ace3.runtime.loop.optim import ScheduleDriver
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.parallel.base import Strategy
-from ace3.runtime.user_code import LossFn, UserCode
+from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
     from ace3.runtime.loop.batch_growth import BatchGrowth
-
-# The loss of one training micro-batch: (model, batch, the user's compute_loss) -> result.
-TrainingLoss = Callable[[nn.Module, Any, LossFn | None], ForwardResult]
 
 
 @dataclass

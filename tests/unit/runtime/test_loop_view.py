@@ -141,10 +141,27 @@ def test_the_loop_and_the_fake_offer_every_member_of_the_view(tmp_path: Path) ->
     assert missing == set()
 
 
-def test_the_view_and_what_takes_it_import_nothing_of_the_loop() -> None:
-    graph = grimp.build_graph("ace3")
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph("ace3")  # (imports under TYPE_CHECKING count)
+
+
+def test_the_view_and_what_takes_it_import_nothing_of_the_loop(graph: grimp.ImportGraph) -> None:
     loop = "ace3.runtime.loop.loop"
     assert loop not in graph.find_upstream_modules("ace3.runtime.loop.view")
     for module in sorted(graph.find_modules_directly_imported_by(loop)):
         if module.startswith("ace3."):
             assert not graph.chain_exists(importer=module, imported=loop), module
+
+
+def test_the_engine_has_no_import_cycle(graph: grimp.ImportGraph) -> None:
+    """No module of ace3.runtime reaches itself again through its own imports."""
+    modules = sorted(m for m in graph.modules if m.startswith("ace3.runtime."))
+    looped = [
+        (module, imported)
+        for module in modules
+        for imported in sorted(graph.find_modules_directly_imported_by(module))
+        if imported.startswith("ace3.runtime.")
+        and graph.chain_exists(importer=imported, imported=module)
+    ]
+    assert looped == []

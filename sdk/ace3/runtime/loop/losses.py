@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,12 @@ class ForwardResult:
     loss: torch.Tensor
     outputs: torch.Tensor | None = None
     targets: torch.Tensor | None = None
+
+
+# The loss of one training micro-batch: (model, batch, the user's compute_loss) -> result; the
+# strategy's step runs the one it is given (Components.training_loss: forward_loss, or
+# knowledge distillation's).
+TrainingLoss = Callable[[nn.Module, Any, LossFn | None], ForwardResult]
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:

@@ -53,7 +53,7 @@ from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.parallel.parts import StepParts
 
 MicroBatches = list[tuple[Any, float]]  # (micro-batch, its loss weight); weights sum to 1
 GRADIENT_BUCKET_BYTES = 25 << 20  # DDP's default bucket size
@@ -165,7 +165,7 @@ class Strategy(ABC):
         self.forward = model
 
     # -- the step -------------------------------------------------------------------------------
-    def before_step(self, parts: Components) -> None:
+    def before_step(self, parts: StepParts) -> None:
         """Before the step's first forward pass."""
         return None
 
@@ -174,7 +174,7 @@ class Strategy(ABC):
         micro-batch of the optimizer step)."""
         return contextlib.nullcontext()
 
-    def forward_backward(self, chunks: MicroBatches, parts: Components) -> tuple[torch.Tensor, int]:
+    def forward_backward(self, chunks: MicroBatches, parts: StepParts) -> tuple[torch.Tensor, int]:
         """Forward and backward every micro-batch (gradients accumulate); return (the step's
         mean loss as a device tensor, the samples this rank ran)."""
         step_loss: torch.Tensor | None = None
@@ -196,24 +196,24 @@ class Strategy(ABC):
         assert step_loss is not None
         return step_loss, samples
 
-    def after_backward(self, parts: Components) -> None:
+    def after_backward(self, parts: StepParts) -> None:
         """After the step's last backward pass, before clipping and the optimizer step."""
         return None
 
-    def clip_gradients(self, parts: Components, max_norm: float) -> torch.Tensor:
+    def clip_gradients(self, parts: StepParts, max_norm: float) -> torch.Tensor:
         """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``;
         return that norm before clipping (as :meth:`grad_norm`)."""
         params = parts.precision.clip_parameters(parts.model)
         return full_norm(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
-    def grad_norm(self, parts: Components) -> torch.Tensor:
+    def grad_norm(self, parts: StepParts) -> torch.Tensor:
         """The whole model's gradient norm: a float32 device scalar, the same on every rank, no
         host read (a collective where gradients are sharded or split over ranks)."""
         return total_grad_norm(parts.precision.clip_parameters(parts.model))
 
     # -- validation -----------------------------------------------------------------------------
     @abstractmethod
-    def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
+    def evaluate(self, parts: StepParts, loader: Any) -> dict[str, float]:
         """``val_loss`` (and accuracy, user metrics) over the whole validation set."""
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -239,10 +239,10 @@ class Strategy(ABC):
         )
 
     # -- the end --------------------------------------------------------------------------------
-    def state_bytes(self, parts: Components) -> int:
+    def state_bytes(self, parts: StepParts) -> int:
         """Bytes this rank holds for parameters, gradients and optimizer state."""
         return training_state_bytes(parts.model, parts.optimizer)
 
-    def finish(self, parts: Components) -> None:
+    def finish(self, parts: StepParts) -> None:
         """After the last checkpoint (e.g. hand the trained weights to the caller's module)."""
         return None

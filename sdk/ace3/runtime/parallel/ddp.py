@@ -39,7 +39,7 @@ from ace3.runtime.techniques.grad_checkpointing import enable_gradient_checkpoin
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.parallel.parts import StepParts
 
 
 def _buffer_sync(every_forward: bool) -> dict[str, bool]:
@@ -126,11 +126,11 @@ class DataParallel(Strategy):
             return contextlib.nullcontext()
         return self.forward.no_sync()  # type: ignore[union-attr]  # wrap() set it before the first step
 
-    def after_backward(self, parts: Components) -> None:
+    def after_backward(self, parts: StepParts) -> None:
         if self.first_step:
             self._first_step_sync(parts)
 
-    def _first_step_sync(self, parts: Components) -> None:
+    def _first_step_sync(self, parts: StepParts) -> None:
         """Step 1 over several processes: all-reduce the gradients ourselves (in buckets, as
         DDP's: :func:`~ace3.runtime.parallel.base.average_over`) and learn whether some
         parameter got no gradient on some rank. DDP's bucketed reduction, which every later step
@@ -165,12 +165,12 @@ class DataParallel(Strategy):
                 )
 
     # -- validation -----------------------------------------------------------------------------
-    def _broadcast_buffers(self, parts: Components) -> None:
+    def _broadcast_buffers(self, parts: StepParts) -> None:
         if self.ctx.world_size > 1:
             for buffer in parts.model.buffers():
                 dist.broadcast(buffer, src=0)
 
-    def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
+    def evaluate(self, parts: StepParts, loader: Any) -> dict[str, float]:
         # Every rank validates with rank 0's buffers (BatchNorm statistics): the ones the
         # checkpoint holds. DDP only syncs them at the next forward pass.
         self._broadcast_buffers(parts)

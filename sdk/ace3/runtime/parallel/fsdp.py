@@ -40,7 +40,7 @@ from ace3.runtime.parallel.zero1 import ZeroRedundancy
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.parallel.parts import StepParts
 
 
 class FullyShardedDataParallel(ZeroRedundancy):
@@ -99,7 +99,7 @@ class FullyShardedDataParallel(ZeroRedundancy):
         self.forward = model
 
     # -- the step -------------------------------------------------------------------------------
-    def before_step(self, parts: Components) -> None:
+    def before_step(self, parts: StepParts) -> None:
         self._broadcast_buffers(parts)
 
     def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
@@ -107,14 +107,14 @@ class FullyShardedDataParallel(ZeroRedundancy):
         set_gradient_sync(self.forward, final)
         return contextlib.nullcontext()
 
-    def clip_gradients(self, parts: Components, max_norm: float) -> torch.Tensor:
+    def clip_gradients(self, parts: StepParts, max_norm: float) -> torch.Tensor:
         return full_norm(torch.nn.utils.clip_grad_norm_(trainable(parts.model), max_norm))
 
-    def grad_norm(self, parts: Components) -> torch.Tensor:
+    def grad_norm(self, parts: StepParts) -> torch.Tensor:
         return total_grad_norm(trainable(parts.model))
 
     # -- validation -----------------------------------------------------------------------------
-    def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
+    def evaluate(self, parts: StepParts, loader: Any) -> dict[str, float]:
         self._broadcast_buffers(parts)
         try:
             return evaluate(
@@ -123,6 +123,6 @@ class FullyShardedDataParallel(ZeroRedundancy):
         finally:  # ZeRO-2 keeps the parameters gathered after a forward without backward
             reshard(parts.model)
 
-    def finish(self, parts: Components) -> None:
+    def finish(self, parts: StepParts) -> None:
         if self.write_back_to is not None:
             write_back(parts.model, self.write_back_to)

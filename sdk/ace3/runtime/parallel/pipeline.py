@@ -28,7 +28,7 @@ from ace3.runtime.parallel.tensor_plan import parallelize
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.parallel.parts import StepParts
 
 
 def _stage_label(stage: nn.Module) -> str:
@@ -115,7 +115,7 @@ class PipelineParallel(SplitModel):
             ENGINE.info(f"stage {self.dims.pp_rank}: {describe}")
 
     # -- the step -------------------------------------------------------------------------------
-    def forward_backward(self, chunks: MicroBatches, parts: Components) -> tuple[torch.Tensor, int]:
+    def forward_backward(self, chunks: MicroBatches, parts: StepParts) -> tuple[torch.Tensor, int]:
         """Run the loader batches (accumulated) through the pipeline; the step's mean loss is
         the same on every stage (broadcast from the last)."""
         loss, samples = 0.0, 0
@@ -130,7 +130,7 @@ class PipelineParallel(SplitModel):
         return torch.tensor(loss, dtype=torch.float32, device=self.ctx.device), samples
 
     # -- validation -----------------------------------------------------------------------------
-    def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
+    def evaluate(self, parts: StepParts, loader: Any) -> dict[str, float]:
         """``val_loss`` and ``val_accuracy`` through the pipeline (the last stage counts and
         broadcasts)."""
         runner = self.runner

@@ -39,7 +39,7 @@ from ace3.runtime.parallel.sharding import (
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.parallel.parts import StepParts
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -122,7 +122,7 @@ class SplitModel(Strategy):
         """The ranks that hold the other stages of this rank's pipeline (None: one stage)."""
         return self.dims.group(self.ctx.device.type, "pp") if self.dims.pp > 1 else None
 
-    def _sync_buffers(self, parts: Components) -> None:
+    def _sync_buffers(self, parts: StepParts) -> None:
         """Every replica takes replica 0's buffers (BatchNorm statistics), as DDP does."""
         if self.dims.dp > 1:
             dims = self.dims
@@ -130,7 +130,7 @@ class SplitModel(Strategy):
             for buffer in parts.model.buffers():
                 dist.broadcast(_local(buffer), src=source, group=self._dp_group())
 
-    def after_evaluation(self, parts: Components) -> None:
+    def after_evaluation(self, parts: StepParts) -> None:
         """ZeRO-2 keeps parameters gathered after a forward pass (reshard_after_forward=False):
         a validation pass has no backward to free them, so they are re-sharded here (the
         optimizer and checkpoints hold the sharded ones)."""
@@ -151,7 +151,7 @@ class SplitModel(Strategy):
         checkpoints.split_from(model, ckpt)  # (the whole model names the checkpoint's tensors)
 
     # -- data parallelism over the split model -------------------------------------------------
-    def before_step(self, parts: Components) -> None:
+    def before_step(self, parts: StepParts) -> None:
         self._sync_buffers(parts)
 
     def sync_context(self, final: bool) -> contextlib.AbstractContextManager[Any]:
@@ -162,7 +162,7 @@ class SplitModel(Strategy):
             set_gradient_sync(self.forward, final)
         return contextlib.nullcontext()
 
-    def after_backward(self, parts: Components) -> None:
+    def after_backward(self, parts: StepParts) -> None:
         """Average the gradients over the data-parallel replicas (see the module docstring;
         FSDP has reduce-scattered them already)."""
         replicas = self.dims.dp
@@ -178,12 +178,12 @@ class SplitModel(Strategy):
         dtype = reduction_dtype(self.config.communication_data_type)
         average_over(grads, replicas, self._dp_group(), dtype=dtype)
 
-    def clip_gradients(self, parts: Components, max_norm: float) -> torch.Tensor:
+    def clip_gradients(self, parts: StepParts, max_norm: float) -> torch.Tensor:
         return clip_split_grad_norm(
             parts.precision.clip_parameters(parts.model), max_norm, self._stage_group()
         )
 
-    def grad_norm(self, parts: Components) -> torch.Tensor:
+    def grad_norm(self, parts: StepParts) -> torch.Tensor:
         return split_grad_norm(parts.precision.clip_parameters(parts.model), self._stage_group())
 
     def make_optimizer(
@@ -198,5 +198,5 @@ class SplitModel(Strategy):
             )
         return super().make_optimizer(model, precision, user)
 
-    def state_bytes(self, parts: Components) -> int:
+    def state_bytes(self, parts: StepParts) -> int:
         return local_state_bytes(parts.model, parts.optimizer)

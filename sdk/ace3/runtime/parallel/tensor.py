@@ -18,7 +18,7 @@ from ace3.runtime.parallel.tensor_plan import parallelize
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.parallel.parts import StepParts
 
 
 class TensorParallel(SplitModel):
@@ -43,7 +43,7 @@ class TensorParallel(SplitModel):
         self.shard_replicas(model)
         return model
 
-    def evaluate(self, parts: Components, loader: Any) -> dict[str, float]:
+    def evaluate(self, parts: StepParts, loader: Any) -> dict[str, float]:
         # Every rank of a replica evaluates the same batches: the sums over all ranks are
         # tensor_parallel_size times those of the replicas, so the means are unchanged. Sharded
         # replicas' forward passes are collectives: they run in lockstep.

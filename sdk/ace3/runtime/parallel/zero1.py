@@ -28,7 +28,7 @@ from ace3.runtime.parallel.state_dicts import ZeroRedundancyStateDicts
 from ace3.runtime.user_code import UserCode
 
 if TYPE_CHECKING:
-    from ace3.runtime.components import Components
+    from ace3.runtime.parallel.parts import StepParts
 
 
 class ZeroRedundancy(DataParallel):
@@ -67,5 +67,5 @@ class ZeroRedundancy(DataParallel):
     def checkpoint_state(self) -> StateDicts:
         return ZeroRedundancyStateDicts()
 
-    def state_bytes(self, parts: Components) -> int:
+    def state_bytes(self, parts: StepParts) -> int:
         return local_state_bytes(parts.model, parts.optimizer)
