@@ -152,16 +152,3 @@ def test_the_view_and_what_takes_it_import_nothing_of_the_loop(graph: grimp.Impo
     for module in sorted(graph.find_modules_directly_imported_by(loop)):
         if module.startswith("ace3."):
             assert not graph.chain_exists(importer=module, imported=loop), module
-
-
-def test_the_engine_has_no_import_cycle(graph: grimp.ImportGraph) -> None:
-    """No module of ace3.runtime reaches itself again through its own imports."""
-    modules = sorted(m for m in graph.modules if m.startswith("ace3.runtime."))
-    looped = [
-        (module, imported)
-        for module in modules
-        for imported in sorted(graph.find_modules_directly_imported_by(module))
-        if imported.startswith("ace3.runtime.")
-        and graph.chain_exists(importer=imported, imported=module)
-    ]
-    assert looped == []
