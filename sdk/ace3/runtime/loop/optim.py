@@ -78,7 +78,12 @@ def build_optimizer(
 
         return build_extra_optimizer(trainable, config)
     impl = implementation_args(trainable, config)
-    adam_args = {"lr": lr, "betas": tuple(config.betas), "eps": config.eps, "weight_decay": wd}
+    adam_args: dict[str, Any] = {
+        "lr": lr,
+        "betas": tuple(config.betas),
+        "eps": config.eps,
+        "weight_decay": wd,
+    }
     if config.optimizer == "adamw":
         return torch.optim.AdamW(trainable, **adam_args, **impl)
     if config.optimizer == "adam":
@@ -207,7 +212,7 @@ class ScheduleDriver:
                 f"lr_scheduler {self.name!r} monitors {self.monitor!r}, but validation "
                 f"reported only: {available}; set its monitor to one of these"
             )
-        value = float(metrics[self.monitor])
+        value = float(metrics[self.monitor])  # type: ignore[index]  # a key of metrics: checked above
         if not math.isfinite(value):
             raise ValueError(
                 f"lr_scheduler {self.name!r}: the monitored metric {self.monitor!r} is {value}; "

@@ -48,12 +48,12 @@ def register_compression(ddp: nn.Module, dtype: torch.dtype | None, group: Any =
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     hook = default_hooks.fp16_compress_hook if dtype == torch.float16 else bf16_reduction_hook
-    ddp.register_comm_hook(group, hook)  # type: ignore[operator]  # DDP's method
+    ddp.register_comm_hook(group, hook)
 
 
 # (no annotations: DDP compares a hook's annotations with the classes, and this module's are
 # strings under ``from __future__ import annotations``)
-def bf16_reduction_hook(process_group, bucket):  # type: ignore[no-untyped-def]  # see above
+def bf16_reduction_hook(process_group, bucket):
     """Cast the bucket to bfloat16, divide by the group size, all-reduce, cast back in place
     (as DDP's ``fp16_compress_hook`` does in float16)."""
     group = process_group if process_group is not None else dist.group.WORLD
