@@ -259,6 +259,7 @@ def test_an_upload_just_under_the_cap_is_accepted(owner: httpx.Client) -> None:
         ({"batch_size": 0}, "batch_size"),
         ({"num_gpus": "four"}, "num_gpus"),
         ({"optimizer": "adagrad"}, "optimizer"),
+        ({"optimizer": "Adadelta", "optimizer_kwargs": {"betas": [0.9, 0.99]}}, "optimizer_kwargs"),
         ({"leraning_rate": 0.1}, "leraning_rate"),
     ],
 )
