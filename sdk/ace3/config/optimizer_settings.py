@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from ace3.config import ConfigProblem, TrainingConfig
+from ace3.config.torch_optimizers import TORCH_OPTIMIZERS
 from ace3.errors import UnsupportedFeatureError
 
 # Options that must keep their default for each kind, with what the engine would do instead.
@@ -35,7 +36,7 @@ _SGD_KEYS = ("lr", "momentum", "weight_decay")
 _LION_KEYS = ("lr", "betas", "weight_decay")
 _ADAFACTOR_KEYS = ("lr", "beta2_decay", "eps", "d", "weight_decay")
 SUPPORTED = (
-    "torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adafactor, "
+    "any torch.optim class (its own, not a subclass), "
     "ace3.optimizers.MemoryEfficientAdam, ace3.training.optimizers.Adam8bit, "
     "bitsandbytes.optim.Adam8bit / AdamW8bit, pytorch_optimizer.Lion"
 )
@@ -48,7 +49,10 @@ def optimizer_settings(optimizer: Any, model: Any = None) -> dict[str, Any]:
     lion), ``learning_rate`` and ``weight_decay``, plus ``betas`` and ``eps`` for the Adam
     family, ``momentum`` for SGD, ``lion_betas`` for ``pytorch_optimizer.Lion`` or
     ``adafactor_beta2_decay`` / ``adafactor_eps`` / ``adafactor_d`` for
-    ``torch.optim.Adafactor``. Other pytorch-optimizer classes (SophiaH, GaLore: their state
+    ``torch.optim.Adafactor``. Any other ``torch.optim`` class (``RMSprop``, ``Adadelta``, ...)
+    is carried by its class name with ``learning_rate``, ``weight_decay`` and, in
+    ``optimizer_kwargs``, its arguments that differ from the class's defaults. Other
+    pytorch-optimizer classes (SophiaH, GaLore: their state
     or parameter groups are the engine's own) are refused: set ``optimizer="sophia"`` or
     ``"galore_adamw"`` in the config instead. ``learning_rate`` is the group's ``initial_lr`` when a scheduler has
     been attached (the schedule's base), else its ``lr``. ``torch.optim.Adam(...,
@@ -62,6 +66,12 @@ def optimizer_settings(optimizer: Any, model: Any = None) -> dict[str, Any]:
     (``amsgrad``, ``maximize``, ``nesterov``, SGD ``dampening``, a non-default Adam8bit block
     size, ...), naming the option.
     """
+    by_class = _class_name_settings(optimizer)
+    if by_class is not None:
+        if model is not None:
+            _check_covers_model(optimizer, model)
+        _check_config_accepts(by_class)
+        return by_class
     name, keys, fixed = _identify(optimizer)
     groups = list(getattr(optimizer, "param_groups", []))
     if not groups:
@@ -97,6 +107,56 @@ def optimizer_settings(optimizer: Any, model: Any = None) -> dict[str, Any]:
         _check_covers_model(optimizer, model)
     _check_config_accepts(settings)
     return settings
+
+
+def _class_name_settings(optimizer: Any) -> dict[str, Any] | None:
+    """Another ``torch.optim`` class (``RMSprop``, ``Adadelta``, ...: not AdamW, Adam, SGD or
+    Adafactor, which keep ACE3's names) as a class-name optimizer: ``learning_rate``,
+    ``weight_decay`` and, in ``optimizer_kwargs``, every other argument that differs from the
+    class's default; None for any other optimizer."""
+    import inspect
+
+    torch = sys.modules.get("torch")
+    cls = type(optimizer)
+    name = cls.__name__
+    if torch is None or name not in TORCH_OPTIMIZERS or getattr(torch.optim, name) is not cls:
+        return None
+    if name in ("AdamW", "Adam", "SGD", "Adafactor"):
+        return None
+    groups = list(optimizer.param_groups)
+    if not groups:
+        _refuse("optimizer", f"{name} has no parameter groups")
+    _check_groups_agree(groups, TORCH_OPTIMIZERS[name])
+    group = groups[0]
+    signature = inspect.signature(cls.__init__).parameters
+    kwargs: dict[str, Any] = {}
+    for arg in TORCH_OPTIMIZERS[name]:
+        if arg in ("lr", "weight_decay") or arg not in group:
+            continue
+        value = _plain(group[arg], arg)
+        if value != _plain(signature[arg].default, arg):
+            kwargs[arg] = value
+    settings: dict[str, Any] = {
+        "optimizer": name,
+        "learning_rate": float(group.get("initial_lr", group["lr"])),
+    }
+    if "weight_decay" in TORCH_OPTIMIZERS[name]:
+        settings["weight_decay"] = float(group.get("weight_decay", 0.0))
+    if kwargs:
+        settings["optimizer_kwargs"] = kwargs
+    return settings
+
+
+def _plain(value: Any, option: str) -> Any:
+    """A hyperparameter as JSON carries it (tuples as lists, 0-d tensors as numbers)."""
+    if isinstance(value, tuple | list):
+        return [_plain(item, option) for item in value]
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    _refuse(option, f"{option}={value!r} cannot be carried to a job (not a JSON value)")
+    raise AssertionError("unreachable")
 
 
 def _identify(optimizer: Any) -> tuple[str, tuple[str, ...], dict[str, Any]]:

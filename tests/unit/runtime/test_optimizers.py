@@ -477,6 +477,22 @@ def test_settings_round_trip_through_build_optimizer() -> None:
         assert optimizer_settings(rebuilt) == settings
 
 
+def test_other_torch_optim_classes_are_carried_by_class_name() -> None:
+    rmsprop = torch.optim.RMSprop(_params(), lr=0.01, alpha=0.9, centered=True, weight_decay=0.1)
+    settings = optimizer_settings(rmsprop)
+    assert settings == {
+        "optimizer": "RMSprop",
+        "learning_rate": 0.01,
+        "weight_decay": 0.1,
+        "optimizer_kwargs": {"alpha": 0.9, "centered": True},
+    }
+    rebuilt = build_optimizer(_params(), TrainingConfig(**settings))
+    assert type(rebuilt) is torch.optim.RMSprop and rebuilt.defaults == rmsprop.defaults
+    rprop = optimizer_settings(torch.optim.Rprop(_params(), etas=(0.4, 1.3)))
+    assert rprop == {"optimizer": "Rprop", "learning_rate": 0.01,
+                     "optimizer_kwargs": {"etas": [0.4, 1.3]}}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("make", "named"),
     [
@@ -484,7 +500,7 @@ def test_settings_round_trip_through_build_optimizer() -> None:
         (lambda p: torch.optim.Adam(p, maximize=True), "maximize"),
         (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True), "nesterov"),
         (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1), "dampening"),
-        (lambda p: torch.optim.RMSprop(p), "RMSprop"),
+        (lambda p: type("MyRMSprop", (torch.optim.RMSprop,), {})(p), "MyRMSprop"),
         (lambda p: Adam8bit(p, block_size=64), "block_size"),
         (lambda p: torch.optim.AdamW([{"params": p[:1]}, {"params": p[1:], "lr": 0.1}]), "'lr'"),
         (lambda p: torch.optim.SGD(p, lr=float("inf")), "learning_rate"),
