@@ -77,18 +77,37 @@ def _built(config: TrainingConfig, configure: Any) -> tuple[Any, Any, nn.Module]
     return strategy, strategy.make_optimizer(local, precision, _user(configure)), local
 
 
-@pytest.mark.parametrize("stage", [0, 1, 3])
-def test_every_strategy_honours_configure_optimizers(stage: int) -> None:
-    config = TrainingConfig(zero_stage=stage, batch_size=4)
+LAYOUTS = {
+    "ddp": {},
+    "zero-1": {"zero_stage": 1},
+    "zero-3": {"zero_stage": 3},
+    "tensor": {"parallelism": "model", "model_sharding_strategy": "tensor"},
+    "pipeline": {"parallelism": "pipeline", "num_stages": 1},
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_strategy_honours_configure_optimizers(layout: str) -> None:
+    config = TrainingConfig(batch_size=4, **LAYOUTS[layout])
     try:
         strategy, optimizer, local = _built(config, _adadelta_with_step_lr)
+        assert (
+            type(strategy).__name__
+            == {
+                "ddp": "DataParallel",
+                "zero-1": "ZeroRedundancy",
+                "zero-3": "FullyShardedDataParallel",
+                "tensor": "TensorParallel",
+                "pipeline": "PipelineParallel",
+            }[layout]
+        )
         scheduler = strategy.configured_scheduler
         assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR)
         assert scheduler.optimizer is optimizer
-        if stage == 1:  # ZeRO-1 wraps it: Adadelta runs on each rank's share
+        if layout == "zero-1":  # ZeRO-1 wraps it: Adadelta runs on each rank's share
             assert isinstance(optimizer, ZeroRedundancyOptimizer)
             assert type(optimizer.optim) is torch.optim.Adadelta
-        else:  # built over the prepared (at stage 3: sharded, DTensor) parameters
+        else:  # built over the prepared module's (sharded, split: DTensor) parameters
             assert type(optimizer) is torch.optim.Adadelta
             held = {id(p) for g in optimizer.param_groups for p in g["params"]}
             assert held == {id(p) for p in local.parameters()}
