@@ -20,6 +20,8 @@ Importing ``ace3`` needs only httpx, pydantic and rich (never torch). The traini
 
 from __future__ import annotations
 
+from typing import Any
+
 from ace3 import _aliases, hp, utils, webhooks
 from ace3._version import __version__ as SDK_VERSION
 from ace3.client import (
@@ -206,7 +208,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'ace3' has no attribute {name!r}")

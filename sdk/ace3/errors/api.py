@@ -81,7 +81,8 @@ class APIStatusError(ACE3Error):
             text += f" (request id: {self.request_id})"
         return text
 
-    def __reduce__(self):  # keep errors picklable despite the keyword-only response
+    # keep errors picklable despite the keyword-only response
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.status_code, self.message, self.request_id, self.body))
 
 

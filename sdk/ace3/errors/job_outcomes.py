@@ -69,7 +69,8 @@ class NonFiniteLossError(ACE3Error):
             "lower the learning rate, enable gradient clipping (max_grad_norm) or loss scaling"
         )
 
-    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+    # picklable: rebuilt from its fields, not from the message
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.step, self.reported_at_step, self.value, self.metric))
 
 
@@ -87,7 +88,8 @@ class InstabilityError(ACE3Error):
             + (f": {note}" if note else "")
         )
 
-    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+    # picklable: rebuilt from its fields, not from the message
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.step, self.reason, self.action, self.note))
 
 
@@ -116,7 +118,8 @@ class StepOutOfMemoryError(ACE3Error, RuntimeError):
             f"runs micro-batches of {-(-micro_batch // 2)} (the effective batch unchanged)"
         )
 
-    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+    # picklable: rebuilt from its fields, not from the message
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.step, self.micro_batch, self.split))
 
 
@@ -140,7 +143,8 @@ class TrainingPreemptedError(ACE3Error):
         where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint file (no save_dir)"
         super().__init__(f"training preempted (SIGTERM) after step {step}: {where}")
 
-    def __reduce__(self):  # picklable: rebuilt from its fields, not from the message
+    # picklable: rebuilt from its fields, not from the message
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.step, self.checkpoint))
 
 

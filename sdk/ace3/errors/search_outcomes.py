@@ -18,7 +18,8 @@ class _SearchOutcomeError(ACE3Error):
         self.trials = list(trials or [])
         super().__init__(message)
 
-    def __reduce__(self):  # picklable: rebuilt from the search and its trials
+    # picklable: rebuilt from the search and its trials
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.search, self.trials))
 
     @property
