@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from ace3.config import TrainingConfig, unsupported_settings
+from ace3.config.search_checks import search_space_problems
 from ace3.config.torch_optimizers import TORCH_OPTIMIZERS, TORCH_VERSION
+from ace3.hp import HPConfig, choice
 
 
 def _installed_table() -> dict[str, tuple[str, ...]]:
@@ -102,3 +104,11 @@ def test_learning_rate_is_positive_and_finite_with_no_upper_bound() -> None:
 def test_shuffle_defaults_on() -> None:
     assert TrainingConfig().shuffle is True
     assert TrainingConfig(shuffle=False).shuffle is False
+
+
+def test_a_search_may_choose_among_class_names() -> None:
+    good = HPConfig(search_space={"optimizer": choice(["adamw", "Adadelta", "RMSprop"])})
+    assert search_space_problems(good) == ([], [])
+    bad = HPConfig(search_space={"optimizer": choice(["adamw", "adadelta"])})
+    _, invalid = search_space_problems(bad)
+    assert len(invalid) == 1 and "did you mean 'Adadelta'" in invalid[0]

@@ -65,7 +65,7 @@ def check_optimizer_name(name: str, info: ValidationInfo) -> str:
     if name in UNSTEPPABLE:
         raise ValueError(UNSTEPPABLE[name])
     # An assignment (at construction optimizer_kwargs comes later and checks itself).
-    kwargs = info.data.get("optimizer_kwargs")
+    kwargs = (info.data or {}).get("optimizer_kwargs")  # (no data: validated on its own)
     if kwargs:
         _check_kwargs_fit(name, kwargs)
     return name
@@ -73,7 +73,7 @@ def check_optimizer_name(name: str, info: ValidationInfo) -> str:
 
 def check_optimizer_kwargs(kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
     """``optimizer_kwargs``: only with a class-name optimizer, and only its arguments."""
-    name = info.data.get("optimizer")
+    name = (info.data or {}).get("optimizer")
     if name is not None and kwargs:  # (None: the name was refused already)
         _check_kwargs_fit(name, kwargs)
     return kwargs
