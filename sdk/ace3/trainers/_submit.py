@@ -5,11 +5,13 @@ the engine implements."""
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ace3.client.types import Dataset, Model
 from ace3.config import ConfigProblem, TrainingConfig, unsupported_settings
+from ace3.config.optimizer_choice import is_class_name
 from ace3.errors import UnsupportedFeatureError
 
 if TYPE_CHECKING:
@@ -91,13 +93,35 @@ def resolve_inputs(
 def refuse_unsupported(config: TrainingConfig, *, what: str = "this config") -> None:
     """Raise :class:`~ace3.errors.UnsupportedFeatureError` listing every setting of
     ``config`` the engine does not implement yet."""
-    problems = unsupported_settings(config)
+    problems = unsupported_settings(config) + _optimizer_kwargs_problems(config)
     if problems:
         raise UnsupportedFeatureError(
             f"{what} asks for settings the training engine does not implement yet:\n"
             + "\n".join(f"  - {problem.reason}" for problem in problems),
             problems,
         )
+
+
+def _optimizer_kwargs_problems(config: TrainingConfig) -> list[ConfigProblem]:
+    """A class-name optimizer's ``optimizer_kwargs`` values, checked by the class itself on a
+    stand-in parameter when torch is already imported here (so a remote job does not fail at
+    build for them); without torch the engine checks them."""
+    torch = sys.modules.get("torch")
+    if torch is None or not is_class_name(config.optimizer) or not config.optimizer_kwargs:
+        return []
+    cls = getattr(torch.optim, config.optimizer, None)
+    if cls is None:
+        return []
+    kwargs = {
+        key: tuple(value) if isinstance(value, list) else value
+        for key, value in config.optimizer_kwargs.items()
+    }
+    try:
+        cls([torch.nn.Parameter(torch.zeros(1))], lr=config.learning_rate, **kwargs)
+    except (TypeError, ValueError) as exc:
+        reason = f"optimizer_kwargs {config.optimizer_kwargs!r}: torch.optim.{config.optimizer} refused them: {exc}"
+        return [ConfigProblem(field="optimizer_kwargs", reason=reason)]
+    return []
 
 
 def refuse_local_only(config: TrainingConfig) -> None:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+import ace3
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
 from ace3.runtime.loop.optim import build_optimizer
@@ -50,6 +51,13 @@ def test_values_torch_refuses_name_optimizer_kwargs() -> None:
         ValueError, match=r"optimizer_kwargs \{'momentum': -1\.0\}: torch\.optim\.SGD"
     ):
         build_optimizer(_params(), config)
+
+
+def test_the_sdk_checks_the_values_before_a_job_is_submitted() -> None:
+    trainer = ace3.Trainer(TrainingConfig(optimizer="SGD", optimizer_kwargs={"momentum": -1.0}))
+    with pytest.raises(UnsupportedFeatureError, match="Invalid momentum value") as caught:
+        trainer.resolve_config()  # (what a remote run submits; torch is imported here)
+    assert caught.value.problems[0].field == "optimizer_kwargs"
 
 
 def _user(configure: Any) -> UserCode:
