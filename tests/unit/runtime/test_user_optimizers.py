@@ -146,3 +146,31 @@ def test_configure_optimizers_refusals(fields, configure, error, match) -> None:
             _built(TrainingConfig(batch_size=4, **fields), configure)
     finally:
         destroy_distributed()
+
+
+def _recipe_run(save_dir: Any, max_steps: int, resume: bool = False) -> Any:
+    torch.manual_seed(3)
+    module = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(256, 16, generator=generator)
+    targets = inputs[:, :4].argmax(dim=1)
+    config = TrainingConfig(
+        optimizer="Adadelta", learning_rate=1.0, optimizer_kwargs={"rho": 0.95},
+        lr_scheduler={"name": "step", "params": {"step_size": 2, "gamma": 0.7}},
+        batch_size=32, epochs=1, max_steps=max_steps, validation_split=0.0, log_interval=1,
+    )  # fmt: skip
+    checkpoints = ace3.CheckpointConfig(save_dir=str(save_dir)) if save_dir else None
+    trainer = ace3.Trainer(config, checkpoint_config=checkpoints)
+    return module, trainer.train(module, (inputs, targets), resume=resume)
+
+
+def test_a_class_name_optimizer_resumes_exactly(tmp_path: Any) -> None:
+    whole, expected = _recipe_run(None, 6)
+    _recipe_run(tmp_path, 3)
+    resumed_module, resumed = _recipe_run(tmp_path, 6, resume=True)
+    assert [lr for _, lr in expected.history["learning_rate"]] == pytest.approx(
+        [1.0, 1.0, 0.7, 0.7, 0.49, 0.49]
+    )
+    assert resumed.history["train_loss"] == expected.history["train_loss"][3:]
+    for got, want in zip(resumed_module.parameters(), whole.parameters(), strict=True):
+        assert torch.equal(got, want)
