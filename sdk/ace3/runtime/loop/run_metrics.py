@@ -113,9 +113,8 @@ class RunMetrics:
         steps = max(state.step - self.steps_at_report, 1)
         self.steps_at_report = state.step
         memory, peak = _memory_mb(self.ctx.device)
-        mine = [memory, peak, 1000.0 * runner.busy_seconds / steps, self.nvml.utilisation(),
-                float(runner.tokens)]  # fmt: skip
-        runner.busy_seconds, runner.tokens = 0.0, 0
+        busy, tokens_run = runner.take_span()
+        mine = [memory, peak, 1000.0 * busy / steps, self.nvml.utilisation(), float(tokens_run)]
         table = torch.tensor(mine, dtype=torch.float64, device=self.ctx.device)
         if self.ctx.world_size > 1:
             rows = [torch.empty_like(table) for _ in range(self.ctx.world_size)]

@@ -132,6 +132,13 @@ class StepRunner:
         self.tokens = 0  # token ids this rank ran since the last report (see count_tokens)
         self.busy_seconds = 0.0  # host time inside run() since the last report
 
+    def take_span(self) -> tuple[float, int]:
+        """(host seconds inside :meth:`run`, token ids run) since the last call (the metrics
+        report's span); both start again from zero."""
+        span = (self.busy_seconds, self.tokens)
+        self.busy_seconds, self.tokens = 0.0, 0
+        return span
+
     # -- the step -----------------------------------------------------------------------------
     def _micro_batches(self, batches: list[Any]) -> list[tuple[Any, float]]:
         """(micro-batch, loss weight) pairs: weights sum to 1 over the step."""
