@@ -28,7 +28,7 @@ from ace3.config.specs import CallbackSpec, ProfilerSpec, SchedulerSpec, TensorB
 from ace3.hp import HPConfig
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.settings import Settings
-from tests.conftest import insert_job
+from tests.conftest import fresh_database, insert_job
 from tests.integration.server.in_process_api import add_key, serve
 
 
@@ -249,9 +249,20 @@ class API(NamedTuple):
 
 
 @pytest.fixture(scope="module")
+def own_database_url() -> Iterator[str]:
+    """A database of this module's own: the jobs it accepts stay queued, and in the run's shared
+    database the stack's reconciler would republish them to the stack's workers after a minute
+    (each failing there on a model that is not in storage) and they would crowd the reconciler's
+    batch of stale queued jobs that other tests count on."""
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def api(
-    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+    own_database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[API]:
+    database_url = own_database_url
     engine = make_sync_engine(database_url)
     with sync_session_factory(engine)() as session:
         job = insert_job(session, state="cancelled")  # an owner with a model and a dataset
