@@ -141,7 +141,12 @@ def _class_name_settings(optimizer: Any) -> dict[str, Any] | None:
         "learning_rate": float(group.get("initial_lr", group["lr"])),
     }
     if "weight_decay" in TORCH_OPTIMIZERS[name]:
-        settings["weight_decay"] = float(group.get("weight_decay", 0.0))
+        decay = float(group.get("weight_decay", 0.0))
+        if decay:
+            settings["weight_decay"] = decay
+        elif decay != _plain(signature["weight_decay"].default, "weight_decay"):
+            # weight_decay=0 leaves the class's own default (Muon's 0.1): turn it off by name
+            kwargs["weight_decay"] = 0.0
     if kwargs:
         settings["optimizer_kwargs"] = kwargs
     return settings

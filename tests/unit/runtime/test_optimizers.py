@@ -493,6 +493,26 @@ def test_other_torch_optim_classes_are_carried_by_class_name() -> None:
                      "optimizer_kwargs": {"etas": [0.4, 1.3]}}  # fmt: skip
 
 
+def test_a_weight_decay_turned_off_against_the_class_default_travels_as_zero() -> None:
+    """Muon's own default decay is 0.1: a client-built Muon(weight_decay=0) must not train with
+    it in the job (weight_decay=0 in the config means "torch's default" for a class name)."""
+    matrices = [nn.Parameter(torch.randn(4, 3))]
+    muon = torch.optim.Muon(matrices, lr=0.02, weight_decay=0.0)
+    settings = optimizer_settings(muon)
+    assert settings == {"optimizer": "Muon", "learning_rate": 0.02,
+                        "optimizer_kwargs": {"weight_decay": 0.0}}  # fmt: skip
+    rebuilt = build_optimizer([nn.Parameter(torch.randn(4, 3))], TrainingConfig(**settings))
+    assert rebuilt.defaults == muon.defaults
+    default = optimizer_settings(torch.optim.Muon(matrices, lr=0.02))  # its own 0.1
+    assert default["weight_decay"] == pytest.approx(0.1)
+    assert "optimizer_kwargs" not in default
+
+
+def test_a_class_that_cannot_take_the_model_says_so_without_blaming_empty_kwargs() -> None:
+    with pytest.raises(ValueError, match=r"optimizer='Muon': torch\.optim\.Muon cannot optimize"):
+        build_optimizer(_params(), TrainingConfig(optimizer="Muon"))  # a bias is 1-D
+
+
 @pytest.mark.parametrize(
     ("make", "named"),
     [

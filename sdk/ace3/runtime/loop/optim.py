@@ -123,10 +123,13 @@ def build_torch_optimizer(
     try:
         return cls(params, **args, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"optimizer_kwargs {dict(config.optimizer_kwargs)!r}: torch.optim.{name} refused "
-            f"them: {exc}"
-        ) from exc
+        if config.optimizer_kwargs:
+            raise ValueError(
+                f"optimizer_kwargs {dict(config.optimizer_kwargs)!r}: torch.optim.{name} "
+                f"refused them: {exc}"
+            ) from exc
+        raise ValueError(f"optimizer={name!r}: torch.optim.{name} cannot optimize this model's "
+                         f"parameters with lr={config.learning_rate}: {exc}") from exc  # fmt: skip
 
 
 # Devices with torch's fused Adam/AdamW/SGD kernels (torch >= 2.4 has the CPU's too).
