@@ -27,7 +27,7 @@ from ace3.errors import (
     StepOutOfMemoryError,
     TrainingPreemptedError,
 )
-from ace3.runtime.observe.log import ENGINE, TO_STDERR, set_rank
+from ace3.runtime.observe.log import ENGINE, TO_STDERR, keep_engine_log, set_rank
 from ace3.runtime.process.log_prefix import install_log_prefix
 from ace3.runtime.process.parent_death import exit_with_parent
 
@@ -62,6 +62,7 @@ def _train(job_path: str) -> None:
     try:
         with speed_settings(job.config, ctx.device):
             parts = build(job, ctx)
+            keep_engine_log()  # (build imported the user's code, which may configure logging)
             place = RunPlace(
                 label=f"job {job.job_id} attempt {job.attempt}",
                 output_dir=Path(job.output_dir),
@@ -89,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except StepOutOfMemoryError as exc:
         # No traceback: the worker reads the exit status and retries with smaller micro-batches.
+        keep_engine_log()
         ENGINE.error(f"StepOutOfMemoryError: {exc}", extra=TO_STDERR)
         return OUT_OF_MEMORY_EXIT_CODE
     except TrainingPreemptedError as exc:
         # No traceback: the worker re-queues the job, which resumes from this checkpoint.
+        keep_engine_log()
         ENGINE.error(f"TrainingPreemptedError: {exc}", extra=TO_STDERR)
         return PREEMPTED_EXIT_CODE
     except Exception:

@@ -16,7 +16,14 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ace3
-from ace3.runtime.observe.log import ENGINE, METRICS, TO_STDERR, current_rank, set_rank
+from ace3.runtime.observe.log import (
+    ENGINE,
+    METRICS,
+    TO_STDERR,
+    current_rank,
+    keep_engine_log,
+    set_rank,
+)
 
 
 class Keep(logging.Handler):
@@ -47,6 +54,26 @@ def test_a_line_is_written_as_print_wrote_it(capsys: pytest.CaptureFixture[str])
         "checkpoint step-00000004.pt saved (100% done)\nstep 4 epoch 1 train_loss=0.50000 lr=0.01\n"
     )
     assert captured.err == "StepOutOfMemoryError: step 3\n"
+
+
+def test_a_user_logging_setup_does_not_take_the_engine_out_of_the_job_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging.config
+
+    # what a model file may do at import: dictConfig disables every existing logger by default
+    logging.config.dictConfig({"version": 1, "root": {"level": "WARNING"}})
+    try:
+        assert ENGINE.disabled and METRICS.disabled
+        keep_engine_log()  # (the entry point, once the user's code is imported)
+        ENGINE.info("checkpoint step-00000002.pt saved")
+        METRICS.info("done: 2 steps")
+        ENGINE.error("TrainingPreemptedError: drained", extra=TO_STDERR)
+        captured = capsys.readouterr()
+        assert captured.out == "checkpoint step-00000002.pt saved\ndone: 2 steps\n"
+        assert captured.err == "TrainingPreemptedError: drained\n"
+    finally:
+        keep_engine_log()
 
 
 def test_every_record_carries_the_rank(kept: Keep, monkeypatch: pytest.MonkeyPatch) -> None:

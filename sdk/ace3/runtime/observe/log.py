@@ -68,6 +68,18 @@ class StdStreamHandler(logging.Handler):
             self.handleError(record)
 
 
+def keep_engine_log() -> None:
+    """Undo what a user's logging setup did to the engine's own channels: the model file is
+    imported after these loggers exist, and ``logging.config.dictConfig``/``fileConfig``
+    disable every existing logger by default (``disable_existing_loggers=True``), which would
+    take the engine's ``ready``/step/``done`` lines and its exit reasons out of the job log.
+    Called once the user's code is imported and before the exit reasons are written; a user
+    may still raise a channel's level to quiet it."""
+    for logger in (ENGINE, METRICS):
+        logger.disabled = False
+    _install()
+
+
 def _install() -> None:
     if any(isinstance(handler, StdStreamHandler) for handler in ENGINE.handlers):
         return
