@@ -61,6 +61,12 @@ def test_a_user_logging_setup_does_not_take_the_engine_out_of_the_job_log(
 ) -> None:
     import logging.config
 
+    existing = {
+        logger: logger.disabled
+        for logger in logging.root.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)
+    }
+    root_level, root_handlers = logging.root.level, list(logging.root.handlers)
     # what a model file may do at import: dictConfig disables every existing logger by default
     logging.config.dictConfig({"version": 1, "root": {"level": "WARNING"}})
     try:
@@ -74,6 +80,10 @@ def test_a_user_logging_setup_does_not_take_the_engine_out_of_the_job_log(
         assert captured.err == "TrainingPreemptedError: drained\n"
     finally:
         keep_engine_log()
+        for logger, disabled in existing.items():  # (the rest of the test run's loggers)
+            logger.disabled = disabled
+        logging.root.setLevel(root_level)
+        logging.root.handlers[:] = root_handlers
 
 
 def test_every_record_carries_the_rank(kept: Keep, monkeypatch: pytest.MonkeyPatch) -> None:
