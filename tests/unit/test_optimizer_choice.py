@@ -5,6 +5,9 @@ checked without torch against the generated table, which must equal the installe
 from __future__ import annotations
 
 import inspect
+import types
+import typing
+from typing import Any
 
 import pydantic
 import pytest
@@ -16,15 +19,28 @@ from ace3.config.torch_optimizers import TORCH_OPTIMIZERS, TORCH_VERSION
 from ace3.hp import HPConfig, choice
 
 
-def _installed_table() -> dict[str, tuple[str, ...]]:
+def _json_kind(annotation: Any) -> str:
+    """An argument's annotation as the table writes it (see ``ace3.config.torch_optimizers``)."""
+    if annotation is inspect.Parameter.empty:
+        return "any"
+    args, origin = typing.get_args(annotation), typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        (kept,) = [a for a in args if a is not type(None) and a is not torch.Tensor]
+        return _json_kind(kept) + ("?" if type(None) in args else "")
+    if origin is tuple:
+        return "(" + ",".join(_json_kind(a) for a in args) + ")"
+    return {bool: "boolean", float: "number", int: "integer", str: "string"}[annotation]
+
+
+def _installed_table() -> dict[str, dict[str, str]]:
     table = {}
     for name in sorted(dir(torch.optim)):
         cls = getattr(torch.optim, name)
         if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer):
             if cls is torch.optim.Optimizer:
                 continue
-            params = list(inspect.signature(cls.__init__).parameters)[1:]
-            table[name] = tuple(p for p in params if p != "params")
+            params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+            table[name] = {p.name: _json_kind(p.annotation) for p in params if p.name != "params"}
     return table
 
 
@@ -41,6 +57,12 @@ def test_class_names_are_case_sensitive_and_take_their_own_kwargs() -> None:
     config = TrainingConfig(optimizer="Adadelta", learning_rate=1.0, optimizer_kwargs={"rho": 0.95})
     assert (config.optimizer, config.optimizer_kwargs) == ("Adadelta", {"rho": 0.95})
     assert TrainingConfig(optimizer="sgd").optimizer == "sgd"  # ACE3's own name still
+    for name, kwargs in [  # values of each JSON kind, as the API receives them
+        ("Adafactor", {"eps": [None, 1e-3], "foreach": None, "d": 1}),
+        ("Muon", {"ns_steps": 5, "ns_coefficients": [3.4, -4.7, 2], "adjust_lr_fn": None}),
+        ("Rprop", {"etas": [0.5, 1.2], "maximize": True}),
+    ]:
+        assert TrainingConfig(optimizer=name, optimizer_kwargs=kwargs).optimizer_kwargs == kwargs
     with pytest.raises(pydantic.ValidationError, match="did you mean 'Adadelta'"):
         TrainingConfig(optimizer="adadelta")
     with pytest.raises(pydantic.ValidationError, match="unknown optimizer 'Lamb'"):
@@ -57,6 +79,15 @@ def test_class_names_are_case_sensitive_and_take_their_own_kwargs() -> None:
         ({"optimizer": "SGD", "optimizer_kwargs": {"lr": 0.1}}, "set learning_rate"),
         ({"optimizer": "adamw", "optimizer_kwargs": {"amsgrad": True}}, "'AdamW'"),
         ({"optimizer": "SGD", "optimizer_kwargs": {"momentum": object()}}, "optimizer_kwargs"),
+        ({"optimizer": "Adadelta", "optimizer_kwargs": {"rho": "0.9"}},
+         r"optimizer_kwargs\['rho'\]: '0.9' is not a number"),
+        ({"optimizer": "SGD", "optimizer_kwargs": {"nesterov": 1}},
+         r"optimizer_kwargs\['nesterov'\]: 1 is not a boolean"),
+        ({"optimizer": "Muon", "optimizer_kwargs": {"ns_steps": 5.5}},
+         r"'ns_steps'\]: 5.5 is not an integer"),
+        ({"optimizer": "Adam", "optimizer_kwargs": {"betas": [0.9]}},
+         r"'betas'\]: \[0.9\] is not a list of 2 \(a number, a number\)"),
+        ({"optimizer": "SGD", "optimizer_kwargs": {"momentum": None}}, "is not a number,"),
     ],
 )  # fmt: skip
 def test_bad_kwargs_are_refused_at_construction_naming_the_field(fields, match) -> None:

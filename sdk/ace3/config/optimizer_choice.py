@@ -8,7 +8,9 @@ A class-name optimizer is built as ``torch.optim.<Name>(params, lr=learning_rate
 everything else, none of ACE3's ``betas``/``eps``/``momentum``.
 
 Everything here is checked without torch, when the config is made (the SDK, the API): the name,
-and that every ``optimizer_kwargs`` key is an argument of that class. The values are checked
+that every ``optimizer_kwargs`` key is an argument of that class, and that its value has the
+JSON kind of that argument's annotation (a number, an integer, a boolean, a string, null where
+the argument takes None, an array of the right length). Ranges (a negative ``rho``) are checked
 by the class itself when the engine builds it (an error naming ``optimizer_kwargs``).
 """
 
@@ -97,6 +99,48 @@ def _check_kwargs_fit(name: str, kwargs: dict[str, Any]) -> None:
             f"optimizer_kwargs {', '.join(map(repr, unknown))}: not an argument of "
             f"torch.optim.{name}, which takes {', '.join(a for a in accepted if a != 'lr')}"
         )
+    for key, value in kwargs.items():
+        kind = accepted[key]
+        if not _has_kind(value, kind):
+            raise ValueError(
+                f"optimizer_kwargs[{key!r}]: {value!r} is not {_describe(kind)}, which "
+                f"torch.optim.{name}'s {key!r} takes"
+            )
+
+
+def _has_kind(value: Any, kind: str) -> bool:
+    """Whether a JSON value has a kind of the generated table (see ``torch_optimizers``)."""
+    if kind.endswith("?"):
+        return value is None or _has_kind(value, kind[:-1])
+    if kind.startswith("("):
+        items = _tuple_items(kind)
+        return (
+            isinstance(value, list | tuple)
+            and len(value) == len(items)
+            and all(_has_kind(v, k) for v, k in zip(value, items, strict=True))
+        )
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    return True  # "any": an argument without an annotation
+
+
+def _tuple_items(kind: str) -> list[str]:
+    return kind[1:-1].split(",")  # (kinds of items are never nested tuples in torch.optim)
+
+
+def _describe(kind: str) -> str:
+    if kind.endswith("?"):
+        return f"{_describe(kind[:-1])} or null"
+    if kind.startswith("("):
+        items = _tuple_items(kind)
+        return f"a list of {len(items)} ({', '.join(_describe(k) for k in items)})"
+    return {"integer": "an integer", "any": "a value"}.get(kind, f"a {kind}")
 
 
 def _class_for(name: str) -> str:

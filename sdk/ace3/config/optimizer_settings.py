@@ -12,6 +12,7 @@ Imports torch lazily (only to recognise the torch classes); the module itself is
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from ace3.config import ConfigProblem, TrainingConfig
@@ -208,7 +209,7 @@ def _read_option(optimizer: Any, group: dict[str, Any], option: str, default: An
     return getattr(optimizer, option, default)
 
 
-def _check_groups_agree(groups: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+def _check_groups_agree(groups: list[dict[str, Any]], keys: Iterable[str]) -> None:
     first = groups[0]
     for index, group in enumerate(groups[1:], start=1):
         for key in ("initial_lr", *keys):

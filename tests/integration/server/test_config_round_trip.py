@@ -54,6 +54,10 @@ SECTIONS: dict[type[BaseModel], list[Case]] = {
         Case(
             "cpu_offload", True, {"zero_stage": 1}, refused=True
         ),  # refused: offload needs ZeRO 2 or 3
+        Case("optimizer_kwargs", {"eps": [None, 1e-3]}, {"optimizer": "Adafactor"}),
+        Case(
+            "optimizer_kwargs", {"rho": "0.9"}, {"optimizer": "Adadelta"}, refused=True
+        ),  # refused: a string where torch takes a number
     ],
     ace3.QuantizationConfig: [
         Case("quantization", {}),
