@@ -73,7 +73,14 @@ class TrainingConfig(
     """
 
     # -- optimisation ------------------------------------------------------------------------
-    epochs: int = Field(3, ge=1, le=100_000, description="Passes over the training data.")
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Passes over the training data. Default (None): 3 (epoch_count); on a "
+        "streamed (sharded) dataset with max_steps set, as many as max_steps needs: the stream "
+        "cycles.",
+    )
     max_steps: int | None = Field(
         None, ge=1, description="Stop after this many optimizer steps, even mid-epoch."
     )
@@ -178,6 +185,21 @@ class TrainingConfig(
         "epoch reads them in dataset order, replica r taking samples r, r + R, r + 2R, ... "
         "(R data-parallel replicas), e.g. for an RNN that carries its hidden state across batches.",
     )
+    shuffle_buffer: int = Field(
+        1000,
+        ge=0,
+        le=1_000_000,
+        description="Streamed (sharded) datasets: samples each reader holds to shuffle within, "
+        "besides shuffling the shard order per epoch (0 or 1: shard order only). Ignored for "
+        "files and directories, which shuffle all samples.",
+    )
+    sequence_length: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="Tokens per sample of a 'tokens' dataset (windows of sequence_length + 1 "
+        "token ids, stride sequence_length; labels shifted by one). Required for one.",
+    )
     seed: int = Field(
         42,
         ge=0,
@@ -225,6 +247,11 @@ class TrainingConfig(
         """The ZeRO stage the engine runs: ``zero_stage``, or 3 when it is 0 and offload is on
         (offloading needs sharded state)."""
         return 3 if self.zero_stage == 0 and self.offload else self.zero_stage
+
+    @property
+    def epoch_count(self) -> int:
+        """The passes over the data a job plans: ``epochs``, or 3 when it is unset."""
+        return 3 if self.epochs is None else self.epochs
 
     @classmethod
     def from_deepspeed(cls, ds_config: Mapping[str, Any], **fields: Any) -> TrainingConfig:

@@ -68,7 +68,7 @@ class StepEstimator:
 
     def __init__(self, config: dict[str, Any] | None, plan: RunPlan | None = None):
         config = config or {}
-        self.epochs: int | None = config.get("epochs")
+        self.epochs: int | None = config.get("epochs") or (None if config.get("max_steps") else 3)
         self.max_steps: int | None = config.get("max_steps")
         self.steps_per_epoch: float | None = None
         self.planned: int | None = None

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ace3.config import TrainingConfig
+from ace3.config.shards import StreamFormat, TokenDtype
 
 
 class _Strict(BaseModel):
@@ -34,10 +35,33 @@ class ModelSpec(_Strict):
         return self
 
 
+class StreamShard(_Strict):
+    """One shard of a streamed dataset, as the job sees it."""
+
+    file: str = Field(description="Its file name in the dataset's directory (shard_file_name).")
+    size: int = Field(ge=0, description="Bytes.")
+    samples: int | None = Field(None, ge=0, description="Samples, where the format records it.")
+
+
+class StreamSpec(_Strict):
+    """A sharded dataset the worker streams into ``DatasetSpec.path`` while the job runs: each
+    shard's file appears there (read-only, whole, verified) once the worker has fetched it; the
+    readers ask for the ones they need next with request files in ``requests``
+    (:mod:`ace3.config.shards`)."""
+
+    format: StreamFormat
+    dtype: TokenDtype | None = None
+    columns: dict[Literal["inputs", "targets"], str] | None = None
+    shards: list[StreamShard] = Field(min_length=1, description="In the manifest's order.")
+    requests: str = Field(description="The directory the readers write request files into.")
+
+
 class DatasetSpec(_Strict):
-    """A dataset file (.pt, .npz, .csv, .jsonl) or a directory."""
+    """A dataset file (.pt, .npz, .csv, .jsonl) or a directory; or, with ``stream``, the
+    directory a sharded dataset's shards appear in."""
 
     path: str
+    stream: StreamSpec | None = None
 
 
 class TeacherSpec(_Strict):

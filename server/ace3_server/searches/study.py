@@ -57,7 +57,7 @@ def make_pruner(config: HPConfig) -> BasePruner:
     if config.pruner == "hyperband":
         return HyperbandPruner(
             min_resource=first,
-            max_resource=max(first, config.base_config.epochs),
+            max_resource=max(first, config.base_config.epoch_count),
             reduction_factor=config.reduction_factor,
         )
     return NopPruner()

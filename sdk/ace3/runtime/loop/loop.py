@@ -323,14 +323,14 @@ class TrainingLoop:
             f"{self.place.label}: "
             f"{len(self.sampler.dataset)} training samples, "
             f"{self.batches_per_epoch} micro-batches of {parts.per_rank_batch} per rank "
-            f"per epoch, {config.epochs} epoch(s), precision {parts.precision.describe()}"
+            f"per epoch, {config.epoch_count} epoch(s), precision {parts.precision.describe()}"
         )
         batches, accumulation = self.batches_per_epoch, config.gradient_accumulation_steps
         self.events.start(
             total_steps=planned_total_steps(
-                batches, accumulation, config.epochs, config.max_steps, state
+                batches, accumulation, config.epoch_count, config.max_steps, state
             ),
-            steps_per_epoch=steps_per_epoch(batches, accumulation), epochs=config.epochs,
+            steps_per_epoch=steps_per_epoch(batches, accumulation), epochs=config.epoch_count,
             world_size=self.ctx.world_size, resumed_from_step=state.step if self.place.resumed else 0,
         )  # fmt: skip
         self.hooks.bind(RunContext(
@@ -346,7 +346,7 @@ class TrainingLoop:
             check_rollback_place(self.steps.guard, self.place.checkpoint_dir)
             for extension in self.extensions:
                 extension.start(self)
-            while state.epoch < config.epochs and not self.done():
+            while state.epoch < config.epoch_count and not self.done():
                 self.hooks.on_epoch_begin(state.epoch + 1)
                 while self._train_part():  # the rest of the epoch (again after a rollback)
                     pass

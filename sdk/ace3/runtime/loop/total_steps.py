@@ -23,7 +23,7 @@ def total_optimizer_steps(
     batches = replica_batches_per_epoch(train_set, 0, data_world, config.seed, replica_batch)
     growth = batch_growth(config)
     if growth is not None:
-        return grown_path_steps(growth, batches, config.epochs, config.max_steps, TrainState())
+        return grown_path_steps(growth, batches, config.epoch_count, config.max_steps, TrainState())
     return planned_total_steps(
-        batches, config.gradient_accumulation_steps, config.epochs, config.max_steps, TrainState()
+        batches, config.gradient_accumulation_steps, config.epoch_count, config.max_steps, TrainState()
     )

@@ -90,7 +90,7 @@ class EarlyStopping(MonitorCallback):
 
     def _planned_epochs(self) -> float:
         run = getattr(self, "_ace3_run", None)
-        epochs = getattr(getattr(run, "config", None), "epochs", None)
+        epochs = getattr(getattr(run, "config", None), "epoch_count", None)
         return float(epochs) if isinstance(epochs, int) else math.inf
 
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
