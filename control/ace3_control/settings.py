@@ -66,6 +66,26 @@ class Settings(WorkerSettings):
         description="Downloads answer 307 to a presigned URL of the object store instead of "
         "streaming through the API.",
     )
+    dataset_sources: str | None = Field(
+        None,
+        description="The bucket prefixes datasets may be registered from, comma-separated "
+        "(s3://bucket/ or s3://bucket/team/; a plain string, not JSON); read with the service's "
+        "own S3 settings (s3_endpoint_url, AWS_*), which no job ever gets. Unset: none. The "
+        "artifact store's own bucket and prefix are refused in every case.",
+    )
+    dataset_cache_dir: Path | None = Field(
+        None,
+        description="A worker's node-wide cache of dataset shards (hidden from jobs); default "
+        "data_dir/dataset-cache. On the work directory's filesystem, shards are hard-linked "
+        "into the jobs that read them instead of copied.",
+    )
+    dataset_cache_bytes: int = Field(
+        20 * 1024**3,
+        ge=1,
+        description="The most bytes of shards a worker's cache holds; least recently used "
+        "shards no running job reads are evicted first. A shard larger than this fails the job "
+        "that needs it.",
+    )
     work_dir: Path | None = Field(
         None, description="Where a worker prepares job directories; default data_dir/jobs."
     )
@@ -250,6 +270,10 @@ class Settings(WorkerSettings):
     @property
     def resolved_storage_dir(self) -> Path:
         return (self.storage_dir or self.data_dir / "storage").resolve()
+
+    @property
+    def resolved_dataset_cache_dir(self) -> Path:
+        return (self.dataset_cache_dir or self.data_dir / "dataset-cache").resolve()
 
     @property
     def resolved_work_dir(self) -> Path:
