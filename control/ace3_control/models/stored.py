@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     ForeignKey,
     Integer,
@@ -41,7 +43,12 @@ class StoredModel(Base):
 
 
 class StoredDataset(Base):
-    """An uploaded dataset: one file, or a directory (extracted from the uploaded archive)."""
+    """A dataset: an uploaded file, a directory (extracted from the uploaded archive), or a
+    sharded one: registered from a bucket prefix (``kind="remote"``, ``storage_key`` its uri;
+    deleting it never touches the bucket) or uploaded shard by shard (``kind="shards"``). A
+    sharded dataset's ``manifest`` is its ``ace3.config.shards.ShardManifest`` as JSON, its
+    ``sha256`` the manifest's digest, ``format`` the stream format, ``size_bytes`` all shards'
+    bytes, ``samples`` their sample count when every shard's is known."""
 
     __tablename__ = "datasets"
     __table_args__ = (UniqueConstraint("owner_id", "sha256", name="uq_datasets_owner_sha256"),)
@@ -54,7 +61,11 @@ class StoredDataset(Base):
     format: Mapped[str] = mapped_column(String(32))
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
-    storage_key: Mapped[str] = mapped_column(String(500))
+    storage_key: Mapped[str] = mapped_column(String(1000))
+    uri: Mapped[str | None] = mapped_column(String(1000), default=None)
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    shard_count: Mapped[int | None] = mapped_column(Integer, default=None)
+    samples: Mapped[int | None] = mapped_column(BigInteger, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
