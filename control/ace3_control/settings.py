@@ -12,9 +12,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from ace3_control.s3_uris import parse_sources
 from ace3_control.worker_settings import (
     WorkerSettings,
     parse_device_list,
@@ -266,6 +267,18 @@ class Settings(WorkerSettings):
         "concurrent scrapes wait for it and share its result, so scrapes cannot hold the "
         "database connections the API needs.",
     )
+
+    @field_validator("dataset_sources")
+    @classmethod
+    def _check_dataset_sources(cls, value: str | None) -> str | None:
+        """Each entry an s3://bucket/prefix/ (a bad one is a startup error naming it)."""
+        if value is None or not value.strip():
+            return None
+        try:
+            parse_sources(value)
+        except ValueError as exc:
+            raise ValueError(f"ACE3_DATASET_SOURCES={value!r}: {exc}") from None
+        return value
 
     @property
     def resolved_storage_dir(self) -> Path:
