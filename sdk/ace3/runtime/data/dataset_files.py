@@ -25,7 +25,8 @@ CSV_TARGET_COLUMNS = ("target", "label")
 JSONL_TARGET_KEYS = ("target", "targets", "label")
 
 
-def _normalize(tensor: torch.Tensor) -> torch.Tensor:
+def normalize_dtype(tensor: torch.Tensor) -> torch.Tensor:
+    """float and bool -> float32, integers -> int64 (complex refused)."""
     if tensor.dtype.is_floating_point:
         return tensor.to(torch.float32)
     if tensor.dtype == torch.bool:
@@ -41,7 +42,7 @@ def _as_tensor(value: Any, path: Path, what: str) -> torch.Tensor:
             tensor = value.detach().cpu()
         else:
             tensor = torch.as_tensor(np.asarray(value))
-        return _normalize(tensor)
+        return normalize_dtype(tensor)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: cannot turn {what} into a numeric tensor: {exc}") from exc
 
@@ -142,27 +143,33 @@ def load_csv(path: Path) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+def jsonl_pair(line: str, path: Path, line_no: int) -> tuple[Any, Any] | None:
+    """One line of a JSON-lines dataset: ``{"inputs": [...], "target": ...}`` (also "targets"
+    or "label") as (inputs, target), or None for a blank line. Errors name the file and line."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: line {line_no} is not valid JSON: {exc}") from exc
+    if not isinstance(record, dict) or "inputs" not in record:
+        raise ValueError(f'{path}: line {line_no}: expected {{"inputs": [...], "target": ...}}')
+    key = next((k for k in JSONL_TARGET_KEYS if k in record), None)
+    if key is None:
+        raise ValueError(f"{path}: line {line_no}: no 'target' (or 'targets', 'label') key")
+    return record["inputs"], record[key]
+
+
 def load_jsonl(path: Path) -> TensorDataset:
     """JSON lines ``{"inputs": [...], "target": ...}`` (also "targets" or "label")."""
     inputs: list[Any] = []
     targets: list[Any] = []
     with path.open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: line {line_no} is not valid JSON: {exc}") from exc
-            if not isinstance(record, dict) or "inputs" not in record:
-                raise ValueError(
-                    f'{path}: line {line_no}: expected {{"inputs": [...], "target": ...}}'
-                )
-            key = next((k for k in JSONL_TARGET_KEYS if k in record), None)
-            if key is None:
-                raise ValueError(f"{path}: line {line_no}: no 'target' (or 'targets', 'label') key")
-            inputs.append(record["inputs"])
-            targets.append(record[key])
+            pair = jsonl_pair(line, path, line_no)
+            if pair is not None:
+                inputs.append(pair[0])
+                targets.append(pair[1])
     if not inputs:
         raise ValueError(f"{path}: no records; expected one JSON object a line")
     try:
