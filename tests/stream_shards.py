@@ -103,3 +103,43 @@ def stream_dataset(
             }
         ),
     )
+
+
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+TOKENS_LENGTH = 2  # the sequence_length numbered tokens shards are written for
+
+
+def numbered_shards(directory: Path, format: str, sizes: Sequence[int]) -> DatasetSpec:
+    """Shards of ``sizes`` samples whose samples are numbered 0, 1, ... across the dataset
+    (:func:`sample_id` reads the number back); tokens shards are for ``sequence_length=2``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    first = 0
+    names = []
+    for index, size in enumerate(sizes):
+        ids = list(range(first, first + size))
+        first += size
+        if format == "parquet":
+            name = f"{index:06d}.parquet"
+            write_parquet(directory / name, [[float(i), 0.5] for i in ids], ids, row_group_size=3)
+        elif format == "jsonl":
+            name = f"{index:06d}{JSONL_SUFFIXES[index % 3]}"
+            write_jsonl(directory / name, [{"inputs": [i], "target": i} for i in ids])
+        elif format == "tokens":
+            name = f"{index:06d}.bin"
+            tokens = [t for i in ids for t in (i, 0)] + [0]
+            write_tokens(directory / name, tokens)
+        else:
+            name = f"{index:06d}.tar"
+            write_tar(directory / name, [(f"s{i:05d}.cls", str(i).encode()) for i in ids])
+        names.append(name)
+    counts = list(sizes) if format == "parquet" else None  # tokens: counted from sizes
+    return stream_dataset(directory, format, files=names, samples=counts)
+
+
+def sample_id(sample: Any) -> int:
+    """The number of a sample of :func:`numbered_shards`."""
+    if isinstance(sample, tuple):
+        return int(sample[1])
+    if "input_ids" in sample:
+        return int(sample["input_ids"][0])
+    return int(sample["cls"])
