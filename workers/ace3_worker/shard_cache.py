@@ -1,0 +1,343 @@
+"""The node-wide cache of dataset shards (``ACE3_DATASET_CACHE_DIR``), bounded by
+``ACE3_DATASET_CACHE_BYTES``, shared by every worker process and every job of this node.
+
+Layout: ``<cache>/<manifest digest>/<file>`` (the shard's file name in a job,
+:func:`ace3.config.shards.shard_file_name`), read-only, with ``<file>.sha256`` beside it (what
+its bytes hashed to while they were fetched, and the shard it is). A shard a job reads is
+hard-linked into that job's directory, so ``st_nlink > 1`` means some job still links it: only
+entries with one link are evicted, least recently used first (the sidecar's mtime is the last
+use). Two locks, both ``flock`` (per open file, so threads of one process exclude each other
+too): one per entry (``.<file>.lock``: exclusive while fetching or evicting it, shared while
+linking it into a job), and one for the space (``.space.lock``), held while the cache is
+summed, entries evicted and a fetch's room reserved. A fetch writes into
+``.<file>.<size>.part``, whose name reserves its bytes before they arrive: the bytes on disk
+never exceed the bound. A part whose entry nobody locks is left over from a dead process and is
+removed. The whole directory is the worker's alone (0700): a job sees its own shards through
+their links, never the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CACHE_DIR_MODE = 0o700
+SHARD_MODE = 0o444
+SIDECAR_SUFFIX = ".sha256"
+SPACE_LOCK = ".space.lock"
+# How often a fetch that waits for room looks again (entries are unlinked as jobs move on).
+ROOM_POLL_SECONDS = 0.2
+LOCK_POLL_SECONDS = 0.05
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_FILE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
+_PART = re.compile(r"^\.(?P<file>.+)\.(?P<size>[0-9]+)\.part$")
+
+
+class CacheTooSmallError(ValueError):
+    """A shard larger than the whole cache: it can never be fetched."""
+
+
+@dataclass(frozen=True)
+class CachedShard:
+    path: Path
+    sha256: str
+
+
+@dataclass
+class Reservation:
+    """Room for one shard's bytes, held by the part file they are written into."""
+
+    digest: str
+    file: str
+    size: int
+    part: Path
+    fd: int
+
+
+@dataclass(frozen=True)
+class _Entry:
+    digest: str
+    file: str
+    size: int
+    links: int
+    last_used: float
+
+
+def _flock(path: Path, operation: int) -> int | None:
+    """A descriptor of ``path`` (created) holding ``operation``'s lock, or None when it would
+    block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ShardCache:
+    """One cache directory and its bound. Stateless: every process and feeder may make its own;
+    they agree through the files and their locks."""
+
+    def __init__(self, root: Path, bound: int) -> None:
+        self.root = root
+        self.bound = bound
+
+    # -- paths -----------------------------------------------------------------------------------
+    def _dir(self, digest: str) -> Path:
+        if not _DIGEST.match(digest):
+            raise ValueError(f"not a manifest digest: {digest!r}")
+        return self.root / digest
+
+    def path(self, digest: str, file: str) -> Path:
+        if not _FILE.match(file) or file.endswith(SIDECAR_SUFFIX):
+            raise ValueError(f"not a shard file name: {file!r}")
+        return self._dir(digest) / file
+
+    def _sidecar(self, digest: str, file: str) -> Path:
+        return self._dir(digest) / f"{file}{SIDECAR_SUFFIX}"
+
+    def _lock_path(self, digest: str, file: str) -> Path:
+        return self._dir(digest) / f".{file}.lock"
+
+    def _make_dirs(self, digest: str) -> None:
+        self.root.mkdir(mode=CACHE_DIR_MODE, parents=True, exist_ok=True)
+        self._dir(digest).mkdir(mode=CACHE_DIR_MODE, exist_ok=True)
+
+    # -- locks -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(
+        self, digest: str, file: str, *, shared: bool = False, stop: threading.Event | None = None
+    ) -> Iterator[bool]:
+        """Hold the entry's lock (exclusive, or shared); yields False when ``stop`` was set
+        before it could be had (without ``stop``: yields False at once when it is taken)."""
+        self._make_dirs(digest)
+        operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        fd = _flock(self._lock_path(digest, file), operation)
+        while fd is None and stop is not None and not stop.wait(LOCK_POLL_SECONDS):
+            fd = _flock(self._lock_path(digest, file), operation)
+        try:
+            yield fd is not None
+        finally:
+            if fd is not None:
+                _unlock(fd)
+
+    @contextlib.contextmanager
+    def _space(self) -> Iterator[None]:
+        self.root.mkdir(mode=CACHE_DIR_MODE, parents=True, exist_ok=True)
+        fd = os.open(self.root / SPACE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            _unlock(fd)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def lookup(self, digest: str, file: str) -> CachedShard | None:
+        """The complete entry with its recorded sha256, or None."""
+        path = self.path(digest, file)
+        try:
+            record = json.loads(self._sidecar(digest, file).read_text())
+            path.lstat()
+        except (OSError, ValueError):
+            return None
+        sha256 = record.get("sha256") if isinstance(record, dict) else None
+        return CachedShard(path, sha256) if isinstance(sha256, str) else None
+
+    def touch(self, digest: str, file: str) -> None:
+        """Mark the entry used now (what eviction orders by)."""
+        with contextlib.suppress(OSError):
+            os.utime(self._sidecar(digest, file))
+
+    def usage(self) -> int:
+        """Bytes the cache holds and has reserved."""
+        with self._space():
+            entries, reserved = self._scan()
+        return sum(entry.size for entry in entries) + reserved
+
+    def _scan(self) -> tuple[list[_Entry], int]:
+        """Every complete entry, and the bytes reserved by live fetches (parts left over by a
+        dead process are removed). Called with the space lock held."""
+        entries: list[_Entry] = []
+        reserved = 0
+        if not self.root.is_dir():
+            return entries, reserved
+        for directory in os.scandir(self.root):
+            if not _DIGEST.match(directory.name) or not directory.is_dir(follow_symlinks=False):
+                continue
+            for item in os.scandir(directory.path):
+                part = _PART.match(item.name)
+                if part is not None:
+                    reserved += self._live_part(directory.name, part["file"], int(part["size"]))
+                    continue
+                if item.name.startswith(".") or item.name.endswith(SIDECAR_SUFFIX):
+                    continue
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                try:
+                    used = os.stat(f"{item.path}{SIDECAR_SUFFIX}").st_mtime
+                except FileNotFoundError:
+                    used = 0.0  # (no sidecar: a damaged entry, evicted first)
+                entries.append(_Entry(directory.name, item.name, info.st_size, info.st_nlink, used))
+        return entries, reserved
+
+    def _live_part(self, digest: str, file: str, size: int) -> int:
+        """A part's reserved bytes; 0 (and the part gone) when no fetch holds its entry."""
+        fd = _flock(self._lock_path(digest, file), fcntl.LOCK_EX)
+        if fd is None:
+            return size
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                (self._dir(digest) / f".{file}.{size}.part").unlink()
+        finally:
+            _unlock(fd)
+        return 0
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _evict(self, entry: _Entry) -> bool:
+        """Remove an entry no job links and no one else holds; whether it went."""
+        fd = _flock(self._lock_path(entry.digest, entry.file), fcntl.LOCK_EX)
+        if fd is None:
+            return False
+        try:
+            path = self.path(entry.digest, entry.file)
+            try:
+                if path.lstat().st_nlink != 1:
+                    return False
+            except FileNotFoundError:
+                return False
+            path.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                self._sidecar(entry.digest, entry.file).unlink()
+            return True
+        finally:
+            _unlock(fd)
+
+    def reserve(
+        self,
+        digest: str,
+        file: str,
+        size: int,
+        *,
+        stop: threading.Event,
+        wait: bool,
+        waiting: Callable[[float, int], None] | None = None,
+    ) -> Reservation | None:
+        """Room for ``size`` bytes of the entry (whose lock the caller holds): least recently
+        used entries no job links are evicted until it fits. When it cannot fit yet (every other
+        byte is linked or being fetched): None at once, or with ``wait`` until it fits (None if
+        ``stop`` is set first; ``waiting(seconds, linked_bytes)`` is called every few seconds
+        meanwhile)."""
+        if size > self.bound:
+            raise CacheTooSmallError(
+                f"{size} bytes, more than the whole dataset cache holds "
+                f"(ACE3_DATASET_CACHE_BYTES={self.bound})"
+            )
+        self._make_dirs(digest)
+        started = time.monotonic()
+        reported = started
+        while True:
+            with self._space():
+                entries, reserved = self._scan()
+                used = reserved + sum(entry.size for entry in entries)
+                for entry in sorted(entries, key=lambda e: (e.last_used, e.digest, e.file)):
+                    if used + size <= self.bound:
+                        break
+                    if entry.links == 1 and self._evict(entry):
+                        used -= entry.size
+                if used + size <= self.bound:
+                    part = self._dir(digest) / f".{file}.{size}.part"
+                    with contextlib.suppress(FileNotFoundError):
+                        part.unlink()  # (left by an earlier fetch of ours that died)
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+                    return Reservation(digest, file, size, part, os.open(part, flags, 0o600))
+                linked = sum(entry.size for entry in entries if entry.links > 1)
+            if not wait or stop.wait(ROOM_POLL_SECONDS):
+                return None
+            if waiting is not None and time.monotonic() - reported >= 30:
+                reported = time.monotonic()
+                waiting(reported - started, linked)
+
+    def commit(self, reservation: Reservation, sha256: str, record: dict[str, Any]) -> Path:
+        """The reserved entry's bytes are all written: make them durable and read-only, record
+        the sidecar, and put the entry in place."""
+        fd = reservation.fd
+        try:
+            os.fsync(fd)
+            os.fchmod(fd, SHARD_MODE)
+        finally:
+            os.close(fd)
+        sidecar = self._sidecar(reservation.digest, reservation.file)
+        temporary = sidecar.with_name(f".{sidecar.name}.tmp")
+        temporary.write_text(json.dumps({"sha256": sha256, **record}, sort_keys=True) + "\n")
+        temporary.chmod(0o600)
+        os.replace(temporary, sidecar)
+        path = self.path(reservation.digest, reservation.file)
+        os.replace(reservation.part, path)
+        _fsync_dir(path.parent)
+        return path
+
+    @staticmethod
+    def abandon(reservation: Reservation) -> None:
+        with contextlib.suppress(OSError):
+            os.close(reservation.fd)
+        with contextlib.suppress(FileNotFoundError):
+            reservation.part.unlink()
+
+    def discard(self, digest: str, file: str) -> None:
+        """Remove a damaged entry (the caller holds its lock)."""
+        for path in (self.path(digest, file), self._sidecar(digest, file)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def place(source: Path, target: Path) -> None:
+    """Put the cached shard ``source`` at ``target`` in a job's directory, whole or not at all:
+    a hard link (the job then holds the entry against eviction), or a copy (read-only,
+    renamed into place) when the two are on different filesystems."""
+    with contextlib.suppress(FileNotFoundError):
+        target.unlink()
+    try:
+        os.link(source, target)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+    temporary = target.with_name(f".{target.name}.copy")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    shutil.copyfile(source, temporary)
+    temporary.chmod(SHARD_MODE)
+    with temporary.open("rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)

@@ -1,0 +1,176 @@
+"""Fetching one shard into the node cache (:mod:`ace3_worker.shard_cache`), verified against the
+dataset's manifest.
+
+The object is read with the service's own S3 settings
+(:func:`ace3_control.dataset_sources.source_client`; no job ever gets them). Its ETag (unquoted,
+compared as an opaque string: a multipart upload's is no MD5) and its size must be what the
+manifest recorded when the dataset was registered; otherwise, or when the object is gone, the
+shard changed (:class:`ShardChangedError`) and the job fails naming it, before any of its bytes
+reach the job. The bytes are hashed (sha256) while they are written into the entry's reserved
+part file, which is fsynced and renamed into place only when every byte arrived.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ace3.config.shards import Shard
+from ace3_control.dataset_sources import split_s3_uri
+from ace3_worker.shard_cache import CachedShard, ShardCache
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1024 * 1024
+
+
+class ShardChangedError(RuntimeError):
+    """The shard's object is not what the manifest recorded (or is gone): the job cannot read
+    the dataset it was given."""
+
+
+class FetchStopped(RuntimeError):
+    """The feed stopped (the attempt ended) while the shard was fetched."""
+
+
+@dataclass
+class ShardObject:
+    """An object being read: what the source says it is, and its bytes."""
+
+    etag: str
+    size: int
+    chunks: Iterator[bytes]
+    close: Callable[[], None]
+
+
+class ShardSource(Protocol):
+    """Where a dataset's shards are read from."""
+
+    uri: str
+
+    def open(self, shard: Shard) -> ShardObject:
+        """The shard's object; raises :class:`ShardChangedError` when it is gone."""
+
+
+class S3ShardSource:
+    """The shards of a registered dataset: objects under ``s3://bucket/prefix/``."""
+
+    def __init__(self, uri: str, client: Any) -> None:
+        self.uri = uri
+        self.bucket, self.prefix = split_s3_uri(uri)
+        self.client = client
+
+    def open(self, shard: Shard) -> ShardObject:
+        from botocore.exceptions import ClientError
+
+        key = f"{self.prefix}{shard.name}"
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise ShardChangedError(
+                    f"dataset shard {shard.name!r} is gone from {self.uri} (deleted since the "
+                    "dataset was registered)"
+                ) from exc
+            raise
+        body = response["Body"]
+        return ShardObject(
+            etag=str(response.get("ETag", "")).strip('"'),
+            size=int(response.get("ContentLength", -1)),
+            chunks=body.iter_chunks(CHUNK_BYTES),
+            close=body.close,
+        )
+
+
+def check_object(shard: Shard, uri: str, found: ShardObject) -> None:
+    """Raise :class:`ShardChangedError`, naming the shard and what changed, unless the object is
+    the one the manifest recorded."""
+    changes = []
+    if found.etag != shard.etag:
+        changes.append(f"its ETag is {found.etag!r}, registered {shard.etag!r}")
+    if found.size != shard.size:
+        changes.append(f"its size is {found.size} bytes, registered {shard.size}")
+    if changes:
+        raise ShardChangedError(
+            f"dataset shard {shard.name!r} ({uri}) changed since the dataset was registered: "
+            f"{'; '.join(changes)}; register the dataset again to train on what it holds now"
+        )
+
+
+@dataclass(frozen=True)
+class Obtained:
+    """A shard present in the cache, and whether this call fetched it."""
+
+    cached: CachedShard
+    fetched: bool
+
+
+def obtain(
+    cache: ShardCache,
+    source: ShardSource,
+    digest: str,
+    file: str,
+    shard: Shard,
+    *,
+    stop: threading.Event,
+    wait: bool,
+    waiting: Callable[[float, int], None] | None = None,
+) -> Obtained | None:
+    """The shard in the cache: already there, or fetched now (once per node: whoever holds the
+    entry's lock fetches, the others find it done). None when there is no room yet and not
+    ``wait``; raises :class:`FetchStopped` when ``stop`` is set meanwhile,
+    :class:`ShardChangedError` or :class:`~ace3_worker.shard_cache.CacheTooSmallError` when it
+    can never be had, anything else when this fetch failed (another may work)."""
+    found = cache.lookup(digest, file)
+    if found is not None:
+        return Obtained(found, fetched=False)
+    with cache.locked(digest, file, stop=stop) as held:
+        if not held:
+            raise FetchStopped(file)
+        found = cache.lookup(digest, file)
+        if found is not None:
+            return Obtained(found, fetched=False)
+        cache.discard(digest, file)  # (a damaged entry: a shard without its sidecar)
+        reservation = cache.reserve(digest, file, shard.size, stop=stop, wait=wait, waiting=waiting)
+        if reservation is None:
+            if stop.is_set():
+                raise FetchStopped(file)
+            return None
+        try:
+            sha256 = _copy(source, shard, reservation.fd, stop)
+            record = {"name": shard.name, "size": shard.size, "etag": shard.etag, "uri": source.uri}
+            path = cache.commit(reservation, sha256, record)
+        except BaseException:
+            cache.abandon(reservation)
+            raise
+    return Obtained(CachedShard(path, sha256), fetched=True)
+
+
+def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event) -> str:
+    """The shard's bytes into ``fd``, checked against the manifest; their sha256."""
+    found = source.open(shard)
+    try:
+        check_object(shard, source.uri, found)
+        digest = hashlib.sha256()
+        written = 0
+        for chunk in found.chunks:
+            if stop.is_set():
+                raise FetchStopped(shard.name)
+            digest.update(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+            written += len(chunk)
+            if written > shard.size:
+                break
+    finally:
+        found.close()
+    if written != shard.size:
+        raise OSError(f"shard {shard.name!r}: {written} bytes arrived of {shard.size}")
+    return digest.hexdigest()
