@@ -246,17 +246,24 @@ def list_manifest(
     *,
     dtype: str | None = None,
     columns: dict[str, str] | None = None,
-    page_size: int = LIST_PAGE_SIZE,
-    max_shards: int = MAX_SHARDS,
+    page_size: int | None = None,
+    max_shards: int | None = None,
 ) -> ShardManifest:
     """The manifest of the ``format`` shards under ``uri`` (an allowed source: see
     :func:`check_source`): parquet shards with their row counts and checked columns, token
     files checked against ``dtype`` (default uint16). The uri is kept normalized
-    (``s3://bucket/prefix/``), so the same listing always has the same digest. Raises
-    :class:`SourceProblem`."""
+    (``s3://bucket/prefix/``), so the same listing always has the same digest. ``page_size``
+    and ``max_shards`` default to :data:`LIST_PAGE_SIZE` and :data:`MAX_SHARDS` (read at the
+    call). Raises :class:`SourceProblem`."""
     bucket, prefix = split_s3_uri(uri)
     uri = f"s3://{bucket}/{prefix}"
-    shards = list_shards(client, uri, format, page_size=page_size, max_shards=max_shards)
+    shards = list_shards(
+        client,
+        uri,
+        format,
+        page_size=page_size or LIST_PAGE_SIZE,
+        max_shards=max_shards or MAX_SHARDS,
+    )
     mapping: dict[str, str] | None = None
     if format == "parquet":
         mapping = {**DEFAULT_COLUMNS, **(columns or {})}

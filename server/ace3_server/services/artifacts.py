@@ -276,4 +276,6 @@ async def delete_artifact(session: AsyncSession, store: ArtifactStore, row: Any)
         )
     row.deleted_at = utcnow()
     await session.commit()
+    if isinstance(row, StoredDataset) and row.kind == "remote":
+        return  # its storage_key is the bucket prefix it was registered from: never deleted
     await run_in_threadpool(store.delete, row.storage_key)

@@ -28,9 +28,20 @@ from ace3_control.stored_weights import find_owned_weights
 from ace3_server.schemas import JobCreate
 from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
+from ace3_server.services.dataset_registry import stream_problems
 from ace3_server.services.submissions import create_once, get_owned_run
 
 logger = logging.getLogger(__name__)
+
+REGISTER_HINT = (
+    "Upload a local copy (POST /v1/datasets; the SDK's client.load_dataset(local_path)), or "
+    "register the shards under an s3:// prefix the service may read (POST "
+    "/v1/datasets/register; client.datasets.register(uri, format=...) or `ace3 datasets "
+    "register URI --format ...`) and send the id it returns"
+)
+MODEL_UPLOAD_HINT = (
+    "Upload the code (POST /v1/models; the SDK's client.load_model(local_path)) and send its id"
+)
 
 
 def _problems(body: JobCreate) -> list[dict[str, Any]]:
@@ -99,31 +110,36 @@ async def weights_problems(
 async def reference_problems(
     session: AsyncSession, owner_id: str, body: JobCreate | Any
 ) -> list[dict[str, Any]]:
-    """The model and datasets a job or search names must exist and belong to the caller."""
+    """The model and datasets a job or search names must exist and belong to the caller, and
+    its config must suit the datasets (``dataset_registry.stream_problems``)."""
     problems = []
     references: list[tuple[str, Any, str | None]] = [
         ("model_id", StoredModel, body.model_id),
         ("dataset_id", StoredDataset, body.dataset_id),
         ("validation_dataset_id", StoredDataset, body.validation_dataset_id),
     ]
+    datasets: dict[str, StoredDataset] = {}
     for field, model, item_id in references:
-        if item_id is not None and await get_owned(session, model, owner_id, item_id) is None:
+        if item_id is None:
+            continue
+        row = await get_owned(session, model, owner_id, item_id)
+        if row is None:
             what = "model" if model is StoredModel else "dataset"
             msg = f"no {what} with id {item_id!r}"
-            if url_scheme(item_id) is not None:  # s3://..., hf://...: not read by the service
-                msg += (
-                    f": it is a URL; the API takes the id of a {what} uploaded to it (POST "
-                    f"/{what}s; the SDK's client.load_{what}(local_path) and the CLI upload a "
-                    "local path). ACE3 does not read from URLs or object stores: copy the data "
-                    "to a local path first"
+            if url_scheme(item_id) is not None:  # s3://..., hf://...: not an id
+                msg += f": it is a URL; the API takes the id of a {what} it stores. " + (
+                    REGISTER_HINT if what == "dataset" else MODEL_UPLOAD_HINT
                 )
             problems.append({"loc": ["body", field], "msg": msg, "type": "not_found"})
+        elif model is StoredDataset:
+            datasets[field] = row
     training = getattr(body.config, "base_config", body.config)  # a search's, or a job's
     loc: list[str | int] = ["body", "config"]
     if training is not body.config:
         loc.append("base_config")
     return (
         problems
+        + stream_problems(training, datasets, loc)
         + await weights_problems(session, owner_id, training, loc)
         + await teacher_problems(session, owner_id, training, loc)
     )

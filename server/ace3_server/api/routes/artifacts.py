@@ -1,4 +1,5 @@
-"""Models and datasets: upload, list, get, delete (two routers over one service).
+"""Models and datasets: upload, list, get, delete (two routers over one service), and datasets
+registered by reference (``POST /v1/datasets/register``: shards in a bucket, no upload).
 
 Uploads are authenticated before their body is read (``middleware.UploadGuardMiddleware``).
 """
@@ -20,8 +21,9 @@ from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routing import error_responses, resource_router
 from ace3_server.errors import not_found
-from ace3_server.schemas import DatasetOut, ModelOut, Page
+from ace3_server.schemas import DatasetOut, DatasetRegister, ModelOut, Page
 from ace3_server.services import artifacts
+from ace3_server.services.dataset_registry import register_dataset
 from ace3_server.services.pagination import paginate
 from ace3_server.services.uploads import stage_upload
 
@@ -131,6 +133,31 @@ async def upload_dataset(
 ) -> StoredDataset:
     upload = _Upload(response, session, owner_id, settings, store, file, name)
     return await upload.stored(StoredDataset, artifacts.prepare_dataset, {"kind": kind})
+
+
+@datasets_router.post(
+    "/register",
+    response_model=DatasetOut,
+    status_code=201,
+    operation_id="register_dataset",
+    responses={
+        200: {"model": DatasetOut, "description": "You registered the same listing already."}
+    },
+)
+async def register_remote_dataset(
+    body: DatasetRegister,
+    response: Response,
+    session: SessionDep,
+    owner_id: OwnerDep,
+    settings: SettingsDep,
+) -> StoredDataset:
+    """Register the shards under an s3:// prefix the service may read (ACE3_DATASET_SOURCES)
+    as a dataset: the service lists them into a manifest (each shard's name, size and ETag;
+    parquet row counts) and streams them to the jobs that train on it. 201 when new, 200 when
+    you registered the same listing before; a listing that changed is a new dataset."""
+    row, created = await register_dataset(session, settings, owner_id, body)
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return row
 
 
 def _add_read_routes(

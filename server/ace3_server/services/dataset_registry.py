@@ -1,0 +1,161 @@
+"""Datasets by reference (``POST /v1/datasets/register``): the shards under an s3:// prefix an
+administrator allowed, listed into a manifest the dataset row keeps; no byte goes through the
+API. The dataset's sha256 is the manifest's digest, so one owner registering the same listing
+twice gets the same dataset, and a listing that changed (a shard added, rewritten or removed)
+is another dataset. The worker fetches the shards and checks each against the manifest.
+
+Also the checks a job's config needs against the datasets it names (:func:`stream_problems`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import HTTPException
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.concurrency import run_in_threadpool
+
+from ace3.config.shards import ShardManifest
+from ace3_control.dataset_sources import (
+    SourceProblem,
+    check_source,
+    list_manifest,
+    source_client,
+)
+from ace3_control.models import StoredDataset, utcnow
+from ace3_control.settings import Settings
+from ace3_server.errors import field_error
+from ace3_server.schemas import DatasetRegister
+
+#: Dataset kinds whose data is streamed shard by shard.
+SHARDED_KINDS = ("remote", "shards")
+
+
+def _body_problems(body: DatasetRegister) -> list[dict[str, Any]]:
+    problems = []
+    if body.dtype is not None and body.format != "tokens":
+        problems.append(
+            {
+                "loc": ["body", "dtype"],
+                "msg": f"dtype is for format='tokens' (the token ids' type), not {body.format!r}",
+                "type": "value_error",
+            }
+        )
+    if body.columns is not None and body.format != "parquet":
+        problems.append(
+            {
+                "loc": ["body", "columns"],
+                "msg": f"columns is for format='parquet' (the columns read as inputs and "
+                f"targets), not {body.format!r}",
+                "type": "value_error",
+            }
+        )
+    return problems
+
+
+def _manifest(settings: Settings, body: DatasetRegister) -> ShardManifest:
+    """The listing (blocking: run off the event loop)."""
+    check_source(settings, body.uri)
+    columns = {str(key): value for key, value in (body.columns or {}).items()} or None
+    return list_manifest(
+        source_client(settings), body.uri, body.format, dtype=body.dtype, columns=columns
+    )
+
+
+def _display_name(uri: str) -> str:
+    """``s3://bucket/team/corpus/`` -> ``corpus`` (the bucket for a whole bucket)."""
+    return uri.removeprefix("s3://").rstrip("/").rsplit("/", 1)[-1][:255]
+
+
+async def register_dataset(
+    session: AsyncSession, settings: Settings, owner_id: str, body: DatasetRegister
+) -> tuple[StoredDataset, bool]:
+    """(the dataset, created): the owner's dataset of this listing (200), or a new one (201).
+    422 naming ``uri`` when it may not be read or holds no shards, or the field at fault."""
+    problems = _body_problems(body)
+    if problems:
+        raise HTTPException(status_code=422, detail=problems)
+    try:
+        manifest = await run_in_threadpool(_manifest, settings, body)
+    except SourceProblem as exc:
+        raise field_error(["body", exc.field], str(exc)) from None
+    digest = manifest.digest()
+    identity = [StoredDataset.owner_id == owner_id, StoredDataset.sha256 == digest]
+    existing = await session.scalar(select(StoredDataset).where(*identity))
+    if existing is not None and existing.deleted_at is None:
+        return existing, False
+    name = body.name or _display_name(manifest.uri)
+    if existing is not None:  # deleted before: the same listing again, revived
+        existing.deleted_at = None
+        existing.created_at = utcnow()
+        existing.name = name
+        await session.commit()
+        return existing, True
+    row = StoredDataset(
+        owner_id=owner_id,
+        name=name,
+        filename=_display_name(manifest.uri),
+        kind="remote",
+        format=manifest.format,
+        sha256=digest,
+        size_bytes=manifest.total_bytes,
+        storage_key=manifest.uri,
+        uri=manifest.uri,
+        manifest=manifest.model_dump(mode="json"),
+        shard_count=len(manifest.shards),
+        samples=manifest.total_samples,
+    )
+    session.add(row)
+    try:
+        await session.commit()
+    except IntegrityError:  # the same listing registered concurrently: the winner's row
+        await session.rollback()
+        winner = await session.scalar(select(StoredDataset).where(*identity))
+        if winner is None:  # pragma: no cover - the conflicting row must exist
+            raise
+        return winner, False
+    return row, True
+
+
+def stream_problems(
+    config: Any, datasets: dict[str, StoredDataset], loc: list[str | int]
+) -> list[dict[str, Any]]:
+    """What a job's (or a search's base) ``config`` lacks for the sharded datasets it names
+    (``datasets``: the request field -> the owned row): a tokens dataset needs
+    ``sequence_length``; a training stream whose sample count is unknown (jsonl, webdataset)
+    cannot count ``epochs`` and needs ``max_steps``."""
+    problems: list[dict[str, Any]] = []
+    sharded = {field: row for field, row in datasets.items() if row.kind in SHARDED_KINDS}
+    tokens = [field for field, row in sharded.items() if row.format == "tokens"]
+    if tokens and config.sequence_length is None:
+        problems.append(
+            {
+                "loc": [*loc, "sequence_length"],
+                "msg": f"{tokens[0]} is a 'tokens' dataset: set sequence_length, the tokens per "
+                "sample (windows of sequence_length + 1 ids)",
+                "type": "value_error",
+            }
+        )
+    train = sharded.get("dataset_id")
+    if train is None or train.samples is not None or train.format in ("tokens", "parquet"):
+        return problems
+    if config.epochs is not None:
+        problems.append(
+            {
+                "loc": [*loc, "epochs"],
+                "msg": f"the sample count of {train.format} shards is not recorded, so an epoch "
+                "has no length: leave epochs unset and set max_steps (the stream cycles)",
+                "type": "value_error",
+            }
+        )
+    elif config.max_steps is None:
+        problems.append(
+            {
+                "loc": [*loc, "max_steps"],
+                "msg": f"the sample count of {train.format} shards is not recorded: set "
+                "max_steps, the optimizer steps to train (the stream cycles)",
+                "type": "value_error",
+            }
+        )
+    return problems
