@@ -1,4 +1,5 @@
-"""Where data and model code come from: local paths only. A string that looks like a URL
+"""Where data and model code come from: local paths (and, for datasets, ids; shards in a bucket
+are registered by reference: ``client.datasets.register``). A string that looks like a URL
 (``s3://``, ``gs://``, ``http(s)://``, ``hf://``, ...) is refused before it becomes a path
 (``Path("s3://b/x")`` is ``s3:/b/x``), with what is supported instead. Torch-free; the SDK's
 ``load_dataset``/``load_model``, the CLI's job files, an in-process run's data path and the
@@ -53,8 +54,22 @@ def refuse_url(path: str | os.PathLike[str], what: str, supported: str = SUPPORT
     else:
         fetch = _FETCH.get(scheme, "download it").format(url=url)
         hint = f"copy it to this machine first (e.g. `{fetch}`) and give that local path"
-    reason = (
-        f"{what} {url!r} is a URL ({scheme}://): ACE3 does not read from URLs or object "
-        f"stores; it takes {supported}: {hint}"
-    )
+    if scheme == "s3" and what == "dataset":
+        reason = (
+            f"{what} {url!r} is a URL ({scheme}://): a path here is read on this machine. To "
+            f"train on shards in a bucket without copying them, register the prefix (the "
+            f"service must be allowed to read it): client.datasets.register({url!r}, "
+            f"format=...) or `ace3 datasets register {url} --format ...`, and pass the "
+            f"dataset it returns. Otherwise this takes {supported}: {hint}"
+        )
+    else:
+        registered = (
+            " (shards under an s3:// prefix can be registered instead: client.datasets.register)"
+            if what == "dataset"
+            else ""
+        )
+        reason = (
+            f"{what} {url!r} is a URL ({scheme}://): ACE3 does not read from URLs{registered}; "
+            f"it takes {supported}: {hint}"
+        )
     raise UnsupportedFeatureError(reason, [ConfigProblem(field=what, reason=reason)])

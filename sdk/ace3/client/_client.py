@@ -10,6 +10,7 @@ import os
 import tempfile
 import threading
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from ace3.client.resources import Checkpoints, Datasets, Models, Workers
 from ace3.client.searches import Searches
 from ace3.client.types import Dataset, Model
 from ace3.client.webhooks import Webhooks
+from ace3.config.shards import StreamFormat, TokenDtype
 from ace3.errors import ACE3Error, PackingError
 from ace3.files import sha256_file
 from ace3.locations import MODEL_SUPPORTED, SUPPORTED, refuse_url
@@ -60,7 +62,8 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class DatasetRef:
-    """An uploaded dataset, bound to the client that uploaded it."""
+    """An uploaded or registered dataset, bound to the client that stored it (``uploaded``:
+    whether the server stored it now, False when it had it already)."""
 
     dataset: Dataset
     client: Client = field(repr=False, compare=False)
@@ -77,6 +80,39 @@ class DatasetRef:
     @property
     def name(self) -> str | None:
         return self.dataset.name
+
+
+class ClientDatasets(Datasets):
+    """``client.datasets``: :class:`~ace3.client.resources.Datasets`, whose :meth:`register`
+    returns a :class:`DatasetRef` bound to the client (usable wherever a dataset is)."""
+
+    def __init__(self, http: HTTPClient, client: Client):
+        super().__init__(http)
+        self._client = client
+
+    def register(
+        self,
+        uri: str,
+        *,
+        format: StreamFormat,
+        name: str | None = None,
+        dtype: TokenDtype | None = None,
+        columns: Mapping[Literal["inputs", "targets"], str] | None = None,
+    ) -> DatasetRef:
+        """Register the shards under ``uri`` (``s3://bucket/prefix/``, a prefix the service
+        may read: its ``ACE3_DATASET_SOURCES``) as a dataset, without sending their bytes: the
+        service lists them (each shard's name, size and ETag; parquet row counts) and streams
+        them to the jobs that train on it. ``format``: ``"webdataset"`` (.tar), ``"parquet"``,
+        ``"jsonl"`` (.jsonl, .jsonl.gz, .jsonl.zst) or ``"tokens"`` (.bin; ``dtype`` "uint16",
+        the default, or "uint32"); ``columns``: parquet's inputs and targets columns when not
+        named so. Registering the same listing again returns the same dataset
+        (``uploaded=False``); a listing that changed is a new one. A uri the service may not
+        read, or that holds no shards, is a :class:`~ace3.errors.ValidationError` naming
+        ``uri``."""
+        dataset, created = self._register(
+            uri, format=format, name=name, dtype=dtype, columns=columns
+        )
+        return DatasetRef(dataset, self._client, uploaded=created)
 
 
 class Client:
@@ -116,7 +152,7 @@ class Client:
             transport=transport,
         )
         self.models = Models(self._http)
-        self.datasets = Datasets(self._http)
+        self.datasets = ClientDatasets(self._http, self)
         self.jobs = Jobs(self._http)
         self.checkpoints = Checkpoints(self._http)
         self.searches = Searches(self._http)

@@ -19,6 +19,7 @@ from ace3.client._download import download_checkpoint_file
 from ace3.client._resource import _Resource
 from ace3.client.pagination import CursorPage
 from ace3.client.types import Checkpoint, Dataset, Model, Worker
+from ace3.config.shards import StreamFormat, TokenDtype
 
 StoredT = TypeVar("StoredT", bound=BaseModel)
 
@@ -111,7 +112,9 @@ class Models(_Stored[Model]):
 
 
 class Datasets(_Stored[Dataset]):
-    """``/v1/datasets``: uploaded training and validation data."""
+    """``/v1/datasets``: uploaded training and validation data, and datasets registered by
+    reference (shards in a bucket the service may read; ``client.datasets.register``, which
+    :class:`ace3.Client` binds to itself to return a ``DatasetRef``)."""
 
     _path = "/v1/datasets"
     _item_type = Dataset
@@ -129,6 +132,28 @@ class Datasets(_Stored[Dataset]):
         The server answers with the existing dataset when these bytes were uploaded before;
         retried like :meth:`Models.create`."""
         return self._create(file, filename, {"name": name, "kind": kind}, idempotency_key)
+
+    def _register(
+        self,
+        uri: str,
+        *,
+        format: StreamFormat,
+        name: str | None = None,
+        dtype: TokenDtype | None = None,
+        columns: Mapping[Literal["inputs", "targets"], str] | None = None,
+    ) -> tuple[Dataset, bool]:
+        """``POST /v1/datasets/register``: (the dataset, whether it is new). Retried when the
+        connection fails or the server is busy: registering the same listing again answers
+        with the same dataset."""
+        body: dict[str, Any] = {"uri": uri, "format": format, "name": name, "dtype": dtype}
+        body["columns"] = dict(columns) if columns is not None else None
+        response = self._http.request(
+            "POST",
+            f"{self._path}/register",
+            json_body={key: value for key, value in body.items() if value is not None},
+            idempotent=True,
+        )
+        return Dataset.model_validate(response.json()), response.status_code == 201
 
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")

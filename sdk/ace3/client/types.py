@@ -45,10 +45,16 @@ class Dataset(_APIObject):
     id: str
     name: str | None = None
     filename: str | None = None
-    kind: str = "file"  # "file" or "directory"
+    # "file" or "directory" (uploaded), "remote" (registered from a bucket prefix), "shards"
+    kind: str = "file"
+    # A file's (pt, npz, csv, jsonl), "directory", or a sharded dataset's stream format
+    # (webdataset, parquet, jsonl, tokens)
     format: str | None = None
-    sha256: str
+    sha256: str  # a sharded dataset's: its shard manifest's digest
     size_bytes: int | None = None
+    uri: str | None = None  # a remote dataset's source, s3://bucket/prefix/
+    shard_count: int | None = None
+    samples: int | None = None  # a sharded dataset's, when its format records them
     created_at: datetime | None = None
 
 
