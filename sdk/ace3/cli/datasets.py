@@ -1,6 +1,7 @@
 """``ace3 datasets register|list|show``: datasets, clients of ``/v1/datasets``. ``register``
 records the shards under an s3:// prefix the service may read as a dataset (nothing is
-uploaded); its id goes wherever a dataset id does (a job file's ``dataset:``, the SDK)."""
+uploaded); its id is a ``dataset_id`` for jobs and searches (``POST /v1/jobs``, the SDK's
+``client.jobs.create``; ``client.datasets.retrieve(id)`` for a trainer)."""
 
 from __future__ import annotations
 

@@ -246,15 +246,16 @@ def test_deleting_a_remote_dataset_leaves_the_bucket_alone(api: API) -> None:
 
 def test_the_sdk_registers_a_dataset_ref_and_raises_the_typed_error(api: API) -> None:
     with ace3.Client(api_key=api.key, base_url=api.base_url, max_retries=0) as client:
-        ref = client.datasets.register(f"s3://{api.bucket}/allowed/js/", format="jsonl")
-        assert isinstance(ref, ace3.DatasetRef) and ref.client is client
+        first = client.datasets.register(f"s3://{api.bucket}/allowed/js/", format="jsonl")
+        ref = client.datasets.register(f"s3://{api.bucket}/allowed/js", format="jsonl")
+        assert isinstance(ref, ace3.DatasetRef) and ref.client is client and ref.id == first.id
         assert (ref.dataset.kind, ref.dataset.shard_count, ref.dataset.samples) == (
             "remote",
             2,
             None,
         )
         assert ref.dataset.uri == f"s3://{api.bucket}/allowed/js/"
-        assert not ref.uploaded  # registered by an earlier test: the same dataset
+        assert not ref.uploaded  # registered before: the same dataset
         assert client.datasets.retrieve(ref.id).uri == ref.dataset.uri
         job = client.jobs.create(
             model_id=api.model_id, dataset_id=ref.id, config=ace3.TrainingConfig(max_steps=2)
