@@ -141,7 +141,8 @@ async def upload_dataset(
     status_code=201,
     operation_id="register_dataset",
     responses={
-        200: {"model": DatasetOut, "description": "You registered the same listing already."}
+        200: {"model": DatasetOut, "description": "You registered the same listing already."},
+        **error_responses(400),
     },
 )
 async def register_remote_dataset(
