@@ -322,22 +322,19 @@ class ShardCache:
 
 
 def place(source: Path, target: Path) -> None:
-    """Put the cached shard ``source`` at ``target`` in a job's directory, whole or not at all:
-    a hard link (the job then holds the entry against eviction), or a copy (read-only,
-    renamed into place) when the two are on different filesystems."""
+    """Put the cached shard ``source`` at ``target`` in a job's directory, whole or not at all
+    (made under a hidden name, renamed into place): a hard link (the job then holds the entry
+    against eviction), or a read-only copy when the two are on different filesystems."""
+    temporary = target.with_name(f".{target.name}.new")
     with contextlib.suppress(FileNotFoundError):
-        target.unlink()
+        temporary.unlink()
     try:
-        os.link(source, target)
-        return
+        os.link(source, temporary)
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
-    temporary = target.with_name(f".{target.name}.copy")
-    with contextlib.suppress(FileNotFoundError):
-        temporary.unlink()
-    shutil.copyfile(source, temporary)
-    temporary.chmod(SHARD_MODE)
-    with temporary.open("rb") as handle:
-        os.fsync(handle.fileno())
+        shutil.copyfile(source, temporary)
+        temporary.chmod(SHARD_MODE)
+        with temporary.open("rb") as handle:
+            os.fsync(handle.fileno())
     os.replace(temporary, target)

@@ -1,0 +1,110 @@
+"""A streamed dataset in a job's directory: what ``job.json`` tells the engine about it
+(:class:`ace3.runtime.job_spec.StreamSpec`) and what the attempt's feeder
+(:mod:`ace3_worker.shard_feed`) needs to fill its directory.
+
+A dataset whose row carries a manifest (``kind`` "remote": registered from a bucket) gets
+``data/<split>/shards/``, the worker's (0755: the job reads it, through ``/job`` read-only under
+bubblewrap), empty when the attempt starts; its shards appear there, read-only and whole, as the
+readers ask for them in ``output/shard-requests/`` (the job's own, writable), shared by both
+splits.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from ace3.config.shards import REQUEST_DIR, Shard, ShardManifest, shard_file_name
+from ace3.runtime.job_spec import DatasetSpec, StreamShard, StreamSpec
+from ace3_control.models import StoredDataset
+
+Split = Literal["train", "validation"]
+SHARDS_DIR = "shards"
+STREAMED_KINDS = ("remote",)
+
+
+@dataclass(frozen=True)
+class ShardStream:
+    """One streamed split of an attempt: its manifest, the shards' file names (in the manifest's
+    order) and the directory (the real path) they are linked into."""
+
+    split: Split
+    manifest: ShardManifest
+    directory: Path
+    files: tuple[str, ...]
+    digest: str
+    _by_file: dict[str, Shard] = field(repr=False, compare=False)
+
+    def shard(self, file: str) -> Shard:
+        return self._by_file[file]
+
+
+def manifest_of(dataset: StoredDataset) -> ShardManifest | None:
+    """The dataset's manifest when it is streamed, else None (a file or an archive)."""
+    if dataset.kind not in STREAMED_KINDS:
+        return None
+    raw = dataset.manifest
+    if raw is None:
+        raise ValueError(f"dataset {dataset.id} is {dataset.kind!r} but has no shard manifest")
+    return ShardManifest.model_validate(raw)
+
+
+def check_fits(manifest: ShardManifest, cache_bytes: int) -> None:
+    """Refuse a dataset one of whose shards is larger than the whole node cache."""
+    for shard in manifest.shards:
+        if shard.size > cache_bytes:
+            raise ValueError(
+                f"dataset shard {shard.name!r} is {shard.size} bytes, more than this worker's "
+                f"dataset cache holds (ACE3_DATASET_CACHE_BYTES={cache_bytes}): raise it, or "
+                "split the shard"
+            )
+
+
+def stream_dataset(
+    split: Split,
+    manifest: ShardManifest,
+    into: Path,
+    requests: Path,
+    visible: Callable[[Path], PurePosixPath],
+) -> tuple[dict[str, Any], ShardStream]:
+    """Make ``into/shards/`` (empty; the worker's) and return the job file's dataset entry and
+    the stream the feeder fills it from. ``requests``: the readers' request directory."""
+    directory = into / SHARDS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    files = tuple(shard_file_name(i, s, manifest.format) for i, s in enumerate(manifest.shards))
+    spec = DatasetSpec(
+        path=str(visible(directory)),
+        stream=StreamSpec(
+            format=manifest.format,
+            dtype=manifest.dtype,
+            columns=manifest.columns,
+            shards=[
+                StreamShard(file=file, size=shard.size, samples=shard.samples)
+                for file, shard in zip(files, manifest.shards, strict=True)
+            ],
+            requests=str(visible(requests)),
+        ),
+    )
+    stream = ShardStream(
+        split,
+        manifest,
+        directory,
+        files,
+        manifest.digest(),
+        dict(zip(files, manifest.shards, strict=True)),
+    )
+    return spec.model_dump(mode="json"), stream
+
+
+def open_shard_dirs(streams: tuple[ShardStream, ...]) -> None:
+    """After the inputs are frozen (0555): the shard directories writable again by the worker
+    alone (0755), which links shards in and out while the job reads them."""
+    for stream in streams:
+        os.chmod(stream.directory, 0o755)
+
+
+def requests_dir(output_dir: Path) -> Path:
+    return output_dir / REQUEST_DIR
