@@ -21,9 +21,10 @@ from ace3_worker.launch import RunningTorchrun, job_environment, start_torchrun
 from ace3_worker.membership import Membership
 from ace3_worker.sandbox.identity import JobIdentity
 from ace3_worker.sandbox.limits import JobLimits
+from ace3_worker.shard_feed import ShardFeed
 from ace3_worker.warm import WarmSlot
 from ace3_worker.warm_sandbox import WarmSandbox
-from ace3_worker.watch import AttemptWatch, RunState, Watcher, apply_beat
+from ace3_worker.watch import AttemptWatch, RunState, Watcher, apply_beat, stop_for
 from ace3_worker.workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,12 @@ class AttemptRunner:
         def beat() -> None:
             apply_beat(watch, membership.beat(), running.process, membership.name)
 
-        returncode = self.watcher.watch(job, directory, watch, running, events, artifacts, beat)
+        feed = self._feed(job, directory, watch, running)
+        try:
+            returncode = self.watcher.watch(job, directory, watch, running, events, artifacts, beat)
+        finally:
+            if feed is not None:
+                feed.stop()
 
         def drain() -> None:
             while self.ingest.store_batch(
@@ -156,3 +162,28 @@ class AttemptRunner:
             self.watcher.through_outage(watch, beat, drain)
             membership.report(job, watch, returncode, events, beat)
         membership.decide(watch)
+
+    def _feed(
+        self, job: Job, directory: JobDirectory, watch: AttemptWatch, running: RunningTorchrun
+    ) -> ShardFeed | None:
+        """The attempt's shard feeder, started, when it streams a dataset: its lines go to the
+        job's log, a shard it cannot give the job stops the attempt (the job fails saying so)."""
+        if not directory.streams:
+            return None
+
+        def log(text: str) -> None:
+            running.lines.put(service_line(text))
+            running.activity.set()
+
+        def fail(reason: str) -> None:
+            stop_for(watch, running.process, reason)
+            running.activity.set()
+
+        return ShardFeed.for_attempt(
+            self.settings,
+            directory.streams,
+            directory.output_dir,
+            log=log,
+            fail=fail,
+            job_id=job.id,
+        ).start()

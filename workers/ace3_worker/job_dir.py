@@ -9,6 +9,8 @@ belong to its uid. The layout is documented in docs/runtime.md::
 
     <work_dir>/<job id>/attempt-<n>[-node-<k>]/   root, mode 0750, group: the job's gid
         job.json  code/  data/  resume/  init/  teacher/   read-only copies
+        data/<split>/shards/                        a streamed dataset's shards, linked in
+                                                    while the job runs (shard_streams)
         etc/passwd  etc/group                       the job's /etc/passwd and /etc/group
         output/  home/  tmp/                        the job's own (mode 0700)
 """
@@ -20,7 +22,7 @@ import json
 import os
 import shutil
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -28,6 +30,15 @@ from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.storage import ArtifactStore, StoredDigestError, is_tree_key
 from ace3_control.stored_weights import StoredWeights
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
+from ace3_worker.shard_streams import (
+    ShardStream,
+    Split,
+    check_fits,
+    manifest_of,
+    open_shard_dirs,
+    requests_dir,
+    stream_dataset,
+)
 from ace3_worker.teacher_inputs import TeacherRows, copy_teacher
 
 _READ_ONLY_FILE = 0o444
@@ -52,6 +63,8 @@ class JobOwner:
 class JobDirectory:
     root: Path  # the real path, on the worker
     visible_root: PurePosixPath  # where the job sees ``root``
+    # The datasets streamed into it while the job runs (ace3_worker.shard_feed fills them).
+    streams: tuple[ShardStream, ...] = field(default=())
 
     @property
     def job_file(self) -> Path:
@@ -136,8 +149,22 @@ def traversable_dir(path: Path) -> None:
 
 
 def _dataset_spec(
-    store: ArtifactStore, directory: JobDirectory, dataset: StoredDataset, into: Path
+    store: ArtifactStore,
+    directory: JobDirectory,
+    dataset: StoredDataset,
+    split: Split,
+    owner: JobOwner | None,
+    cache_bytes: int | None,
 ) -> dict[str, Any]:
+    into = directory.root / "data" / split
+    manifest = manifest_of(dataset)
+    if manifest is not None:
+        if cache_bytes is not None:
+            check_fits(manifest, cache_bytes)
+        requests = _private_dir(requests_dir(directory.output_dir), owner)
+        spec, stream = stream_dataset(split, manifest, into, requests, directory.visible)
+        directory.streams = (*directory.streams, stream)
+        return spec
     if not store.exists(dataset.storage_key):
         raise FileNotFoundError(
             f"dataset {dataset.id} ({dataset.filename}) is missing from storage"
@@ -203,6 +230,7 @@ def prepare_job_directory(
     init_from: StoredWeights | None = None,
     teacher: TeacherRows | None = None,
     skeleton: Path | None = None,
+    dataset_cache_bytes: int | None = None,
 ) -> JobDirectory:
     """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
     (workers on one machine may share a work directory). ``visible_root``: where the job sees
@@ -212,7 +240,9 @@ def prepare_job_directory(
     alone); ``teacher``: a distillation job's teacher, copied into ``teacher/``; ``skeleton``:
     a warm sandbox's directory (:func:`make_skeleton`, for the same owner), moved into place
     (its sandbox keeps seeing it: a bind mount follows the directory, not its name) instead of
-    a new one."""
+    a new one. A streamed dataset's shards are not copied: its directory starts empty
+    (:mod:`ace3_worker.shard_streams`), none of its shards larger than
+    ``dataset_cache_bytes``."""
     traversable_dir(work_dir)
     traversable_dir(work_dir / job.id)
     root = attempt_path(work_dir, job.id, attempt, node_rank)
@@ -250,9 +280,11 @@ def prepare_job_directory(
             "factory": model.factory,
             "kwargs": job.model_kwargs,
         },
-        "dataset": _dataset_spec(store, directory, dataset, root / "data" / "train"),
+        "dataset": _dataset_spec(store, directory, dataset, "train", owner, dataset_cache_bytes),
         "validation_dataset": (
-            _dataset_spec(store, directory, validation_dataset, root / "data" / "validation")
+            _dataset_spec(
+                store, directory, validation_dataset, "validation", owner, dataset_cache_bytes
+            )
             if validation_dataset is not None
             else None
         ),
@@ -275,6 +307,7 @@ def prepare_job_directory(
     ):
         if path.exists():
             _freeze(path)
+    open_shard_dirs(directory.streams)
     return directory
 
 

@@ -88,6 +88,16 @@ def stop_processes(watch: AttemptWatch, process: SandboxedProcess) -> None:
         watch.run.terminate_sent_at = time.monotonic()
 
 
+def stop_for(watch: AttemptWatch, process: SandboxedProcess, reason: str) -> None:
+    """Stop the attempt for a reason of the service's own, found outside the watch loop (a
+    dataset shard that changed since it was registered: :mod:`ace3_worker.shard_feed`): the
+    job fails with ``reason``, without a retry, as past ``max_runtime_seconds``. Safe from
+    another thread (the loop only escalates the SIGTERM sent here)."""
+    if watch.run.stopped_for is None:
+        watch.run.stopped_for = reason
+    stop_processes(watch, process)
+
+
 def apply_beat(watch: AttemptWatch, beat: Beat, process: SandboxedProcess, who: str) -> None:
     """What a heartbeat learned: the lease renewed or lost, a cancel request, a peer node's
     trouble; any of the last three stops ``who`` (the attempt's processes, or a node)."""
