@@ -122,7 +122,7 @@ def test_fetched_shards_are_hashed_and_a_changed_one_fails_the_job(
     lines: queue.Queue[reports.LogLine] = queue.Queue()
     running = RunningTorchrun(process, lines, LogLimiter(100, 1e6, 10**6), [], threading.Event())
     watch = AttemptWatch(job.id, 1)
-    runner = AttemptRunner(settings, None, None, None, None, None)  # type: ignore[arg-type]
+    runner = AttemptRunner(settings, None, None, None, None, None)  # type: ignore[arg-type]  # _feed uses settings only
     feed = runner._feed(job, directory, watch, running)  # what the attempt runs beside its watch
     assert feed is not None
     shards = directory.streams[0].directory

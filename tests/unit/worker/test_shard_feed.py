@@ -186,7 +186,7 @@ def test_a_streamed_dataset_gets_empty_shard_dirs_and_the_jobs_request_dir(
 
     def prepare(cache_bytes: int, attempt: int = 1) -> JobDirectory:
         return prepare_job_directory(
-            tmp_path / "work", store, job, attempt, model, remote, remote, None,  # type: ignore[arg-type]
+            tmp_path / "work", store, job, attempt, model, remote, remote, None,  # type: ignore[arg-type]  # rows as namespaces
             visible_root=PurePosixPath("/job"), owner=owner if os.geteuid() == 0 else None,
             dataset_cache_bytes=cache_bytes,
         )  # fmt: skip
