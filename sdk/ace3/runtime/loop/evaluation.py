@@ -7,41 +7,90 @@ every batch was class logits ``[N, C]`` with integer targets ``[N]``.
 ``lockstep=True`` is for sharded models (ZeRO-2/3), whose forward passes are collectives
 (parameters are all-gathered): ranks agree on the largest number of batches any of them has,
 and a rank with fewer runs the same forward passes on a padding batch (its last one, or the
-first sample of the set) whose results are not counted.
+first sample of the set) whose results are not counted. A loader of unknown length (a
+streamed validation set) agrees batch by batch instead: before each one the ranks agree whether
+any has a batch left, and a rank that never had one borrows the first batch of the lowest rank
+that has (a broadcast) to pad with.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from ace3.runtime.loop.losses import batch_size_of, count_correct, forward_loss, move_to_device
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.user_code import UserCode
 
 
+def _padded(loader: DataLoader[Any], padding_batches: int) -> Iterator[tuple[Any, bool]]:
+    """(batch, counted): the loader's batches, then ``padding_batches`` uncounted repeats of
+    its last one (or of the set's first sample)."""
+    raw = None
+    for raw in loader:
+        yield raw, True
+    if padding_batches:
+        if raw is None:
+            collate = loader.collate_fn or default_collate
+            raw = collate([loader.dataset[0]])
+        for _ in range(padding_batches):
+            yield raw, False
+
+
+def _agreed(loader: DataLoader[Any], device: torch.device) -> Iterator[tuple[Any, bool]]:
+    """(batch, counted) of a lockstep pass over a loader without a length (see the module
+    docstring): every rank yields as many as the rank with the most batches."""
+    batches, padding, first = iter(loader), None, True
+    while True:
+        raw = next(batches, None)
+        if first:  # who has data at all (a rank without borrows a batch to pad with)
+            first = False
+            has = [False] * dist.get_world_size()
+            dist.all_gather_object(has, raw is not None)
+            if not any(has):
+                return
+            if not all(has):
+                shared = [raw if dist.get_rank() == has.index(True) else None]
+                dist.broadcast_object_list(shared, src=has.index(True))
+                padding = shared[0]
+        else:
+            flag = torch.tensor([0.0 if raw is None else 1.0], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() == 0:
+                return
+        if raw is not None:
+            padding = raw
+            yield raw, True
+        else:
+            yield padding, False
+
+
 def _local_sums(
     model: nn.Module,
-    loader: DataLoader[Any],
+    batches: Iterable[tuple[Any, bool]],
     device: torch.device,
     precision: Precision,
     user: UserCode,
-    padding_batches: int = 0,
 ) -> tuple[list[float], dict[str, float]]:
-    """[loss*n, n, correct, non-classification batches] and weighted user metric sums; then
-    ``padding_batches`` uncounted forward passes (see ``lockstep``)."""
+    """[loss*n, n, correct, non-classification batches] and weighted user metric sums of the
+    counted batches (the others are padding: see ``lockstep``)."""
     loss_sum, samples, correct, not_classification = 0.0, 0, 0, 0
     extra: dict[str, float] = {}
-    raw = None
-    for raw in loader:
+    for raw, counted in batches:
         batch = move_to_device(raw, device)
         n = batch_size_of(batch)
         with precision.autocast():
             result = forward_loss(model, batch, user.compute_loss)
+        if not counted:
+            if user.compute_metrics is not None:
+                with precision.autocast():
+                    user.compute_metrics(model, batch)
+            continue
         loss_sum += float(result.loss.float().item()) * n
         samples += n
         hits = count_correct(result.outputs, result.targets)
@@ -54,16 +103,6 @@ def _local_sums(
                 values = user.compute_metrics(model, batch)
             for name, value in dict(values).items():
                 extra[name] = extra.get(name, 0.0) + float(value) * n
-    if padding_batches:
-        if raw is None:
-            collate = loader.collate_fn or default_collate
-            raw = collate([loader.dataset[0]])
-        batch = move_to_device(raw, device)
-        for _ in range(padding_batches):
-            with precision.autocast():
-                forward_loss(model, batch, user.compute_loss)
-                if user.compute_metrics is not None:
-                    user.compute_metrics(model, batch)
     return [loss_sum, float(samples), float(correct), float(not_classification)], extra
 
 
@@ -83,15 +122,18 @@ def evaluate(
     unless ``lockstep`` (a sharded model; see the module docstring). ``reduce_device``: where
     the sums are reduced when the model runs elsewhere (a CPU model in a NCCL job).
     """
-    padding = 0
+    batches: Iterable[tuple[Any, bool]] = _padded(loader, 0)
     if lockstep and dist.is_initialized() and dist.get_world_size() > 1:
-        most = torch.tensor([len(loader)], dtype=torch.float64, device=device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        padding = int(most.item()) - len(loader)
+        if isinstance(loader.dataset, IterableDataset):
+            batches = _agreed(loader, device)
+        else:
+            most = torch.tensor([len(loader)], dtype=torch.float64, device=device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            batches = _padded(loader, int(most.item()) - len(loader))
     was_training = model.training
     model.eval()
     try:
-        sums, extra = _local_sums(model, loader, device, precision, user, padding)
+        sums, extra = _local_sums(model, batches, device, precision, user)
     finally:
         model.train(was_training)
     names = sorted(extra)
