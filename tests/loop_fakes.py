@@ -38,7 +38,7 @@ class FakeLoop:
         self.state = state
         self.events = EventWriter(tmp_dir / "events.jsonl", enabled=False)
         self.hooks = HookList()
-        self.sampler: Any = None
+        self.train_data: Any = None
         self.val_loader: Any = None
         self.batches_per_epoch = batches_per_epoch
         self.micro_batch_split = split

@@ -24,6 +24,7 @@ from ace3.config import TrainingConfig, unsupported_settings
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.data.datasets import load_datasets
+from ace3.runtime.data.train_source import train_data_for
 from ace3.runtime.job_spec import JobSpec
 from ace3.runtime.loop.batch_growth import batch_plan_for
 from ace3.runtime.loop.losses import forward_loss
@@ -35,7 +36,7 @@ from ace3.runtime.loop.speed import compile_model, uncompile
 from ace3.runtime.loop.total_steps import total_optimizer_steps
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.observe.log import ENGINE
-from ace3.runtime.parallel import Strategy, strategy_for
+from ace3.runtime.parallel import ParallelDims, Strategy, strategy_for
 from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.techniques.compression import compression_extensions
 from ace3.runtime.techniques.distillation import make_distiller
@@ -114,7 +115,14 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
         ckpt = load_checkpoint(Path(job.resume_from), job.resume_sha256)
     seed_all(config.seed)
     user = load_user_code(job.model)
-    data = load_datasets(job.dataset, job.validation_dataset, config)
+    replica = (0, 1)
+    validation = job.validation_dataset
+    if job.dataset.stream is not None or (validation is not None and validation.stream is not None):
+        # (a stream's readers are this rank's data replica's: the strategy's layout)
+        replica = ParallelDims.for_job(config, ctx.world_size, ctx.rank).replica
+    data = load_datasets(job.dataset, job.validation_dataset, config, replica)
+    for note in data.notes if ctx.is_main else ():
+        ENGINE.info(note)
     torch.manual_seed(config.seed)
     model = build_model(user, job.model.kwargs)
     # A resume holds weights of its own; with LoRA only the adapters: the base comes back
@@ -200,7 +208,11 @@ def assemble(
     if distiller is not None and ctx.is_main:
         ENGINE.info(distiller.describe())
     optimizer = strategy.make_optimizer(local, precision, user)
-    steps = total_optimizer_steps(config, train_set, strategy.dims.dp, per_rank_batch)
+    pin_memory = ctx.device.type == "cuda"
+    train_data = train_data_for(
+        train_set, config, strategy.dims.replica, per_rank_batch, ctx.rank, pin_memory
+    )
+    steps = total_optimizer_steps(config, train_data)
     scheduler = (
         build_scheduler(optimizer, config, steps)
         if strategy.configured_scheduler is None
@@ -228,6 +240,7 @@ def assemble(
         per_rank_batch=per_rank_batch,
         state=TrainState(),
         strategy=strategy,
+        train_data=train_data,
         training_loss=distiller.forward_loss if distiller is not None else forward_loss,
         extensions=extensions,
     )

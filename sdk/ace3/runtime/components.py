@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
+from ace3.runtime.data.train_source import TrainData
 from ace3.runtime.loop.extensions import LoopExtension
 from ace3.runtime.loop.losses import TrainingLoss, forward_loss
 from ace3.runtime.loop.optim import ScheduleDriver
@@ -40,6 +41,8 @@ class Components:
     per_rank_batch: int
     state: TrainState
     strategy: Strategy
+    # What the loop reads train_set through: batches per epoch, epochs, the data position.
+    train_data: TrainData
     collate_fn: Any = None  # an in-process run may bring its DataLoader's collate_fn
     # Each loader batch runs as this many micro-batches from the first step: what an earlier
     # attempt that ran out of memory left (job.json), 1 otherwise.

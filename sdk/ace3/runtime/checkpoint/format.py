@@ -12,6 +12,7 @@ checkpoint file.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -24,10 +25,28 @@ if TYPE_CHECKING:
 
     from ace3.config import TrainingConfig
     from ace3.runtime.checkpoint.background import BackgroundWriter
+    from ace3.runtime.data.train_source import TrainData
     from ace3.runtime.loop.precision import Precision
     from ace3.runtime.loop.train_state import TrainState
 
 FormatKind = Literal["plain", "gathered", "sharded"]
+
+
+@dataclass(frozen=True)
+class RankStates:
+    """What every rank holds of its own, gathered on rank 0 for a checkpoint: each rank's RNG
+    states (``rng_per_rank``), and each data replica's position in a streamed dataset
+    (``data_per_replica``; None for an indexed dataset, whose position is the train state's)."""
+
+    rng: list[Any]
+    data: list[Any] | None = None
+
+    def payload(self) -> dict[str, Any]:
+        """The checkpoint's entries for them."""
+        entries: dict[str, Any] = {"rng_per_rank": self.rng}
+        if self.data is not None:
+            entries["data_per_replica"] = self.data
+        return entries
 
 
 class TrainingParts(Protocol):
@@ -53,6 +72,8 @@ class TrainingParts(Protocol):
     def train_set(self) -> Dataset[Any]: ...
     @property
     def per_rank_batch(self) -> int: ...
+    @property
+    def train_data(self) -> TrainData: ...
 
 
 class CheckpointFormat(ABC):
@@ -70,11 +91,12 @@ class CheckpointFormat(ABC):
         self,
         parts: TrainingParts,
         path: Path,
-        rng_per_rank: list[Any] | None,
+        ranks: RankStates | None,
         background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
-        """Write the training checkpoint at ``path``; return the file on rank 0, None
-        elsewhere. With ``background`` (``async_save``): stage the state in CPU memory, hand
+        """Write the training checkpoint at ``path`` (``ranks``: every rank's own states, on
+        rank 0: :func:`ace3.runtime.checkpoint.plain.gather_rank_states`); return the file on
+        rank 0, None elsewhere. With ``background`` (``async_save``): stage the state in CPU memory, hand
         the write to it and return None (its ``wait()`` gives the file)."""
 
     @abstractmethod

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from ace3.config import TrainingConfig
 from ace3.runtime.checkpoint.archive import sharded_checkpoint_name, shared_temp_dir
 from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
-from ace3.runtime.checkpoint.format import CheckpointFormat, FormatKind
+from ace3.runtime.checkpoint.format import CheckpointFormat, FormatKind, RankStates
 from ace3.runtime.checkpoint.gathered import GatheredFormat
 from ace3.runtime.checkpoint.plain import (
-    gather_rng,
+    gather_rank_states,
     load_plain_state,
     plain_payload,
     restore_schedule,
@@ -64,7 +64,7 @@ class _WholeOrSharded(CheckpointFormat):
         restore_schedule(ckpt, parts, ctx)
         if sharded:
             return resume_train_state(ckpt, parts, ctx, self.job)
-        return resume_position(ckpt, ctx, self.replicas)
+        return resume_position(ckpt, ctx, self.replicas, parts)
 
 
 class PlainFormat(_WholeOrSharded):
@@ -79,14 +79,14 @@ class PlainFormat(_WholeOrSharded):
         self,
         parts: TrainingParts,
         path: Path,
-        rng_per_rank: list[Any] | None,
+        ranks: RankStates | None,
         background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
         if not self.ctx.is_main:
             return None
-        assert rng_per_rank is not None
+        assert ranks is not None
         weights = self.state_dicts.full_weights(parts)
-        payload = plain_payload(parts, weights, rng_per_rank, self.replicas)
+        payload = plain_payload(parts, weights, ranks, self.replicas)
         if background is not None:
             background.submit_state(payload, path)
             return None
@@ -99,7 +99,7 @@ class PlainFormat(_WholeOrSharded):
             if ctx.is_main:
                 save_atomic(self.state_dicts.full_weights(parts), path)
         else:
-            self.save(parts, path, gather_rng(ctx))
+            self.save(parts, path, gather_rank_states(ctx, parts))
         barrier(ctx)
 
 
@@ -115,11 +115,11 @@ class ShardedFormat(_WholeOrSharded):
         self,
         parts: TrainingParts,
         path: Path,
-        rng_per_rank: list[Any] | None,
+        ranks: RankStates | None,
         background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
         return save_sharded_checkpoint(
-            parts, self.ctx, path, rng_per_rank, self.job, background=background
+            parts, self.ctx, path, ranks, self.job, background=background
         )
 
     def save_model_file(self, parts: TrainingParts, path: Path, weights_only: bool) -> None:
@@ -133,8 +133,8 @@ class ShardedFormat(_WholeOrSharded):
                 save_atomic(state, path)
         else:
             staging = shared_temp_dir(ctx)
-            rngs = gather_rng(ctx)
-            save_sharded_checkpoint(parts, ctx, path, rngs, self.job, staging)
+            ranks = gather_rank_states(ctx, parts)
+            save_sharded_checkpoint(parts, ctx, path, ranks, self.job, staging)
             barrier(ctx)
             if ctx.local_rank == 0:
                 shutil.rmtree(staging, ignore_errors=True)

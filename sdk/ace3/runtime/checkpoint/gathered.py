@@ -24,10 +24,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ace3.runtime.checkpoint.files import SavedCheckpoint, checkpoint_name, save_atomic
-from ace3.runtime.checkpoint.format import CheckpointFormat, FormatKind
+from ace3.runtime.checkpoint.format import CheckpointFormat, FormatKind, RankStates
 from ace3.runtime.checkpoint.plain import (
     NO_OPTIMIZER_NOTE,
-    gather_rng,
+    gather_rank_states,
     restore_schedule,
     resume_position,
     schedule_state,
@@ -91,10 +91,10 @@ class GatheredFormat(CheckpointFormat):
         self,
         parts: TrainingParts,
         path: Path,
-        rng_per_rank: list[Any] | None,
+        ranks: RankStates | None,
         background: BackgroundWriter | None = None,
     ) -> SavedCheckpoint | None:
-        payload = self.payload(parts, rng_per_rank)
+        payload = self.payload(parts, ranks)
         if payload is None:
             return None
         if background is not None:
@@ -108,7 +108,7 @@ class GatheredFormat(CheckpointFormat):
             if self.ctx.is_main:
                 save_atomic(state, path)
         else:
-            self.save(parts, path, gather_rng(self.ctx))
+            self.save(parts, path, gather_rank_states(self.ctx, parts))
         barrier(self.ctx)
 
     def _local(self, parts: TrainingParts) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -155,20 +155,19 @@ class GatheredFormat(CheckpointFormat):
         state = {i: opt_by_name[name] for i, name in enumerate(names) if opt_by_name.get(name)}
         return ordered, {"state": state, "param_groups": [group]}
 
-    def payload(
-        self, parts: TrainingParts, rng_per_rank: list[Any] | None
-    ) -> dict[str, Any] | None:
+    def payload(self, parts: TrainingParts, ranks: RankStates | None) -> dict[str, Any] | None:
         """The plain checkpoint on rank 0; None elsewhere. A collective."""
         model_state, optimizer_state = self.full_state(parts)
         if not self.ctx.is_main:
             return None
+        assert ranks is not None
         dims = self.dims
         return {
             "model": model_state,
             "optimizer": optimizer_state,
             **schedule_state(parts),
             **parts.state.to_checkpoint(),
-            "rng_per_rank": rng_per_rank,
+            **ranks.payload(),
             "world_size": dims.dp,  # the data-parallel replicas: what batch_in_epoch counts
             "format": 1,
             "model_parallel": {
@@ -220,4 +219,4 @@ class GatheredFormat(CheckpointFormat):
         elif ctx.is_main:
             ENGINE.info(NO_OPTIMIZER_NOTE)
         restore_schedule(ckpt, parts, ctx)
-        return resume_position(ckpt, ctx, self.dims.dp)
+        return resume_position(ckpt, ctx, self.dims.dp, parts)

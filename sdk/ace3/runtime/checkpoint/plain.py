@@ -4,7 +4,9 @@ on resume: the loss scaler, the schedule, the RNG states and the loop position.
 A plain checkpoint holds plain tensors and containers only (``torch.load(weights_only=True)``):
 the full-precision ``model`` state dict, the ``optimizer`` state dict, the scheduler and loss
 scaler state, the train state (:class:`ace3.runtime.loop.train_state.TrainState`), every rank's RNG
-states and the number of data-parallel replicas that wrote it (``world_size``).
+states, the number of data-parallel replicas that wrote it (``world_size``) and, for a streamed
+dataset, every replica's position in it (``data_per_replica``: its loader's state,
+:mod:`ace3.runtime.data.train_source`), gathered like the RNG states (:class:`ace3.runtime.checkpoint.format.RankStates`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from ace3.runtime.checkpoint.format import RankStates
 from ace3.runtime.loop.rng import capture_rng, restore_rng
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.observe.log import ENGINE
@@ -28,15 +31,42 @@ NO_OPTIMIZER_NOTE = (
 )
 
 
-def gather_rng(ctx: DistContext) -> list[Any] | None:
-    """Every rank's RNG states, on rank 0 (None elsewhere). A collective, behind a barrier."""
+def gather_rank_states(ctx: DistContext, parts: TrainingParts) -> RankStates | None:
+    """Every rank's RNG states and every replica's data position, on rank 0 (None elsewhere).
+    A collective, behind a barrier."""
     barrier(ctx)
-    mine = capture_rng()
+    replica, replicas = parts.train_data.replica
+    mine = (capture_rng(), replica, parts.train_data.position())
     if ctx.world_size == 1:
-        return [mine]
-    gathered: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(mine, gathered, dst=0)
-    return gathered
+        gathered: list[Any] | None = [mine]
+    else:
+        gathered = [None] * ctx.world_size if ctx.is_main else None
+        dist.gather_object(mine, gathered, dst=0)
+    if gathered is None:
+        return None
+    data: list[Any] = [None] * replicas
+    for _, index, position in gathered:  # (every rank of a replica holds the same position)
+        if data[index] is None:
+            data[index] = position
+    has_data = any(position is not None for position in data)
+    return RankStates([rng for rng, _, _ in gathered], data if has_data else None)
+
+
+def data_position(ckpt: dict[str, Any], parts: TrainingParts) -> Any:
+    """This rank's replica's position in a streamed dataset from ``ckpt`` (None when it holds
+    none); it resumes only with as many data-parallel replicas as wrote it."""
+    positions = ckpt.get("data_per_replica")
+    if not positions:
+        return None
+    replica, replicas = parts.train_data.replica
+    if len(positions) != replicas:
+        raise ValueError(
+            f"this checkpoint holds the position of {len(positions)} data-parallel replica(s) "
+            f"in a streamed dataset and this run has {replicas}: a streamed dataset resumes "
+            f"with the processes that wrote it (resume it with {len(positions)} data-parallel "
+            "replicas)"
+        )
+    return positions[replica]
 
 
 def schedule_state(parts: TrainingParts) -> dict[str, Any]:
@@ -50,7 +80,7 @@ def schedule_state(parts: TrainingParts) -> dict[str, Any]:
 
 
 def plain_payload(
-    parts: TrainingParts, model_state: dict[str, Any], rng_per_rank: list[Any], replicas: int
+    parts: TrainingParts, model_state: dict[str, Any], ranks: RankStates, replicas: int
 ) -> dict[str, Any]:
     """A data-parallel job's checkpoint: ``model_state`` holds full-precision weights whatever
     the precision level; the optimizer state is left out with ``save_optimizer=False``."""
@@ -60,7 +90,7 @@ def plain_payload(
         "optimizer": parts.optimizer.state_dict() if config.save_optimizer else {},
         **schedule_state(parts),
         **parts.state.to_checkpoint(),
-        "rng_per_rank": rng_per_rank,
+        **ranks.payload(),
         "world_size": replicas,
         "format": 1,
     }
@@ -88,10 +118,12 @@ def restore_schedule(ckpt: dict[str, Any], parts: TrainingParts, ctx: DistContex
             ENGINE.info("note: the checkpoint holds no scheduler state: the schedule restarts")
 
 
-def resume_position(ckpt: dict[str, Any], ctx: DistContext, replicas: int) -> TrainState:
-    """The loop position and this rank's RNG states of a plain checkpoint, which resumes only
-    with as many data-parallel replicas as wrote it (``batch_in_epoch`` counts each replica's
-    batches: another count would skip the wrong ones)."""
+def resume_position(
+    ckpt: dict[str, Any], ctx: DistContext, replicas: int, parts: TrainingParts
+) -> TrainState:
+    """The loop position, this rank's RNG states and its data position of a plain checkpoint,
+    which resumes only with as many data-parallel replicas as wrote it (``batch_in_epoch``
+    counts each replica's batches: another count would skip the wrong ones)."""
     saved = int(ckpt.get("world_size") or 0)
     if saved != replicas:
         raise ValueError(
@@ -107,4 +139,6 @@ def resume_position(ckpt: dict[str, Any], ctx: DistContext, replicas: int) -> Tr
             f"note: the checkpoint holds the random state of {len(rngs)} process(es), this "
             f"job has {ctx.world_size}: dropout and other random draws start fresh"
         )
-    return TrainState.from_checkpoint(ckpt)
+    state = TrainState.from_checkpoint(ckpt)
+    state.data_position = data_position(ckpt, parts)
+    return state

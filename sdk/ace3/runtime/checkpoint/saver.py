@@ -11,7 +11,7 @@ gathered from a split model: :mod:`ace3.runtime.checkpoint.gathered`) or, for Ze
 1. waits for the previous background save, if one is in flight (at most one at a time);
 2. with ``keep_best_checkpoint``, measures the monitored metric at this step
    (:class:`ace3.runtime.checkpoint.best.BestCheckpoint`; may run the validation set);
-3. gathers the RNG states and lets the strategy's format (``strategy.checkpoints``:
+3. gathers the RNG states (and data positions) and lets the strategy's format (``strategy.checkpoints``:
    :mod:`ace3.runtime.checkpoint.format`) write the file inside the extensions'
    ``saving()`` contexts; with ``async_save`` the format only stages the state in CPU memory
    and hands the write to :class:`ace3.runtime.checkpoint.background.BackgroundWriter`;
@@ -36,7 +36,7 @@ from ace3.config.events import CheckpointRecord, finite_or_none
 from ace3.runtime.checkpoint.background import BackgroundWriter
 from ace3.runtime.checkpoint.best import CARRY_KEY, BestCheckpoint, refuse_unmeasurable_monitor
 from ace3.runtime.checkpoint.files import SavedCheckpoint
-from ace3.runtime.checkpoint.plain import gather_rng
+from ace3.runtime.checkpoint.plain import gather_rank_states
 from ace3.runtime.process.distributed import barrier
 
 if TYPE_CHECKING:
@@ -94,8 +94,8 @@ class CheckpointSaver:
             loop.keep_in_checkpoint(CARRY_KEY, carried)  # this one included: a run resumed from it
         name = checkpoints.name(state.step)
         with loop.saving():
-            gathered = gather_rng(loop.ctx)
-            saved = checkpoints.save(self.parts, self.directory / name, gathered, self.background)
+            ranks = gather_rank_states(loop.ctx, self.parts)
+            saved = checkpoints.save(self.parts, self.directory / name, ranks, self.background)
         self._pending = _Pending(
             step=state.step,
             epoch=state.display_epoch(),

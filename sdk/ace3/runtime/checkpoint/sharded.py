@@ -3,8 +3,8 @@
 Saving (every rank, at the same step): each rank writes its own shards of the model and the
 optimizer state with ``dcp.save`` into a staging directory next to the checkpoint
 (``.step-XXXXXXXX.dcp.tar.parts/``); rank 0 adds ``train_state.pt`` (step, epoch, position,
-RNG states of every rank, scheduler, loss scaler, the metric carry: plain tensors and
-containers, ``torch.load(weights_only=True)``) and packs the directory into ONE uncompressed
+RNG states of every rank, every replica's position in a streamed dataset, scheduler, loss
+scaler, the metric carry: plain tensors and containers, ``torch.load(weights_only=True)``) and packs the directory into ONE uncompressed
 tar, ``step-XXXXXXXX.dcp.tar``, written atomically (temporary file, fsync, rename) and hashed
 like every checkpoint; the staging directory is removed. The checkpoint event names the tar.
 
@@ -28,7 +28,9 @@ samples a resumed run has left are the ones the original run had left. What chan
 rank sees which sample, and the per-rank RNG streams: ranks that existed get their saved RNG
 state, new ranks start from ``rank_seed(seed + step, rank)``. The run continues from the same
 point but is not bit-identical to an uninterrupted one (same world size: it is, as for plain
-checkpoints).
+checkpoints). A streamed dataset's position belongs to its readers (each replica's shards,
+workers and batch size): such a checkpoint resumes only with the data-parallel replicas and
+``batch_size`` that wrote it.
 
 The DCP metadata file is a pickle (torch's format): resume only from checkpoints you or the
 service wrote (the service checks each checkpoint's sha256 before a resume).
@@ -55,9 +57,13 @@ from ace3.runtime.checkpoint.archive import (
 )
 from ace3.runtime.checkpoint.background import stage_to_cpu
 from ace3.runtime.checkpoint.files import SavedCheckpoint
-from ace3.runtime.checkpoint.plain import NO_OPTIMIZER_NOTE, schedule_state
+from ace3.runtime.checkpoint.format import RankStates
+from ace3.runtime.checkpoint.plain import (
+    NO_OPTIMIZER_NOTE,
+    data_position,
+    schedule_state,
+)
 from ace3.runtime.checkpoint.shard_transfer import collect_shards
-from ace3.runtime.data.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.loop.rng import rank_seed, restore_rng, seed_all
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.observe.log import ENGINE
@@ -103,7 +109,7 @@ def train_state_payload(
     parts: TrainingParts,
     ctx: DistContext,
     config: TrainingConfig,
-    rng_per_rank: list[Any],
+    ranks: RankStates,
     position_batches: int,
     zero_stage: int,
 ) -> dict[str, Any]:
@@ -111,7 +117,7 @@ def train_state_payload(
     return {
         **parts.state.to_checkpoint(),
         **schedule_state(parts),
-        "rng_per_rank": rng_per_rank,
+        **ranks.payload(),
         "world_size": ctx.world_size,
         "batch_size": config.batch_size,
         "batches_per_epoch": position_batches,
@@ -125,7 +131,7 @@ def save_sharded_checkpoint(
     parts: TrainingParts,
     ctx: DistContext,
     path: Path,
-    rng_per_rank: list[Any] | None,
+    ranks: RankStates | None,
     job: ShardedJob,
     staging_root: Path | None = None,
     background: BackgroundWriter | None = None,
@@ -162,10 +168,9 @@ def save_sharded_checkpoint(
         if background is not None:
             background.submit(path.name, lambda: (written.result(), None)[1])
         return None
-    assert rng_per_rank is not None
-    sampler = train_sampler(parts.train_set, *job.replica, config.seed)
-    position = batches_per_epoch(sampler, parts.per_rank_batch)
-    payload = train_state_payload(parts, ctx, config, rng_per_rank, position, job.zero_stage)
+    assert ranks is not None
+    position = parts.train_data.batches_per_epoch
+    payload = train_state_payload(parts, ctx, config, ranks, position, job.zero_stage)
 
     def finish(payload: dict[str, Any]) -> SavedCheckpoint:
         if written is not None:
@@ -228,9 +233,16 @@ def resume_train_state(
     else:
         seed_all(rank_seed(config.seed + state.step, ctx.rank))
     if saved_world == ctx.world_size and saved_batch == config.batch_size:
+        state.data_position = data_position(ckpt, parts)
         return state
-    sampler = train_sampler(parts.train_set, *job.replica, config.seed)
-    now_per_epoch = batches_per_epoch(sampler, parts.per_rank_batch)
+    if ckpt.get("data_per_replica"):
+        raise ValueError(
+            f"this checkpoint of a streamed dataset was written by {saved_world} process(es) "
+            f"with batch_size {saved_batch}; this run has {ctx.world_size} with batch_size "
+            f"{config.batch_size}: its position in the stream resumes only with the same "
+            "processes and batch_size"
+        )
+    now_per_epoch = parts.train_data.batches_per_epoch
     saved_per_epoch = int(ckpt.get("batches_per_epoch") or now_per_epoch)
     if state.batch_in_epoch >= saved_per_epoch:
         position = now_per_epoch  # the epoch was finished: it stays finished

@@ -2,8 +2,10 @@
 
 Training uses a ``DistributedSampler`` (shuffled by ``seed`` and the epoch, or in dataset
 order with ``shuffle=False``: replica r reads samples r, r + R, r + 2R, ...) and can skip the
-micro-batches a resumed run already consumed. Validation uses :class:`ShardSampler`, which gives
-every sample to exactly one rank (no padding duplicates), so summed metrics are exact.
+micro-batches a resumed run already consumed (:mod:`ace3.runtime.data.train_source` drives them,
+and streamed datasets). Validation uses :class:`ShardSampler`, which gives every sample to
+exactly one rank (no padding duplicates), so summed metrics are exact; a streamed validation set
+is read by this replica's readers, whose shards no other replica reads.
 Loaders get their own ``torch.Generator`` so they never consume the global torch RNG.
 """
 
@@ -14,10 +16,8 @@ from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
-
-from ace3.runtime.loop.losses import move_to_device
 
 
 class SkipSampler(Sampler[int]):
@@ -100,6 +100,20 @@ def validation_loader(
     pin_memory: bool,
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader[Any]:
+    """Every sample on exactly one rank: ``ShardSampler``'s indices, or a streamed dataset's
+    readers of this replica (disjoint shards, one pass)."""
+    if isinstance(dataset, IterableDataset):
+        from ace3.runtime.data.stream import stream_collate
+
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            drop_last=False,
+            generator=_generator(0),
+            collate_fn=stream_collate,
+        )
     assert isinstance(dataset, Sized)
     return DataLoader(
         dataset,
@@ -111,16 +125,3 @@ def validation_loader(
         generator=_generator(0),
         collate_fn=collate_fn,
     )
-
-
-def example_batch(parts: Any, sampler: Any, device: torch.device) -> Any:
-    """The first training batch on ``device`` (for hooks' graphs and images); None if
-    unavailable."""
-    try:
-        loader = train_loader(
-            parts.train_set, sampler, parts.per_rank_batch, 0, 0, 0,
-            pin_memory=False, collate_fn=parts.collate_fn,
-        )  # fmt: skip
-        return move_to_device(next(iter(loader)), device)
-    except Exception:
-        return None

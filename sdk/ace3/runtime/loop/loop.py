@@ -32,19 +32,13 @@ import torch.distributed as dist
 
 from ace3.runtime.checkpoint.saver import CheckpointSaver
 from ace3.runtime.components import Components
-from ace3.runtime.data.loaders import (
-    batches_per_epoch,
-    example_batch,
-    train_loader,
-    train_sampler,
-    validation_loader,
-)
+from ace3.runtime.data.loaders import validation_loader
+from ace3.runtime.data.train_source import example_batch
 from ace3.runtime.loop.batch_growth import AccumulationPlan
 from ace3.runtime.loop.hooks import HookList, RunContext
 from ace3.runtime.loop.instability import check_rollback_place, react, rolled_back_state
 from ace3.runtime.loop.metric_window import MetricWindow, NonFiniteLoss
 from ace3.runtime.loop.optim import current_learning_rate
-from ace3.runtime.loop.rng import rank_seed
 from ace3.runtime.loop.run_metrics import RunMetrics, reports_after
 from ace3.runtime.loop.run_summary import final_metrics, nonfinite_loss_error
 from ace3.runtime.loop.step_counts import planned_total_steps, steps_per_epoch
@@ -79,10 +73,8 @@ class TrainingLoop:
         self.counts_samples = self.strategy.dims.counts_samples
         self.steps = StepRunner(parts, ctx, parts.config)
         self.plan = parts.batch_plan or AccumulationPlan(self.config.gradient_accumulation_steps)
-        self.sampler = train_sampler(
-            parts.train_set, data_rank, data_world, self.config.seed, self.config.shuffle
-        )
-        self.batches_per_epoch = batches_per_epoch(self.sampler, parts.per_rank_batch)
+        self.train_data = parts.train_data  # (indexed or streamed: ace3.runtime.data.train_source)
+        self.batches_per_epoch = parts.train_data.batches_per_epoch
         self.val_loader = None
         if parts.validation_set is not None:
             self.val_loader = validation_loader(
@@ -263,13 +255,11 @@ class TrainingLoop:
         """Train the rest of the current epoch, or until max_steps or a stop request; True:
         rolled back by the instability guard (the caller trains on from the restored place)."""
         state, parts, config = self.state, self.parts, self.config
-        self.sampler.set_epoch(state.epoch)
-        loader = train_loader(
-            parts.train_set, self.sampler, parts.per_rank_batch, state.batch_in_epoch,
-            config.num_workers, rank_seed(config.seed + state.epoch, self.ctx.rank),
-            pin_memory=self.ctx.device.type == "cuda", collate_fn=parts.collate_fn,
-        )  # fmt: skip
-        batches, hooks, plan = iter(loader), self.hooks, self.plan
+        batches = self.train_data.batches(
+            state.epoch, state.batch_in_epoch, state.data_position, parts.collate_fn
+        )
+        state.data_position = None  # (loaded: a streamed dataset's resume position)
+        hooks, plan = self.hooks, self.plan
         while state.batch_in_epoch < self.batches_per_epoch and not self.done():
             group = min(plan.batches_per_step(), self.batches_per_epoch - state.batch_in_epoch)
             self.steps.lr_factor = plan.lr_factor  # batch-size growth's (1.0 without it)
@@ -319,18 +309,16 @@ class TrainingLoop:
     def run(self) -> dict[str, Any]:
         """Train to the end; write the final checkpoint and the summary; return final metrics."""
         state, config, parts = self.state, self.config, self.parts
+        epochs = self.train_data.epochs
         self.log(
-            f"{self.place.label}: "
-            f"{len(self.sampler.dataset)} training samples, "
+            f"{self.place.label}: {self.train_data.describe()}, "
             f"{self.batches_per_epoch} micro-batches of {parts.per_rank_batch} per rank "
-            f"per epoch, {config.epoch_count} epoch(s), precision {parts.precision.describe()}"
+            f"per epoch, {epochs} epoch(s), precision {parts.precision.describe()}"
         )
         batches, accumulation = self.batches_per_epoch, config.gradient_accumulation_steps
         self.events.start(
-            total_steps=planned_total_steps(
-                batches, accumulation, config.epoch_count, config.max_steps, state
-            ),
-            steps_per_epoch=steps_per_epoch(batches, accumulation), epochs=config.epoch_count,
+            total_steps=planned_total_steps(batches, accumulation, epochs, config.max_steps, state),
+            steps_per_epoch=steps_per_epoch(batches, accumulation), epochs=epochs,
             world_size=self.ctx.world_size, resumed_from_step=state.step if self.place.resumed else 0,
         )  # fmt: skip
         self.hooks.bind(RunContext(
@@ -338,7 +326,8 @@ class TrainingLoop:
             world_size=self.ctx.world_size, device=self.ctx.device,
             output_dir=self.place.output_dir, save_model=self.save_model,
             scheduler=parts.scheduler.scheduler if parts.scheduler is not None else None,
-            example_batch=example_batch(parts, self.sampler, self.ctx.device) if self.hooks else None,
+            example_batch=example_batch(self.train_data, parts.collate_fn, self.ctx.device)
+            if self.hooks else None,
         ))  # fmt: skip
         validated_at: int | None = None
         try:
@@ -346,7 +335,7 @@ class TrainingLoop:
             check_rollback_place(self.steps.guard, self.place.checkpoint_dir)
             for extension in self.extensions:
                 extension.start(self)
-            while state.epoch < config.epoch_count and not self.done():
+            while state.epoch < epochs and not self.done():
                 self.hooks.on_epoch_begin(state.epoch + 1)
                 while self._train_part():  # the rest of the epoch (again after a rollback)
                     pass

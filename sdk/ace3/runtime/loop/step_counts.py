@@ -4,26 +4,14 @@
 An epoch is ``batches_per_epoch`` loader batches of one data replica (a rank of a
 data-parallel job; the single replica of a model- or pipeline-parallel job, whose ranks all read
 the same batches), run as optimizer steps of ``gradient_accumulation_steps`` batches each, the
-last group of the epoch shorter.
+last group of the epoch shorter (:class:`ace3.runtime.data.train_source.TrainData` says how
+many batches an epoch has, and how many epochs: a cycling stream's run is one epoch of
+``max_steps`` steps).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch.utils.data import Dataset
-
-from ace3.runtime.data.loaders import batches_per_epoch, train_sampler
 from ace3.runtime.loop.train_state import TrainState
-
-
-def replica_batches_per_epoch(
-    train_set: Dataset[Any], data_rank: int, data_world: int, seed: int, replica_batch: int
-) -> int:
-    """Loader batches of one data replica per epoch (``DistributedSampler`` pads the dataset to
-    a multiple of the replicas, so every replica has the same count)."""
-    sampler = train_sampler(train_set, data_rank, data_world, seed)
-    return batches_per_epoch(sampler, replica_batch)
 
 
 def steps_per_epoch(batches_per_epoch: int, accumulation: int) -> int:

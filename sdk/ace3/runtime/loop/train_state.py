@@ -26,6 +26,10 @@ class TrainState:
     # optimizer step runs at the schedule's rate times ``lr_scale``).
     lr_scale: float = 1.0
     rollbacks: int = 0
+    # This rank's position in a streamed dataset, as read from the checkpoint the run resumed
+    # (or rolled back) from, until the loop has loaded it (checkpoints keep every replica's:
+    # ace3.runtime.checkpoint.plain.RankStates); None for an indexed dataset.
+    data_position: Any = None
 
     def display_epoch(self) -> int:
         """The 1-based epoch the last step belongs to (the last finished one at a boundary)."""

@@ -75,7 +75,7 @@ class LoopView(Protocol):
     @property
     def hooks(self) -> HookList: ...
     @property
-    def sampler(self) -> Any: ...  # the training set's distributed sampler
+    def train_data(self) -> Any: ...  # what the training set is read through (data.train_source)
     @property
     def val_loader(self) -> Any: ...  # the validation loader, None without a validation set
     @property

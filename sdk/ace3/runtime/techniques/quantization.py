@@ -29,7 +29,6 @@ import torch.distributed as dist
 from torch import nn
 
 from ace3.config.compression import QuantizationConfig
-from ace3.runtime.data.loaders import train_loader
 from ace3.runtime.loop.evaluation import evaluate
 from ace3.runtime.loop.extensions import LoopExtension, matching_modules
 from ace3.runtime.loop.losses import forward_loss, move_to_device
@@ -101,10 +100,8 @@ class PostTrainingQuantization(LoopExtension):
             return hook
 
         handles = [modules[name].register_forward_pre_hook(observe(name)) for name in self.names]
-        loader = train_loader(
-            parts.train_set, loop.sampler, parts.per_rank_batch, 0, 0, parts.config.seed,
-            pin_memory=False, collate_fn=parts.collate_fn,
-        )  # fmt: skip
+        # (the first batches of an epoch, read apart from the run's: a stream's position stays)
+        loader = loop.train_data.first_batches(parts.collate_fn)
         batches = 0
         try:
             with torch.no_grad():
