@@ -10,6 +10,15 @@ Validation data comes from ``validation_dataset``; else from holding out an expl
 every rank and every run); else from ``build_dataset('validation')`` of a ``dataset.py``; else,
 when ``validation_split`` is left at its default (None), from holding out 10%. An explicit
 ``validation_split=0`` means no validation.
+
+A dataset with ``stream`` set (a sharded dataset the worker streams into the job) gives
+:class:`ace3.runtime.data.stream.ShardStream` readers of this rank's data replica instead: the
+training split from the train shards of :func:`ace3.runtime.data.stream.split_shards`, the
+validation split from a streamed validation dataset (or a file one, loaded as above), or else
+from the shards it holds out (whole shards: 10% by default, none of a single shard, none with
+``validation_split=0``). A stream cycles when ``epochs`` is unset and ``max_steps`` set, or
+when its sample count is unknown (jsonl, webdataset), where ``max_steps`` is required and
+``epochs`` refused (:func:`refuse_uncounted_epochs`).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from torch.utils.data import Dataset, Subset
 
 from ace3.config import TrainingConfig
 from ace3.runtime.data.dataset_files import DATA_SUFFIXES, load_data_file, make_dataset
-from ace3.runtime.job_spec import DatasetSpec
+from ace3.runtime.job_spec import DatasetSpec, StreamSpec
 
 Split = str  # 'train' or 'validation'
 
@@ -36,6 +45,7 @@ Split = str  # 'train' or 'validation'
 class Datasets:
     train: Dataset[Any]
     validation: Dataset[Any] | None
+    notes: tuple[str, ...] = ()  # for the run's log (how a streamed dataset was split)
 
 
 def _check_map_style(dataset: Any, origin: str) -> Dataset[Any]:
@@ -125,18 +135,106 @@ def split_holdout(
 DEFAULT_VALIDATION_SPLIT = 0.1
 
 
-def load_datasets(
-    train_spec: DatasetSpec, validation_spec: DatasetSpec | None, config: TrainingConfig
+def refuse_uncounted_epochs(config: TrainingConfig) -> None:
+    """A stream whose epochs cannot be counted (its sample count is unknown) cycles for
+    ``max_steps`` steps: it needs them, and refuses ``epochs``."""
+    if config.epochs is not None:
+        raise ValueError(
+            f"epochs={config.epochs}: the sample count of this streamed dataset is not known "
+            "(jsonl and webdataset shards record none), so its epochs cannot be counted: leave "
+            "epochs unset and set max_steps, the stream cycles"
+        )
+    if config.max_steps is None:
+        raise ValueError(
+            "max_steps: the sample count of this streamed dataset is not known (jsonl and "
+            "webdataset shards record none), so an epoch cannot be counted: set max_steps "
+            "(and leave epochs unset), the stream cycles"
+        )
+
+
+def stream_cycles(stream: StreamSpec, config: TrainingConfig) -> bool:
+    """Whether the training stream cycles (see the module docstring); refuses a config that
+    cannot train on it."""
+    counted = stream.format == "tokens" or all(s.samples is not None for s in stream.shards)
+    if not counted:
+        refuse_uncounted_epochs(config)
+    return not counted or (config.epochs is None and config.max_steps is not None)
+
+
+def _load_streams(
+    train_spec: DatasetSpec,
+    validation_spec: DatasetSpec | None,
+    config: TrainingConfig,
+    replica: tuple[int, int],
 ) -> Datasets:
-    """Training and (optional) validation datasets, as described in the module docstring."""
+    """A streamed training set and its validation (see the module docstring)."""
+    from ace3.runtime.data.stream import ShardStream, split_shards
+
+    assert train_spec.stream is not None
+    rank, world = replica
+    cycle = stream_cycles(train_spec.stream, config)
+    notes: list[str] = []
+    validation: Dataset[Any] | None
+    if validation_spec is not None:
+        files = [shard.file for shard in train_spec.stream.shards]
+        validation = _validation_set(validation_spec, config, replica)
+    else:
+        files, held_out = split_shards(train_spec, config)
+        validation = None
+        if held_out:
+            validation = ShardStream(
+                train_spec, split="validation", files=held_out, config=config, rank=rank,
+                world_size=world, cycle=False,
+            )  # fmt: skip
+            notes.append(
+                f"validation: {len(held_out)} of the dataset's {len(train_spec.stream.shards)} "
+                "shards held out"
+            )
+        elif config.validation_split != 0:
+            notes.append(
+                "validation: none (the streamed dataset has a single shard, which cannot be "
+                "held out: give a validation dataset to validate)"
+            )
+    train = ShardStream(
+        train_spec, split="train", files=files, config=config, rank=rank, world_size=world,
+        cycle=cycle,
+    )  # fmt: skip
+    return Datasets(train, validation, tuple(notes))
+
+
+def _validation_set(
+    spec: DatasetSpec, config: TrainingConfig, replica: tuple[int, int]
+) -> Dataset[Any]:
+    """A validation dataset: streamed (every shard, one pass), or loaded whole."""
+    if spec.stream is not None:
+        from ace3.runtime.data.stream import ShardStream
+
+        files = [shard.file for shard in spec.stream.shards]
+        return ShardStream(
+            spec, split="validation", files=files, config=config, rank=replica[0],
+            world_size=replica[1], cycle=False,
+        )  # fmt: skip
+    validation = load_dataset(spec, "validation")
+    if validation is None:
+        raise ValueError(f"{spec.path}: build_dataset('validation') returned None")
+    return validation
+
+
+def load_datasets(
+    train_spec: DatasetSpec,
+    validation_spec: DatasetSpec | None,
+    config: TrainingConfig,
+    replica: tuple[int, int] = (0, 1),
+) -> Datasets:
+    """Training and (optional) validation datasets, as described in the module docstring;
+    ``replica`` (this rank's data replica, how many there are) places a stream's readers."""
+    if train_spec.stream is not None:
+        return _load_streams(train_spec, validation_spec, config, replica)
     train = load_dataset(train_spec, "train")
     if train is None:
         raise ValueError(f"{train_spec.path}: build_dataset('train') returned None")
     if validation_spec is not None:
-        validation = load_dataset(validation_spec, "validation")
-        if validation is None:
-            raise ValueError(f"{validation_spec.path}: build_dataset('validation') returned None")
-        return Datasets(train, validation)
+        return Datasets(train, _validation_set(validation_spec, config, replica))
     if config.validation_split:  # an explicit fraction
         train, validation = split_holdout(train, config.validation_split, config.seed)
         return Datasets(train, validation)
