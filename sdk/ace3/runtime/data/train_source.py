@@ -161,10 +161,10 @@ class StreamTrainData(TrainData):
 
     def describe(self) -> str:
         shards = len(getattr(self.stream, "files", []) or [])
-        kind = f"a streamed dataset ({shards} shard(s) on this replica's readers"
+        kind = f"a streamed dataset of {shards} training shard(s)"
         if self.cycling:
-            return f"{kind}, cycling: one pass of max_steps={self.config.max_steps} steps)"
-        return kind + ")"
+            return f"{kind}, cycling (the run is one pass of max_steps={self.config.max_steps})"
+        return kind
 
     def _settings(self) -> dict[str, int]:
         return {
@@ -176,7 +176,7 @@ class StreamTrainData(TrainData):
     def batches(
         self, epoch: int, batch_in_epoch: int, position: Any, collate_fn: Collate
     ) -> Iterator[Any]:
-        from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
+        from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]  # torchdata ships no types
 
         if batch_in_epoch >= self.batches_per_epoch:
             self._loader = None
