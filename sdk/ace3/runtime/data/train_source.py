@@ -267,8 +267,14 @@ def train_data_for(
 ) -> TrainData:
     """The training data of this rank (``rank``: its global rank, for seeds) in its data
     replica ``replica`` (index, count)."""
-    kind = StreamTrainData if isinstance(dataset, IterableDataset) else IndexedTrainData
-    return kind(dataset, config, replica, per_rank_batch, rank, pin_memory)
+    if not isinstance(dataset, IterableDataset):
+        return IndexedTrainData(dataset, config, replica, per_rank_batch, rank, pin_memory)
+    if not hasattr(dataset, "batches_per_epoch"):  # (a stream's ShardStream has it)
+        raise TypeError(
+            "the training set must be a map-style dataset (with __len__ and __getitem__) or a "
+            f"streamed dataset, got the iterable {type(dataset).__name__}"
+        )
+    return StreamTrainData(dataset, config, replica, per_rank_batch, rank, pin_memory)
 
 
 def example_batch(data: TrainData, collate_fn: Collate, device: torch.device) -> Any:
