@@ -14,6 +14,8 @@ const ROUTES = [
   { pattern: /^\/searches$/, page: "searches", nav: "searches" },
   { pattern: /^\/searches\/(?<id>[^/]+)$/, page: "search", nav: "searches" },
   { pattern: /^\/cluster$/, page: "cluster", nav: "cluster" },
+  { pattern: /^\/datasets$/, page: "datasets", nav: "datasets" },
+  { pattern: /^\/datasets\/(?<id>[^/]+)$/, page: "dataset", nav: "datasets" },
 ];
 
 const main = document.getElementById("main");

@@ -64,6 +64,18 @@ export function formatDuration(seconds) {
   return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
 }
 
+export function formatBytes(bytes) {
+  if (bytes === null || bytes === undefined) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${unit ? value.toFixed(1) : value} ${units[unit]}`;
+}
+
 export function durationBetween(startIso, endIso) {
   if (!startIso) return null;
   const end = endIso ? new Date(endIso) : new Date();

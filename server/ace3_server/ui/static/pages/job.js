@@ -9,14 +9,18 @@ import {
   durationBetween,
   el,
   errorBox,
+  formatBytes,
   formatDuration,
   formatNumber,
   formatTime,
+  link,
   stateBadge,
   table,
 } from "../util.js";
 import { logPanel } from "./job_logs.js";
 import { jobLabel, TERMINAL } from "./jobs.js";
+
+export { formatBytes };
 
 export const CHARTS = [
   { metric: "train_loss", title: "Training loss" },
@@ -25,20 +29,13 @@ export const CHARTS = [
   { metric: "learning_rate", title: "Learning rate" },
 ];
 
-export function formatBytes(bytes) {
-  if (bytes === null || bytes === undefined) return "";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1024 && unit < units.length - 1) {
-    value /= 1024;
-    unit += 1;
-  }
-  return `${unit ? value.toFixed(1) : value} ${units[unit]}`;
-}
-
 function card(label, value, attrs = {}) {
   return el("div", { class: "card", ...attrs }, el("div", { class: "label" }, label), el("div", { class: "value" }, value || "—"));
+}
+
+// A dataset id as a link to its page (nothing when the job has none).
+function datasetLink(id) {
+  return id ? link(`#/datasets/${encodeURIComponent(id)}`, id) : null;
 }
 
 // What the job was submitted with (the config in full, as the service validated it).
@@ -102,6 +99,10 @@ export async function render(root, { api, params, navigate }) {
     if (typeof job.final_metrics?.best_val_accuracy === "number") {
       cardList.push(card("Best val_accuracy", formatNumber(job.final_metrics.best_val_accuracy)));
     }
+    cardList.push(
+      card("Dataset", datasetLink(job.dataset_id), { id: "job-dataset" }),
+      card("Validation dataset", datasetLink(job.validation_dataset_id), { id: "job-validation-dataset" }),
+    );
     cards.replaceChildren(...cardList);
     jobError.replaceChildren(...(job.error ? [el("p", { class: "error", id: "job-error" }, job.error)] : []));
     showAttempts();
