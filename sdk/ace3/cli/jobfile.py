@@ -5,11 +5,15 @@ A job file::
 
     name: digits-mlp                    # optional
     model: model.py                     # or {path, factory, entry_module, kwargs}
-    dataset: data/train.npz
-    validation_dataset: data/val.npz    # optional
+    dataset: data/train.npz             # or {id: <dataset id>}: one the service stores
+    validation_dataset: data/val.npz    # optional; a path or {id: ...} too
     training:                           # TrainingConfig fields
       epochs: 3
       learning_rate: 3.0e-3
+
+``dataset: {id: <dataset id>}`` names a dataset the service already stores (uploaded before,
+or registered from a bucket with ``ace3 datasets register``; ``ace3 datasets list`` shows the
+ids) instead of a local path to upload; ``dataset.id=<id>`` as an override.
 
 A search file is a job file plus ``search:`` (the fields of :class:`~ace3.HPConfig` but
 ``base_config``, which is ``training:``)::
@@ -45,6 +49,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
+from ace3.cli.dataset_entries import DatasetEntry, OptionalDatasetEntry, check_dataset_ids
 from ace3.cli.errors import BAD_INPUT, CLIError
 from ace3.config import TrainingConfig
 from ace3.errors import UnsupportedFeatureError
@@ -79,8 +84,8 @@ class JobFile(BaseModel):
 
     name: str | None = None
     model: ModelSection
-    dataset: str = Field(min_length=1)
-    validation_dataset: str | None = None
+    dataset: DatasetEntry
+    validation_dataset: OptionalDatasetEntry = None
     training: TrainingConfig = Field(default_factory=TrainingConfig)
 
     @field_validator("training", mode="before")
@@ -199,7 +204,9 @@ def _resolve_paths(loaded: Loaded, source: Path) -> None:
     for key in PATH_KEYS:
         holder, name = (data.get("model"), "path") if key == "model.path" else (data, key)
         if not isinstance(holder, dict) or not isinstance(holder.get(name), str):
-            continue
+            continue  # a stored dataset's {id: ...}, or what validation reports
+        if not holder[name]:
+            continue  # an empty path is not the current directory: validation names it
         try:
             refuse_url(holder[name], key, MODEL_SUPPORTED if key == "model.path" else SUPPORTED)
         except UnsupportedFeatureError as exc:
@@ -219,6 +226,7 @@ def load_job_file(path: str | Path, overrides: list[str]) -> JobFile:
     source = Path(path)
     loaded = load_merged(source, overrides)
     _check_keys(source, loaded.data, JobFile)
+    check_dataset_ids(source, loaded.data)
     _resolve_paths(loaded, source)
     return _validate(source, JobFile, loaded.data)
 
@@ -240,6 +248,7 @@ def load_search_file(path: str | Path, overrides: list[str]) -> SearchFile:
         raise _problem(
             source, "search.base_config: put the settings every trial shares under training:"
         )
+    check_dataset_ids(source, data)
     _resolve_paths(loaded, source)
     parsed = _validate(source, SearchFile, data)
     try:

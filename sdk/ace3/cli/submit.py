@@ -1,7 +1,8 @@
 """``ace3 train job.yaml`` and ``ace3 search search.yaml``: read the file (with overrides), then
 submit through the SDK exactly as :class:`ace3.Trainer` and :func:`ace3.hyperparameter_search`
 do (upload what the service lacks, create the job or search), and follow it with the SDK's
-displays, or print its id at once with ``--detach``."""
+displays, or print its id at once with ``--detach``. A ``dataset: {id: ...}`` is the stored
+dataset of that id (looked up first: nothing is uploaded for it)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,38 @@ from typing import Any
 
 from ace3.cli import output
 from ace3.cli.common import make_client
-from ace3.cli.errors import OK, RUN_FAILED
+from ace3.cli.dataset_entries import DatasetById
+from ace3.cli.errors import NOT_FOUND, OK, RUN_FAILED, CLIError
 from ace3.cli.jobfile import JobFile, load_job_file, load_search_file
 
 
 def _model_ref(client: Any, spec: JobFile) -> Any:
     return client.load_model(
         spec.model.path, factory=spec.model.factory, entry_module=spec.model.entry_module
+    )
+
+
+def _stored(client: Any, entry: Any, key: str) -> Any:
+    """A ``{id: ...}`` entry as the stored dataset (an unknown id is exit code 3, named by its
+    key, before anything is uploaded); a path as it is (the SDK uploads it)."""
+    from ace3.errors import NotFoundError
+
+    if not isinstance(entry, DatasetById):
+        return entry
+    try:
+        return client.datasets.retrieve(entry.id)
+    except NotFoundError:
+        raise CLIError(
+            f"{key}.id: no dataset {entry.id} among yours (`ace3 datasets list` shows them)",
+            NOT_FOUND,
+        ) from None
+
+
+def _datasets(client: Any, spec: JobFile) -> tuple[Any, Any]:
+    """(dataset, validation_dataset) of ``spec`` as the SDK takes them."""
+    return (
+        _stored(client, spec.dataset, "dataset"),
+        _stored(client, spec.validation_dataset, "validation_dataset"),
     )
 
 
@@ -29,11 +55,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     client = make_client()
     trainer = Trainer(spec.training, client=client)
     show = None if args.json else True
+    dataset, validation_dataset = _datasets(client, spec)
     try:
         outcome = trainer.train(
             _model_ref(client, spec),
-            spec.dataset,
-            validation_dataset=spec.validation_dataset,
+            dataset,
+            validation_dataset=validation_dataset,
             model_kwargs=spec.model.kwargs or None,
             name=spec.name,
             wait=not args.detach,
@@ -69,12 +96,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     spec = load_search_file(args.file, args.overrides)
     client = make_client()
     assert spec.hp_config is not None
+    dataset, validation_dataset = _datasets(client, spec)
     try:
         outcome: Any = hyperparameter_search(
             _model_ref(client, spec),
-            spec.dataset,
+            dataset,
             spec.hp_config,
-            validation_dataset=spec.validation_dataset,
+            validation_dataset=validation_dataset,
             model_kwargs=spec.model.kwargs or None,
             name=spec.name,
             client=client,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ace3.cli import main
+from ace3.cli.dataset_entries import DatasetById
 from ace3.cli.errors import BAD_INPUT, CLIError
 from ace3.cli.jobfile import load_job_file, load_search_file
 
@@ -119,6 +120,42 @@ def test_missing_files_say_which(folder: Path) -> None:
     assert str(folder / "job.yaml") in message
     model = _error(folder, ["model=missing.py"])
     assert "model.path: file not found" in model and "command line" in model
+
+
+def test_a_stored_dataset_is_named_by_its_id(folder: Path) -> None:
+    """``dataset: {id: ...}`` (and validation_dataset) is a dataset the service stores: kept as
+    an id, no file looked for; ``dataset.id=`` and ``dataset=<path>`` override either form."""
+    (folder / "byid.yaml").write_text(
+        "model: model.py\ndataset: {id: 0f3a9c}\nvalidation_dataset: {id: val_1-b}\n"
+        "training: {epochs: 1}\n"
+    )
+    spec = load_job_file(folder / "byid.yaml", [])
+    assert spec.dataset == DatasetById(id="0f3a9c")
+    assert spec.validation_dataset == DatasetById(id="val_1-b")
+    spec = load_job_file(folder / "job.yaml", ["dataset.id=abc", "validation_dataset.id=def"])
+    assert spec.dataset == DatasetById(id="abc") and spec.validation_dataset == DatasetById(
+        id="def"
+    )
+    spec = load_job_file(folder / "byid.yaml", [f"dataset={folder / 'data' / 'train.npz'}"])
+    assert spec.dataset == str(folder / "data" / "train.npz")
+    search = load_search_file(folder / "search.yaml", ["dataset.id=abc"])
+    assert search.dataset == DatasetById(id="abc") and search.hp_config is not None
+
+
+def test_a_wrong_dataset_id_entry_names_the_key(folder: Path) -> None:
+    unknown = _error(folder, ["dataset.path=x"])
+    assert "unknown key 'dataset.path'" in unknown and "{id: <dataset id>}" in unknown
+    (folder / "empty.yaml").write_text("model: model.py\ndataset: {}\n")
+    assert "dataset.id: required key missing" in _error(folder, [], "empty.yaml")
+    number = _error(folder, ["validation_dataset.id=0123"])  # YAML reads 0123 as a number
+    assert "validation_dataset.id: a dataset id is a string" in number and "quote it" in number
+    assert "'../models' is not a dataset id" in _error(folder, ["dataset.id=../models"])
+    assert "dataset: Value error, a path to upload, or {id" in _error(folder, ["dataset=5"])
+    assert "not NoneType" in _error(folder, ["dataset="])
+    (folder / "empty.yaml").write_text("model: model.py\ndataset: ''\n")
+    assert "dataset: Value error, an empty path" in _error(folder, [], "empty.yaml")
+    spec = load_job_file(folder / "job.yaml", ["validation_dataset="])
+    assert spec.validation_dataset is None
 
 
 def test_resolvers_are_refused_so_a_shared_file_cannot_read_this_machines_secrets(
