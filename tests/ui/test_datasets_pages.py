@@ -122,7 +122,7 @@ def test_the_datasets_list_the_registered_page_and_the_jobs_link(
     link.click()
     page.wait_for_url(f"**#/datasets/{remote['id']}")
     page.locator("#dataset-fields").wait_for()
-    assert page.page_errors == []
+    assert page.page_errors == [] and page.console_errors == []
 
 
 def test_an_id_not_among_the_owners_datasets_has_no_page(page: Any, registered: Registered) -> None:
