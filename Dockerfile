@@ -17,6 +17,8 @@ COPY control control
 COPY server server
 COPY workers workers
 COPY migrations migrations
+# .[worker]: the API (server), the training engine and the extras jobs use, streaming (pyarrow,
+# zstandard, torchdata: sharded datasets) among them; the API reads parquet footers with pyarrow.
 RUN pip install -e '.[worker]'
 ENV ACE3_MIGRATIONS_DIR=/app/migrations
 CMD ["ace3", "server", "--host", "0.0.0.0", "--port", "8000"]

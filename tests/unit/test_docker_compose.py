@@ -108,3 +108,34 @@ def test_the_worker_gets_what_the_job_sandbox_needs_and_insists_on_it(compose: d
         assert "cap_add" not in compose["services"][name]
     dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
     assert "bubblewrap" in dockerfile and "util-linux" in dockerfile
+
+
+def test_datasets_from_buckets_are_configured_where_they_are_read(
+    compose: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API holds the allow-list (empty unless .env sets it), the worker bounds its shard
+    cache; the image installs the worker extra, which brings the streaming one."""
+    import tomllib
+
+    from ace3_control.settings import Settings
+
+    services = compose["services"]
+    sources = services["api"]["environment"]["ACE3_DATASET_SOURCES"]
+    assert sources == "${ACE3_DATASET_SOURCES:-}", "none allowed unless the operator says so"
+    assert "ACE3_DATASET_SOURCES" not in services["worker"]["environment"]
+    bound = services["worker"]["environment"]["ACE3_DATASET_CACHE_BYTES"]
+    default = bound.removeprefix("${ACE3_DATASET_CACHE_BYTES:-").removesuffix("}")
+    monkeypatch.setenv("ACE3_DATASET_SOURCES", "")  # what compose passes when unset
+    monkeypatch.setenv("ACE3_DATASET_CACHE_BYTES", default)
+    settings = Settings()
+    assert settings.dataset_sources is None
+    assert settings.dataset_cache_bytes == Settings.model_fields["dataset_cache_bytes"].default
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "pip install -e '.[worker]'" in dockerfile
+    extras = tomllib.loads((COMPOSE.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert "streaming" in extras["worker"][0] and "server" in extras["worker"][0]
+    assert {"pyarrow", "zstandard", "torchdata"} <= {
+        requirement.split(">")[0] for requirement in extras["streaming"]
+    }
