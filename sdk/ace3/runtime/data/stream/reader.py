@@ -20,18 +20,48 @@ from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from ace3.runtime.data.stream.assignment import ShardPlan
 from ace3.runtime.data.stream.buffer import Identity, ShuffleBuffer
+from ace3.runtime.data.stream.formats import ShardFormat
 from ace3.runtime.data.stream.waiting import RequestFile, wait_for_file
-
-if TYPE_CHECKING:
-    from ace3.runtime.data.stream.dataset import ShardStream
 
 STATE_VERSION = 1
 LOOKAHEAD = 3  # shards a request names beyond the one being opened
+
+
+class Source(Protocol):
+    """What a reader reads from (a :class:`~.dataset.ShardStream`)."""
+
+    @property
+    def split(self) -> str: ...
+    @property
+    def directory(self) -> Path: ...
+    @property
+    def files(self) -> list[str]: ...
+    @property
+    def sizes(self) -> list[int]: ...
+    @property
+    def manifest_index(self) -> list[int]: ...
+    @property
+    def position_of(self) -> dict[int, int]: ...
+    @property
+    def format(self) -> ShardFormat: ...
+    @property
+    def plan(self) -> ShardPlan: ...
+    @property
+    def wrap_to(self) -> int | None: ...
+    @property
+    def cycle(self) -> bool: ...
+    @property
+    def shuffle(self) -> bool: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def buffer_size(self) -> int: ...
 
 
 @dataclass
@@ -60,7 +90,7 @@ class Reader:
     """Reads one reader's samples from ``position`` on; :meth:`state` at any point between two
     samples resumes exactly."""
 
-    def __init__(self, stream: ShardStream, position: Position, request: RequestFile) -> None:
+    def __init__(self, stream: Source, position: Position, request: RequestFile) -> None:
         self.stream = stream
         self.position = position
         self.request = request
