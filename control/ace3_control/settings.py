@@ -67,6 +67,19 @@ class Settings(WorkerSettings):
         description="Downloads answer 307 to a presigned URL of the object store instead of "
         "streaming through the API.",
     )
+    s3_presigned_uploads: bool = Field(
+        True,
+        description="With an S3 artifact store, the shards of an uploaded shard directory go "
+        "straight to the store through presigned multipart URLs (signed for "
+        "s3_public_endpoint_url when set), not through the API; off: through the API.",
+    )
+    shard_part_bytes: int = Field(
+        64 << 20,
+        ge=5 << 20,
+        le=5 << 30,
+        description="The part size of a shard's presigned multipart upload (S3's bounds: 5 MiB "
+        "to 5 GiB); larger when a shard would need more than 10,000 parts.",
+    )
     dataset_sources: str | None = Field(
         None,
         description="The bucket prefixes datasets may be registered from, comma-separated "

@@ -18,6 +18,7 @@ from ace3_server import __version__
 from ace3_server.api.error_handlers import install_error_handlers
 from ace3_server.api.routes.artifacts import datasets_router, models_router
 from ace3_server.api.routes.checkpoints import router as checkpoints_router
+from ace3_server.api.routes.dataset_shards import router as dataset_shards_router
 from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.queue import router as queue_router
 from ace3_server.api.routes.searches import router as searches_router
@@ -114,6 +115,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1 = APIRouter(prefix="/v1")
     v1.include_router(models_router)
     v1.include_router(datasets_router)
+    v1.include_router(dataset_shards_router)
     v1.include_router(jobs_router)
     v1.include_router(checkpoints_router)
     v1.include_router(searches_router)

@@ -19,7 +19,7 @@ from ace3_server.api.error_handlers import (
     log_database_unavailable,
 )
 
-UPLOAD_PATHS = ("/v1/models", "/v1/datasets", "/v1/checkpoints")
+UPLOAD_PATHS = ("/v1/models", "/v1/datasets", "/v1/datasets/shards/upload", "/v1/checkpoints")
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 

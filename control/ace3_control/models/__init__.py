@@ -25,7 +25,12 @@ from ace3_control.models.states import (
     SearchState,
     TrialState,
 )
-from ace3_control.models.stored import StoredDataset, StoredModel, UploadedCheckpoint
+from ace3_control.models.stored import (
+    StoredDataset,
+    StoredModel,
+    StoredShard,
+    UploadedCheckpoint,
+)
 from ace3_control.models.webhooks import Webhook, WebhookDelivery, WebhookEvent
 from ace3_control.models.workers import JobNode, Worker
 
@@ -52,6 +57,7 @@ __all__ = [
     "SearchTrial",
     "StoredDataset",
     "StoredModel",
+    "StoredShard",
     "TrialState",
     "UTCDateTime",
     "UploadedCheckpoint",

@@ -70,6 +70,23 @@ class StoredDataset(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
+class StoredShard(Base):
+    """One shard of an uploaded shard directory, stored once per owner by content: its bytes are
+    the artifact store's object ``datasets/<owner>/shards/<sha256>``, verified (sha256 and size)
+    before this row exists, so a row means a usable shard. Datasets of kind "shards" name their
+    shards by sha256 (the manifest's ``etag``); a shard no live dataset of its owner names any
+    more is deleted with the last dataset that named it."""
+
+    __tablename__ = "dataset_shards"
+
+    owner_id: Mapped[str] = mapped_column(
+        ForeignKey("owners.id", ondelete="CASCADE"), primary_key=True
+    )
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class UploadedCheckpoint(Base):
     """Model weights uploaded from the caller's machine (a safetensors file, checked to hold
     only tensors), to start jobs from (``init_from``). Stored once per owner."""

@@ -18,7 +18,7 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 class StoreUnavailableError(RuntimeError):
     """The object store cannot be reached or refuses these credentials (at startup)."""
+
+
+class UploadRefusedError(ValueError):
+    """The store refused to complete (or find) a presigned multipart upload: its reason."""
 
 
 MULTIPART_BYTES = 16 << 20  # multipart upload past this, in parts of this size
@@ -266,4 +270,78 @@ class S3ArtifactStore:
             self._presigner.generate_presigned_url(
                 "get_object", Params=params, ExpiresIn=expires_seconds
             )
+        )
+
+    # -- presigned multipart uploads: the bytes go from the client straight to the store ----
+
+    def start_upload(
+        self, key: str, part_sizes: Sequence[int], expires_seconds: int
+    ) -> tuple[str, Sequence[str]]:
+        """Start a multipart upload to ``key``: (its upload id, one presigned ``PUT`` URL per
+        part, in order). Each URL is signed for its part's exact ``Content-Length``, so a part
+        of another size is refused by the store."""
+        name = self._name(key)
+        upload_id = str(
+            self.client.create_multipart_upload(Bucket=self.bucket, Key=name)["UploadId"]
+        )
+        urls = [
+            str(
+                self._presigner.generate_presigned_url(
+                    "upload_part",
+                    Params={
+                        "Bucket": self.bucket,
+                        "Key": name,
+                        "UploadId": upload_id,
+                        "PartNumber": number,
+                        "ContentLength": size,
+                    },
+                    ExpiresIn=expires_seconds,
+                )
+            )
+            for number, size in enumerate(part_sizes, start=1)
+        ]
+        return upload_id, urls
+
+    def complete_upload(self, key: str, upload_id: str, etags: Sequence[str]) -> None:
+        """Complete the multipart upload of ``key`` from its parts' ETags (part 1 first).
+        :class:`UploadRefusedError` with the store's reason when it refuses (no such upload, a
+        part missing or not the one uploaded)."""
+        from botocore.exceptions import ClientError
+
+        parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=self._name(key),
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        except ClientError as exc:
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if 400 <= status < 500:
+                error = exc.response.get("Error", {})
+                raise UploadRefusedError(f"{error.get('Code')}: {error.get('Message')}") from exc
+            raise
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Abort the multipart upload (its parts are freed); nothing when there is none."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=self._name(key), UploadId=upload_id
+            )
+        except ClientError as exc:
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if status != 404 and not _missing(exc):
+                raise
+
+    def copy(self, source_key: str, key: str) -> None:
+        """Copy the object ``source_key`` to ``key`` inside the store (no byte leaves it;
+        a multipart copy for large objects)."""
+        self.client.copy(
+            {"Bucket": self.bucket, "Key": self._name(source_key)},
+            self.bucket,
+            self._name(key),
+            Config=self.transfer,
         )

@@ -38,6 +38,7 @@ from ace3_server.archives import (
     safe_extract,
 )
 from ace3_server.errors import field_error
+from ace3_server.services.shard_store import delete_unshared_shards
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.storable import text_problem
 
@@ -278,4 +279,8 @@ async def delete_artifact(session: AsyncSession, store: ArtifactStore, row: Any)
     await session.commit()
     if isinstance(row, StoredDataset) and row.kind == "remote":
         return  # its storage_key is the bucket prefix it was registered from: never deleted
+    if isinstance(row, StoredDataset) and row.kind == "shards":
+        # uploaded shards: those no other live dataset of the owner names go with it
+        await delete_unshared_shards(session, store, row)
+        return
     await run_in_threadpool(store.delete, row.storage_key)

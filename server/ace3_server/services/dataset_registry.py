@@ -32,22 +32,26 @@ from ace3_server.schemas import DatasetRegister
 SHARDED_KINDS = ("remote", "shards")
 
 
-def _body_problems(body: DatasetRegister) -> list[dict[str, Any]]:
+def format_field_problems(
+    format: str, dtype: str | None, columns: object | None
+) -> list[dict[str, Any]]:
+    """422 entries for ``dtype`` given for another format than tokens, ``columns`` for another
+    than parquet (registered and uploaded sharded datasets alike)."""
     problems = []
-    if body.dtype is not None and body.format != "tokens":
+    if dtype is not None and format != "tokens":
         problems.append(
             {
                 "loc": ["body", "dtype"],
-                "msg": f"dtype is for format='tokens' (the token ids' type), not {body.format!r}",
+                "msg": f"dtype is for format='tokens' (the token ids' type), not {format!r}",
                 "type": "value_error",
             }
         )
-    if body.columns is not None and body.format != "parquet":
+    if columns is not None and format != "parquet":
         problems.append(
             {
                 "loc": ["body", "columns"],
                 "msg": f"columns is for format='parquet' (the columns read as inputs and "
-                f"targets), not {body.format!r}",
+                f"targets), not {format!r}",
                 "type": "value_error",
             }
         )
@@ -73,20 +77,45 @@ async def register_dataset(
 ) -> tuple[StoredDataset, bool]:
     """(the dataset, created): the owner's dataset of this listing (200), or a new one (201).
     422 naming ``uri`` when it may not be read or holds no shards, or the field at fault."""
-    problems = _body_problems(body)
+    problems = format_field_problems(body.format, body.dtype, body.columns)
     if problems:
         raise HTTPException(status_code=422, detail=problems)
     try:
         manifest = await run_in_threadpool(_manifest, settings, body)
     except SourceProblem as exc:
         raise field_error(["body", exc.field], str(exc)) from None
+    name = body.name or _display_name(manifest.uri)
+    return await save_manifest_dataset(
+        session,
+        owner_id,
+        manifest,
+        kind="remote",
+        name=name,
+        filename=_display_name(manifest.uri),
+        uri=manifest.uri,
+    )
+
+
+async def save_manifest_dataset(
+    session: AsyncSession,
+    owner_id: str,
+    manifest: ShardManifest,
+    *,
+    kind: str,
+    name: str,
+    filename: str,
+    uri: str | None,
+) -> tuple[StoredDataset, bool]:
+    """(the dataset, created) of a sharded dataset: the owner's dataset of this manifest's
+    digest, a deleted one revived (created), or a new row; ``storage_key`` is the manifest's
+    ``uri`` (a bucket prefix, or the store's key prefix of uploaded shards). Commits."""
     digest = manifest.digest()
     identity = [StoredDataset.owner_id == owner_id, StoredDataset.sha256 == digest]
     existing = await session.scalar(select(StoredDataset).where(*identity))
     if existing is not None and existing.deleted_at is None:
+        await session.commit()
         return existing, False
-    name = body.name or _display_name(manifest.uri)
-    if existing is not None:  # deleted before: the same listing again, revived
+    if existing is not None:  # deleted before: the same manifest again, revived
         existing.deleted_at = None
         existing.created_at = utcnow()
         existing.name = name
@@ -95,13 +124,13 @@ async def register_dataset(
     row = StoredDataset(
         owner_id=owner_id,
         name=name,
-        filename=_display_name(manifest.uri),
-        kind="remote",
+        filename=filename,
+        kind=kind,
         format=manifest.format,
         sha256=digest,
         size_bytes=manifest.total_bytes,
         storage_key=manifest.uri,
-        uri=manifest.uri,
+        uri=uri,
         manifest=manifest.model_dump(mode="json"),
         shard_count=len(manifest.shards),
         samples=manifest.total_samples,
@@ -109,7 +138,7 @@ async def register_dataset(
     session.add(row)
     try:
         await session.commit()
-    except IntegrityError:  # the same listing registered concurrently: the winner's row
+    except IntegrityError:  # the same manifest stored concurrently: the winner's row
         await session.rollback()
         winner = await session.scalar(select(StoredDataset).where(*identity))
         if winner is None:  # pragma: no cover - the conflicting row must exist
