@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from ace3.client.searches import Search, SearchTrial
+from ace3.client.shard_upload import DirectUpload, ShardCheck, StoredShard
 from ace3.client.types import (
     Artifact,
     Checkpoint,
@@ -36,6 +37,9 @@ from ace3_server.app import create_app
 PARSED_BY: dict[str, type[BaseModel]] = {
     "ModelOut": Model,
     "DatasetOut": Dataset,
+    "StoredShardOut": StoredShard,  # (uploads of a shard directory's shards)
+    "ShardCheckOut": ShardCheck,
+    "DirectUploadOut": DirectUpload,
     "JobOut": Job,
     "JobListItem": Job,
     "MetricOut": Metric,

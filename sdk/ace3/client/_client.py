@@ -6,6 +6,7 @@ default client the trainers use.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import threading
@@ -21,8 +22,9 @@ from ace3.client._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
 from ace3.client._packing import pack_directory
 from ace3.client.handles import JobHandleLike, SearchHandleLike, job_handle, search_handle
 from ace3.client.jobs import Jobs
-from ace3.client.resources import Checkpoints, Datasets, Models, Workers
+from ace3.client.resources import Checkpoints, Datasets, Models, Workers, _upload
 from ace3.client.searches import Searches
+from ace3.client.shard_upload import upload_shard_directory
 from ace3.client.types import Dataset, Model
 from ace3.client.webhooks import Webhooks
 from ace3.config.shards import StreamFormat, TokenDtype
@@ -240,14 +242,43 @@ class Client:
             "or a .tar.gz/.tar/.zip archive of one"
         )
 
-    def load_dataset(self, path: str | os.PathLike[str], name: str | None = None) -> DatasetRef:
+    def load_dataset(
+        self,
+        path: str | os.PathLike[str],
+        name: str | None = None,
+        *,
+        format: StreamFormat | None = None,
+        dtype: TokenDtype | None = None,
+        columns: Mapping[Literal["inputs", "targets"], str] | None = None,
+    ) -> DatasetRef:
         """Upload a dataset unless the server already has it, and return a reference.
 
         ``path`` is a data file (``.pt``, ``.npz``, ``.csv``, ``.jsonl``), a directory
         (packed here; it holds one data file, or a ``dataset.py`` defining
         ``build_dataset(split)``), or a ``.tar.gz``/``.tar``/``.zip`` of such a directory.
+
+        With ``format=`` (``"webdataset"``, ``"parquet"``, ``"jsonl"`` or ``"tokens"``, as
+        :meth:`ClientDatasets.register` takes, with its ``dtype`` and ``columns``), ``path``
+        is a directory of shards (its files with the format's endings, at any depth; or one
+        shard file): each is uploaded unless the service has it already (by sha256, so an
+        interrupted upload resumes), each under the server's upload cap, and the dataset
+        streams them to the jobs shard by shard (kind ``"shards"``) instead of copying it
+        whole. ``uploaded`` is whether the dataset is new.
         """
+        if format is None and (dtype is not None or columns is not None):
+            raise ValueError("dtype= and columns= go with format=, for a directory of shards")
         source = _existing_path(path, "dataset")
+        if format is not None:
+            dataset, created, _ = upload_shard_directory(
+                self._http,
+                functools.partial(_upload, self.datasets),
+                source,
+                format=format,
+                name=name,
+                dtype=dtype,
+                columns=columns,
+            )
+            return DatasetRef(dataset, self, uploaded=created)
         if source.is_dir():
             with tempfile.TemporaryDirectory(prefix="ace3-pack-") as scratch:
                 archive = Path(scratch) / f"{source.resolve().name}.tar.gz"

@@ -170,12 +170,16 @@ class HTTPClient:
         idempotency_key: str | None = None,
         idempotent: bool | None = None,
         max_retries: int | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
         """Send one logical request (retrying it as the policy allows) and return the
-        response, whose body is read. Error statuses raise the typed errors."""
+        response, whose body is read. Error statuses raise the typed errors. ``timeout``
+        replaces the client's for this request (one the server answers slowly)."""
         request_kwargs = self._request_kwargs(
             params=params, json_body=json_body, data=data, files=files
         )
+        if timeout is not None:
+            request_kwargs["timeout"] = timeout
         for attempt, request in self._attempts(
             method, path, headers, idempotency_key, idempotent, max_retries, request_kwargs
         ):
