@@ -113,6 +113,9 @@ def test_validation_reads_each_share_once_in_manifest_order(tmp_path: Path) -> N
     assert sorted(read[0] + read[1]) == list(range(15))
     assert read[0] == list(range(10)) and read[1] == list(range(10, 15))
     assert ranks[0].batches_per_epoch(4) is None
+    four = [ids(stream(spec, rank, 4, split="validation")) for rank in range(4)]
+    assert sorted(itertools.chain(*four)) == list(range(15))  # no sample twice
+    assert four[3] == []  # three shards: the fourth reader reads none
 
 
 def test_a_cycling_stream_goes_on_into_its_next_epoch(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ balanced (within one shard of each other, closer for shards of equal sizes), and
 A reader left without a shard (more readers than shards) reads the share of a reader that has
 some (reader ``k`` of the empty ones takes the share of non-empty reader ``k mod n``): its
 samples repeat another reader's, as a DistributedSampler pads, but no rank waits for data
-that never comes.
+that never comes. Validation readers are not filled so (each sample counts once): one
+without a shard reads nothing.
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ def shard_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     return [int(i) for i in np.random.default_rng([seed, epoch]).permutation(count)]
 
 
-def assign(order: Sequence[int], loads: Sequence[int], readers: int) -> list[list[int]]:
+def assign(
+    order: Sequence[int], loads: Sequence[int], readers: int, fill_empty: bool = True
+) -> list[list[int]]:
     """Deal the shards of ``order``, largest load first (equal loads in ``order``), each to the
     least loaded reader (ties: the lowest); each share is read in ``order``. A reader left
-    empty takes a copy of a non-empty reader's share."""
+    empty takes a copy of a non-empty reader's share (unless ``fill_empty`` is False:
+    validation counts each sample once)."""
     if readers < 1:
         raise ValueError(f"readers must be at least 1, not {readers}")
     heap = [(0, reader) for reader in range(readers)]
@@ -51,7 +55,7 @@ def assign(order: Sequence[int], loads: Sequence[int], readers: int) -> list[lis
     place = {shard: position for position, shard in enumerate(order)}
     shares = [sorted(share, key=place.__getitem__) for share in shares]
     full = [share for share in shares if share]
-    if full:
+    if full and fill_empty:
         empty = [reader for reader, share in enumerate(shares) if not share]
         for k, reader in enumerate(empty):
             shares[reader] = list(full[k % len(full)])
@@ -70,6 +74,7 @@ class ShardPlan:
         readers: int,
         seed: int,
         shuffle: bool,
+        fill_empty: bool = True,
     ) -> None:
         if not counts:
             raise ValueError("a stream needs at least one shard")
@@ -80,6 +85,7 @@ class ShardPlan:
             None if any(c is None for c in counts) else [int(c or 0) for c in counts]
         )
         self._loads = list(self.counts) if self.counts is not None else list(sizes)
+        self.fill_empty = fill_empty
         self._cache: dict[int, list[list[int]]] = {}
 
     def shares(self, epoch: int) -> list[list[int]]:
@@ -89,7 +95,7 @@ class ShardPlan:
             if len(self._cache) >= _CACHED_EPOCHS:
                 self._cache.pop(next(iter(self._cache)))
             order = shard_order(len(self._loads), self.seed, key, self.shuffle)
-            self._cache[key] = assign(order, self._loads, self.readers)
+            self._cache[key] = assign(order, self._loads, self.readers, self.fill_empty)
         return self._cache[key]
 
     def share(self, epoch: int, reader: int) -> list[int]:

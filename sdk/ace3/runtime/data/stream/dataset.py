@@ -82,7 +82,9 @@ class ShardStream(IterableDataset[Any]):
         self.buffer_size = config.shuffle_buffer if self.shuffle else 0
         self.workers = max(1, config.num_workers)
         readers = world_size * self.workers
-        self.plan = ShardPlan(counts, self.sizes, readers, config.seed, self.shuffle)
+        self.plan = ShardPlan(
+            counts, self.sizes, readers, config.seed, self.shuffle, fill_empty=train
+        )
         if self.plan.counts is not None and not sum(self.plan.counts):
             raise ValueError(
                 f"the {split} split of {spec.path} holds no samples"
@@ -96,11 +98,18 @@ class ShardStream(IterableDataset[Any]):
         if rank == 0 and readers > len(files):
             ENGINE.info(
                 f"{split} data: {readers} readers ({world_size} ranks x {self.workers} loader "
-                f"workers) for {len(files)} shards: some readers repeat another's shards"
+                f"workers) for {len(files)} shards: "
+                + ("some repeat another's shards" if train else "some read none")
             )
         self.epoch = 0
         self._pending: dict[str, Any] | None = None
         self._live: Reader | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for a DataLoader worker: without a reader the main process may have run."""
+        state = dict(self.__dict__)
+        state["_live"] = None
+        return state
 
     def set_epoch(self, epoch: int) -> None:
         """The loop's epoch (a non-cycling stream's shard order and buffer follow it; a cycling
