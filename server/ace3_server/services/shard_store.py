@@ -25,6 +25,7 @@ from typing import Any
 
 from fastapi import HTTPException, UploadFile
 from sqlalchemy import delete, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
@@ -105,12 +106,20 @@ async def _place(
     await lock_shards(session, owner_id)
     await run_in_threadpool(place)
     row = await session.get(StoredShard, (owner_id, sha256))
-    created = row is None
-    if row is None:
-        row = StoredShard(owner_id=owner_id, sha256=sha256, size_bytes=size)
-        session.add(row)
-    await session.commit()
-    return row, created
+    if row is not None:
+        await session.commit()
+        return row, False
+    row = StoredShard(owner_id=owner_id, sha256=sha256, size_bytes=size)
+    session.add(row)
+    try:
+        await session.commit()
+    except IntegrityError:  # (stored concurrently: only without the lock, on SQLite)
+        await session.rollback()
+        winner = await session.get(StoredShard, (owner_id, sha256))
+        if winner is None:  # pragma: no cover - the conflicting row must exist
+            raise
+        return winner, False
+    return row, True
 
 
 def _mismatch(sha256: str, size: int, found_sha256: str, found_size: int) -> HTTPException:
