@@ -162,7 +162,9 @@ def _dataset_spec(
         if cache_bytes is not None:
             check_fits(manifest, cache_bytes)
         requests = _private_dir(requests_dir(directory.output_dir), owner)
-        spec, stream = stream_dataset(split, manifest, into, requests, directory.visible)
+        spec, stream = stream_dataset(
+            split, manifest, into, requests, directory.visible, kind=dataset.kind
+        )
         directory.streams = (*directory.streams, stream)
         return spec
     if not store.exists(dataset.storage_key):

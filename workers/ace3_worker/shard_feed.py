@@ -6,7 +6,8 @@ at once when a fetch is done) and orders what they name: each request's first sh
 its reader opens now) before any look-ahead, round-robin across the requests. Up to
 ``MAX_FETCHES`` tasks run at once, each making one shard present: from the node cache
 (:mod:`ace3_worker.shard_cache`), fetched into it first when it is missing
-(:mod:`ace3_worker.shard_fetch`; waiting for room when the cache is full of shards running jobs
+(:mod:`ace3_worker.shard_fetch`: from the bucket of a registered dataset, from the artifact
+store for an uploaded one; waiting for room when the cache is full of shards running jobs
 link, for a reader's current shard only), then hard-linked into ``data/<split>/shards/``. The
 sha256 of every shard the job gets is said in its log (the worker's own stream).
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from ace3_control.dataset_sources import source_client
 from ace3_control.settings import Settings
+from ace3_control.storage import ArtifactStore, open_store
 from ace3_worker.shard_cache import CacheTooSmallError, ShardCache, place
 from ace3_worker.shard_fetch import (
     FetchStopped,
@@ -37,6 +39,7 @@ from ace3_worker.shard_fetch import (
     S3ShardSource,
     ShardChangedError,
     ShardSource,
+    StoreShardSource,
     obtain,
 )
 from ace3_worker.shard_requests import Request, RequestReader
@@ -76,7 +79,7 @@ class ShardFeed:
         streams: tuple[ShardStream, ...],
         output_dir: Path,
         cache: ShardCache,
-        sources: Callable[[str], ShardSource],
+        sources: Callable[[ShardStream], ShardSource],
         *,
         log: Callable[[str], None],
         fail: Callable[[str], None],
@@ -116,12 +119,22 @@ class ShardFeed:
         log: Callable[[str], None],
         fail: Callable[[str], None],
         job_id: str = "",
+        store: ArtifactStore | None = None,
     ) -> ShardFeed:
-        """The feeder with this worker's cache and the service's S3 client for sources."""
+        """The feeder with this worker's cache; a registered dataset's shards are read with the
+        service's S3 client, an uploaded one's from ``store`` (default: the settings' store,
+        opened when first needed)."""
         clients: list[Any] = []
+        stores: list[ArtifactStore] = [] if store is None else [store]
         made = threading.Lock()
 
-        def sources(uri: str) -> ShardSource:
+        def sources(stream: ShardStream) -> ShardSource:
+            uri = stream.manifest.uri
+            if stream.kind == "shards":
+                with made:
+                    if not stores:
+                        stores.append(open_store(settings))
+                return StoreShardSource(uri, stores[0])
             if not uri.startswith("s3://"):
                 raise ValueError(f"shards at {uri!r} cannot be streamed (not an s3:// source)")
             with made:  # (one client, made in a fetch thread: boto3's clients are thread-safe)
@@ -231,7 +244,7 @@ class ShardFeed:
         split, file = key
         stream = self.streams[split]
         shard = stream.shard(file)
-        source = self.sources(stream.manifest.uri)
+        source = self.sources(stream)
 
         def waiting(seconds: float, linked: int) -> None:
             self.log(

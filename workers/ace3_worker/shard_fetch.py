@@ -1,13 +1,19 @@
 """Fetching one shard into the node cache (:mod:`ace3_worker.shard_cache`), verified against the
-dataset's manifest.
+dataset's manifest, from one of two sources:
 
-The object is read with the service's own S3 settings
-(:func:`ace3_control.dataset_sources.source_client`; no job ever gets them). Its ETag (unquoted,
-compared as an opaque string: a multipart upload's is no MD5) and its size must be what the
-manifest recorded when the dataset was registered; otherwise, or when the object is gone, the
-shard changed (:class:`ShardChangedError`) and the job fails naming it, before any of its bytes
-reach the job. The bytes are hashed (sha256) while they are written into the entry's reserved
-part file, which is fsynced and renamed into place only when every byte arrived.
+- :class:`S3ShardSource`, a dataset registered from a bucket (kind "remote"): the object is read
+  with the service's own S3 settings (:func:`ace3_control.dataset_sources.source_client`; no job
+  ever gets them). Its ETag (unquoted, compared as an opaque string: a multipart upload's is no
+  MD5) and its size must be what the manifest recorded when the dataset was registered.
+- :class:`StoreShardSource`, an uploaded shard directory (kind "shards"): the artifact store's
+  object ``manifest.uri + shard.etag`` (``datasets/<owner>/shards/<sha256>``), whose bytes must
+  hash to that sha256 and be ``shard.size`` long (the store's own ETag is not looked at: on S3
+  it is a copy's).
+
+Otherwise, or when the object is gone, the shard changed (:class:`ShardChangedError`) and the job
+fails naming it, before any of its bytes reach the job. The bytes are hashed (sha256) while they
+are written into the entry's reserved part file, which is fsynced and renamed into place only
+when every byte arrived (and, for a source that knows their sha256, only when it matches).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,11 +29,13 @@ from typing import Any, Protocol
 
 from ace3.config.shards import Shard
 from ace3_control.dataset_sources import split_s3_uri
+from ace3_control.storage import ArtifactStore
 from ace3_worker.shard_cache import CachedShard, ShardCache
 
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class ShardChangedError(RuntimeError):
@@ -40,12 +49,14 @@ class FetchStopped(RuntimeError):
 
 @dataclass
 class ShardObject:
-    """An object being read: what the source says it is, and its bytes."""
+    """An object being read: what the source says it is (None: it does not say), and its bytes;
+    ``sha256``: what the bytes must hash to, when the source knows it (content-addressed)."""
 
-    etag: str
-    size: int
+    etag: str | None
+    size: int | None
     chunks: Iterator[bytes]
     close: Callable[[], None]
+    sha256: str | None = None
 
 
 class ShardSource(Protocol):
@@ -88,13 +99,43 @@ class S3ShardSource:
         )
 
 
+class StoreShardSource:
+    """The shards of an uploaded shard directory: the artifact store's objects ``uri + sha256``
+    (``uri`` is the owner's shard prefix, ``datasets/<owner>/shards/``)."""
+
+    def __init__(self, uri: str, store: ArtifactStore) -> None:
+        self.uri = uri
+        self.store = store
+
+    def open(self, shard: Shard) -> ShardObject:
+        if not SHA256_HEX.fullmatch(shard.etag):
+            raise ShardChangedError(
+                f"dataset shard {shard.name!r} has no sha256 in its manifest ({shard.etag!r})"
+            )
+        key = f"{self.uri}{shard.etag}"
+        try:
+            handle = self.store.open(key)
+        except FileNotFoundError as exc:
+            raise ShardChangedError(
+                f"dataset shard {shard.name!r} is gone from the artifact store ({key}): the "
+                "store lost it since it was uploaded"
+            ) from exc
+        return ShardObject(
+            etag=None,
+            size=None,
+            chunks=iter(lambda: handle.read(CHUNK_BYTES), b""),
+            close=handle.close,
+            sha256=shard.etag,
+        )
+
+
 def check_object(shard: Shard, uri: str, found: ShardObject) -> None:
     """Raise :class:`ShardChangedError`, naming the shard and what changed, unless the object is
-    the one the manifest recorded."""
+    the one the manifest recorded (as far as the source says before its bytes are read)."""
     changes = []
-    if found.etag != shard.etag:
+    if found.etag is not None and found.etag != shard.etag:
         changes.append(f"its ETag is {found.etag!r}, registered {shard.etag!r}")
-    if found.size != shard.size:
+    if found.size is not None and found.size != shard.size:
         changes.append(f"its size is {found.size} bytes, registered {shard.size}")
     if changes:
         raise ShardChangedError(
@@ -152,6 +193,24 @@ def obtain(
     return Obtained(CachedShard(path, sha256), fetched=True)
 
 
+def check_content(shard: Shard, uri: str, sha256: str, size: int) -> None:
+    """Raise :class:`ShardChangedError`, naming the shard, unless the bytes read from a
+    content-addressed source are the ones uploaded. ``size``: the bytes read (the reading stops
+    in the first chunk past the manifest's size), ``sha256``: theirs."""
+    if size > shard.size:
+        change = f"it holds more than the {shard.size} bytes uploaded"
+    elif size < shard.size:
+        change = f"it holds {size} bytes, uploaded {shard.size}"
+    elif sha256 != shard.etag:
+        change = f"its sha256 is {sha256}, uploaded {shard.etag}"
+    else:
+        return
+    raise ShardChangedError(
+        f"dataset shard {shard.name!r} ({uri}{shard.etag}) is not what was uploaded: {change}; "
+        "the artifact store is corrupted"
+    )
+
+
 def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event) -> str:
     """The shard's bytes into ``fd``, checked against the manifest; their sha256."""
     found = source.open(shard)
@@ -171,6 +230,8 @@ def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event) -> 
                 break
     finally:
         found.close()
+    if found.sha256 is not None:
+        check_content(shard, source.uri, digest.hexdigest(), written)
     if written != shard.size:
         raise OSError(f"shard {shard.name!r}: {written} bytes arrived of {shard.size}")
     return digest.hexdigest()

@@ -2,8 +2,8 @@
 (:class:`ace3.runtime.job_spec.StreamSpec`) and what the attempt's feeder
 (:mod:`ace3_worker.shard_feed`) needs to fill its directory.
 
-A dataset whose row carries a manifest (``kind`` "remote": registered from a bucket) gets
-``data/<split>/shards/``, the worker's (0755: the job reads it, through ``/job`` read-only under
+A dataset whose row carries a manifest (``kind`` "remote": registered from a bucket; "shards":
+an uploaded shard directory, its shards in the artifact store) gets ``data/<split>/shards/``, the worker's (0755: the job reads it, through ``/job`` read-only under
 bubblewrap), empty when the attempt starts; its shards appear there, read-only and whole, as the
 readers ask for them in ``output/shard-requests/`` (the job's own, writable), shared by both
 splits.
@@ -12,6 +12,7 @@ splits.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -23,7 +24,8 @@ from ace3_control.models import StoredDataset
 
 Split = Literal["train", "validation"]
 SHARDS_DIR = "shards"
-STREAMED_KINDS = ("remote",)
+STREAMED_KINDS = ("remote", "shards")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class ShardStream:
     directory: Path
     files: tuple[str, ...]
     digest: str
+    kind: str  # the dataset's: where its shards are read from (ace3_worker.shard_fetch)
     _by_file: dict[str, Shard] = field(repr=False, compare=False)
 
     def shard(self, file: str) -> Shard:
@@ -49,7 +52,27 @@ def manifest_of(dataset: StoredDataset) -> ShardManifest | None:
     raw = dataset.manifest
     if raw is None:
         raise ValueError(f"dataset {dataset.id} is {dataset.kind!r} but has no shard manifest")
-    return ShardManifest.model_validate(raw)
+    manifest = ShardManifest.model_validate(raw)
+    if dataset.kind == "shards":
+        _check_stored(dataset, manifest)
+    return manifest
+
+
+def _check_stored(dataset: StoredDataset, manifest: ShardManifest) -> None:
+    """An uploaded shard directory reads its owner's stored shards only: ``uri`` is the owner's
+    shard prefix and every ``etag`` a sha256 (the store's key is ``uri + etag``)."""
+    prefix = f"datasets/{dataset.owner_id}/shards/"
+    if manifest.uri != prefix:
+        raise ValueError(
+            f"dataset {dataset.id}'s manifest uri {manifest.uri!r} is not its owner's shard "
+            f"prefix {prefix!r}"
+        )
+    for shard in manifest.shards:
+        if not _SHA256.fullmatch(shard.etag):
+            raise ValueError(
+                f"dataset {dataset.id}'s shard {shard.name!r} has no sha256 in its manifest "
+                f"(etag {shard.etag!r})"
+            )
 
 
 def check_fits(manifest: ShardManifest, cache_bytes: int) -> None:
@@ -69,9 +92,14 @@ def stream_dataset(
     into: Path,
     requests: Path,
     visible: Callable[[Path], PurePosixPath],
+    *,
+    kind: str = "remote",
 ) -> tuple[dict[str, Any], ShardStream]:
     """Make ``into/shards/`` (empty; the worker's) and return the job file's dataset entry and
-    the stream the feeder fills it from. ``requests``: the readers' request directory."""
+    the stream the feeder fills it from. ``requests``: the readers' request directory;
+    ``kind``: the dataset's (one of :data:`STREAMED_KINDS`)."""
+    if kind not in STREAMED_KINDS:
+        raise ValueError(f"a {kind!r} dataset is not streamed")
     directory = into / SHARDS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     files = tuple(shard_file_name(i, s, manifest.format) for i, s in enumerate(manifest.shards))
@@ -94,6 +122,7 @@ def stream_dataset(
         directory,
         files,
         manifest.digest(),
+        kind,
         dict(zip(files, manifest.shards, strict=True)),
     )
     return spec.model_dump(mode="json"), stream
