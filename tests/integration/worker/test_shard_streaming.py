@@ -2,11 +2,13 @@
 attempt: the bytes fetched are hashed, the sha256 recorded beside the cache entry and in the
 job's log; a shard whose object changed after registration (another ETag) stops the attempt,
 and the job fails naming the shard, without a retry and without the shard reaching the job; a
-deleted one likewise."""
+deleted one likewise. An uploaded shard directory (kind "shards") streams from the worker's
+artifact store the same way, each shard checked against its sha256."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import queue
 import secrets
@@ -25,6 +27,7 @@ from ace3.config.shards import REQUEST_DIR, Shard, ShardManifest
 from ace3_control.dataset_sources import source_client
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
+from ace3_control.storage import open_store
 from ace3_server.migrations_check import upgrade
 from ace3_worker import reports
 from ace3_worker.attempt_run import AttemptRunner
@@ -85,7 +88,7 @@ def bucket(
     return SimpleNamespace(settings=settings, client=client, name=name, manifest=manifest)
 
 
-def _directory(root: Path, manifest: ShardManifest) -> JobDirectory:
+def _directory(root: Path, manifest: ShardManifest, kind: str = "remote") -> JobDirectory:
     directory = JobDirectory(root, PurePosixPath(root))
     (directory.output_dir / REQUEST_DIR).mkdir(parents=True)
     _, stream = stream_dataset(
@@ -94,6 +97,7 @@ def _directory(root: Path, manifest: ShardManifest) -> JobDirectory:
         root / "data" / "train",
         directory.output_dir / REQUEST_DIR,
         PurePosixPath,
+        kind=kind,
     )
     directory.streams = (stream,)
     return directory
@@ -184,3 +188,72 @@ def test_a_deleted_shard_fails_the_attempt_naming_it(
         f"dataset shard 'train/002.bin' is gone from s3://{bucket.name}/corpus/ (deleted since "
         "the dataset was registered)"
     ]
+
+
+def test_an_uploaded_shard_directory_streams_from_the_store_and_a_corrupted_shard_fails(
+    tmp_path: Path,
+) -> None:
+    """Kind "shards" on the local store the worker opens from its settings."""
+    (tmp_path / "data").mkdir()
+    settings = Settings(
+        data_dir=tmp_path / "data", dataset_cache_bytes=10 * SHARD_BYTES, lease_seconds=30
+    )
+    upgrade(settings.resolved_database_url)
+    store = open_store(settings)
+    contents = [bytes([i]) * SHARD_BYTES for i in range(2)]
+    digests = [hashlib.sha256(data).hexdigest() for data in contents]
+    for data, digest in zip(contents, digests, strict=True):
+        store.put_stream(f"datasets/o/shards/{digest}", io.BytesIO(data), sha256=digest)
+    manifest = ShardManifest(
+        uri="datasets/o/shards/",
+        format="tokens",
+        dtype="uint16",
+        shards=[
+            Shard(name=f"train/{i}.bin", size=SHARD_BYTES, etag=d) for i, d in enumerate(digests)
+        ],
+    )
+    supervisor = Supervisor(settings)
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running", max_retries=3)
+        session.expunge(job)
+    directory = _directory(tmp_path / "attempt", manifest, kind="shards")
+    plan = SandboxPlan(mode="none", dedicated_uids=False, runtime_paths=(), hidden=())
+    process = SandboxedProcess(
+        subprocess.Popen(["sleep", "60"], start_new_session=True), plan, None
+    )
+    lines: queue.Queue[reports.LogLine] = queue.Queue()
+    running = RunningTorchrun(process, lines, LogLimiter(100, 1e6, 10**6), [], threading.Event())
+    watch = AttemptWatch(job.id, 1)
+    runner = AttemptRunner(settings, None, None, None, None, None)  # type: ignore[arg-type]  # _feed uses settings only
+    feed = runner._feed(job, directory, watch, running)
+    assert feed is not None
+    shards = directory.streams[0].directory
+    try:
+        _request(directory, "000000.bin")
+        wait_for(lambda: (shards / "000000.bin").exists())
+        assert (shards / "000000.bin").read_bytes() == contents[0]
+        said = lines.get_nowait().line
+        assert f"'train/0.bin' ({SHARD_BYTES} bytes, fetched from the source): sha256 " in said
+        assert said.endswith(digests[0])
+
+        # The stored object's bytes change under the store (same size: only the sha256 tells).
+        key = f"datasets/o/shards/{digests[1]}"
+        damaged = b"\xff" * SHARD_BYTES
+        (settings.resolved_storage_dir / key).write_bytes(damaged)
+        _request(directory, "000001.bin")
+        returncode = process.wait(timeout=20)
+    finally:
+        feed.stop()
+        process.kill()
+        process.wait()
+    assert returncode == -signal.SIGTERM and not (shards / "000001.bin").exists()
+    supervisor.outcomes.record_attempt(
+        job, watch, returncode, reports.EventTail(directory.output_dir)
+    )
+    with supervisor.sessions() as session:
+        row: Any = session.get(Job, job.id)
+        assert (row.state, row.attempt) == (JobState.FAILED, 1), "failed, not retried"
+        assert row.error.startswith(
+            f"training stopped: dataset shard 'train/1.bin' ({key}) is not what was uploaded: "
+            f"its sha256 is {hashlib.sha256(damaged).hexdigest()}"
+        )
