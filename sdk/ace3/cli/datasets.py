@@ -1,6 +1,8 @@
-"""``ace3 datasets register|list|show``: datasets, clients of ``/v1/datasets``. ``register``
-records the shards under an s3:// prefix the service may read as a dataset (nothing is
-uploaded); its id is a ``dataset_id`` for jobs and searches (``POST /v1/jobs``, the SDK's
+"""``ace3 datasets register|upload|list|show``: datasets, clients of ``/v1/datasets``.
+``register`` records the shards under an s3:// prefix the service may read as a dataset (nothing
+is uploaded); ``upload`` uploads a local directory of shards, each unless the service has it
+already (``client.load_dataset(directory, format=...)``: an interrupted upload resumes). Either
+id is a ``dataset_id`` for jobs and searches (``POST /v1/jobs``, the SDK's
 ``client.jobs.create``; ``client.datasets.retrieve(id)`` for a trainer)."""
 
 from __future__ import annotations
@@ -63,6 +65,40 @@ def cmd_register(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_upload(args: argparse.Namespace) -> int:
+    from ace3.cli.common import make_client
+
+    try:
+        columns = _columns(args.column)
+    except argparse.ArgumentTypeError as exc:
+        args.parser.error(str(exc))
+    ref = make_client().load_dataset(
+        args.directory, args.name, format=args.format, dtype=args.dtype, columns=columns
+    )
+    if args.json:
+        output.print_json(ref.dataset)
+        return OK
+    dataset = ref.dataset
+    state = "uploaded" if ref.uploaded else "already uploaded"
+    output.print_fields(f"dataset {dataset.id} ({state})", _fields(dataset))
+    return OK
+
+
+def _shard_options(parser: argparse.ArgumentParser, name_default: str) -> None:
+    """--format, --name, --dtype and --column, as register and upload take them."""
+    parser.add_argument("--format", required=True, choices=FORMATS, help="the shards' format")
+    parser.add_argument("--name", default=None, help=f"a name (default: {name_default})")
+    parser.add_argument(
+        "--dtype", default=None, choices=("uint16", "uint32"), help="tokens: the ids' type"
+    )
+    parser.add_argument(
+        "--column",
+        action="append",
+        metavar="ROLE=COLUMN",
+        help="parquet: inputs=<column> or targets=<column> when not named so (repeatable)",
+    )
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from ace3.cli.common import make_client
 
@@ -97,7 +133,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    datasets = sub.add_parser("datasets", help="register, list and inspect datasets")
+    datasets = sub.add_parser("datasets", help="register, upload, list and inspect datasets")
     verbs = datasets.add_subparsers(dest="datasets_command", required=True)
 
     register = verbs.add_parser(
@@ -109,18 +145,21 @@ def add_parsers(sub: Any) -> None:
         "the same dataset; a changed one is a new dataset.",
     )
     register.add_argument("uri", help="s3://bucket/prefix/")
-    register.add_argument("--format", required=True, choices=FORMATS, help="the shards' format")
-    register.add_argument("--name", default=None, help="a name (default: the prefix's last part)")
-    register.add_argument(
-        "--dtype", default=None, choices=("uint16", "uint32"), help="tokens: the ids' type"
-    )
-    register.add_argument(
-        "--column",
-        action="append",
-        metavar="ROLE=COLUMN",
-        help="parquet: inputs=<column> or targets=<column> when not named so (repeatable)",
-    )
+    _shard_options(register, "the prefix's last part")
     register.set_defaults(func=cmd_register, parser=register)
+
+    upload = verbs.add_parser(
+        "upload",
+        help="upload a directory of shards as a dataset streamed to its jobs",
+        description="Upload the shards in a local directory (its files with the format's "
+        "endings, at any depth; their relative paths are their names) as a dataset: each is "
+        "hashed and uploaded unless the service has it already, so running it again after an "
+        "interruption uploads only what is missing. Jobs on it get its shards streamed as they "
+        "read them, as for a registered dataset.",
+    )
+    upload.add_argument("directory", help="the directory of shards (or one shard file)")
+    _shard_options(upload, "the directory's name")
+    upload.set_defaults(func=cmd_upload, parser=upload)
 
     listing = verbs.add_parser("list", help="your datasets, newest first")
     listing.add_argument(
@@ -132,5 +171,5 @@ def add_parsers(sub: Any) -> None:
     show.add_argument("id", help="the dataset id")
     show.set_defaults(func=cmd_show)
 
-    for parser in (register, listing, show):
+    for parser in (register, upload, listing, show):
         add_json_flag(parser)
