@@ -230,7 +230,7 @@ def test_resume_is_bit_identical(
     # The resumed run's reported losses continue exactly where the uninterrupted one was
     # (speeds, memory and step times are measurements of the processes, not training results).
     MEASURED = ("samples_per_sec", "tokens_per_sec", "memory_mb", "peak_memory_mb",
-                "step_time_ms", "gpu_util")  # fmt: skip
+                "step_time_ms", "gpu_util", "data_wait_ms")  # fmt: skip
 
     def later_metrics(evs: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
         return [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -268,7 +269,9 @@ class TrainingLoop:
             self.step_lr = (  # the rate this step uses
                 current_learning_rate(parts.optimizer) * plan.lr_factor * state.lr_scale
             )
+            waited = time.perf_counter()  # (how long the rank waits for its data: a metric)
             taken = plan.combine([next(batches) for _ in range(group)])
+            self.run_metrics.data_wait += time.perf_counter() - waited
             measure = reports_after(state, config, self.batches_per_epoch, group)
             step_loss, samples = self.steps.run(taken, state.step, measure)
             if (reaction := react(self, self.steps.guard)) is not None:  # an unstable step

@@ -14,6 +14,12 @@ Metrics (names are the events contract's: 1-200 characters, at most 256 in a rep
 - ``lr_scale``: the learning-rate factor the instability guard's rollbacks left (when not 1);
 - ``tokens_per_sec``: token ids of every data replica over the wall time since the last
   report, when the inputs are token ids (see ``count_tokens``; absent otherwise);
+- ``data_wait_ms_rank<r>`` (while the job has at most :data:`MAX_RANKS_SHOWN` ranks) and
+  ``data_wait_ms_max``: the rank's host time waiting for its next batches (the loop's
+  ``next()`` on its loader: reading and collating them with ``num_workers=0``, waiting for
+  the loader workers otherwise, and on a streamed dataset for shards not yet in place),
+  averaged over the steps since the last report; beside ``step_time_ms`` it says what share
+  of a step goes to data;
 - ``memory_mb_rank<r>``, ``step_time_ms_rank<r>``, ``gpu_util_rank<r>`` for each rank while
   the job has at most :data:`MAX_RANKS_SHOWN` ranks; always ``memory_mb_max`` (and
   ``memory_mb_max_rank``, the rank that holds it), ``peak_memory_mb_max``,
@@ -100,6 +106,7 @@ class RunMetrics:
         self.nvml = _Nvml(ctx.device)
         self.since = time.perf_counter()
         self.steps_at_report = 0
+        self.data_wait = 0.0  # seconds waiting for batches since the last report (the loop's)
 
     def report(self, runner: StepRunner, state: TrainState) -> dict[str, float]:
         """The figures of the span since the last report (a collective on every rank)."""
@@ -114,14 +121,18 @@ class RunMetrics:
         self.steps_at_report = state.step
         memory, peak = _memory_mb(self.ctx.device)
         busy, tokens_run = runner.take_span()
-        mine = [memory, peak, 1000.0 * busy / steps, self.nvml.utilisation(), float(tokens_run)]
+        waited, self.data_wait = self.data_wait, 0.0
+        mine = [memory, peak, 1000.0 * busy / steps, self.nvml.utilisation(), float(tokens_run),
+                1000.0 * waited / steps]  # fmt: skip
         table = torch.tensor(mine, dtype=torch.float64, device=self.ctx.device)
         if self.ctx.world_size > 1:
-            rows = [torch.empty_like(table) for _ in range(self.ctx.world_size)]
-            dist.all_gather(rows, table)
-            table = torch.stack(rows)
-        values.update(per_rank_values(table.reshape(self.ctx.world_size, -1).tolist()))
-        tokens = sum(row[4] for row in table.reshape(self.ctx.world_size, -1).tolist())
+            gathered = [torch.empty_like(table) for _ in range(self.ctx.world_size)]
+            dist.all_gather(gathered, table)
+            table = torch.stack(gathered)
+        rows = table.reshape(self.ctx.world_size, -1).tolist()
+        values.update(per_rank_values([row[:5] for row in rows]))
+        values.update(data_wait_values([row[5] for row in rows]))
+        tokens = sum(row[4] for row in rows)
         if tokens > 0:  # every rank of a data replica ran the same tokens: count them once
             values["tokens_per_sec"] = tokens * self.replicas / self.ctx.world_size / elapsed
         return values
@@ -163,4 +174,14 @@ def per_rank_values(rows: list[list[float]]) -> dict[str, float]:
     if utils:
         values["gpu_util_min"] = min(utils)
         values["gpu_util_mean"] = sum(utils) / len(utils)
+    return values
+
+
+def data_wait_values(waits: list[float]) -> dict[str, float]:
+    """The report's names for each rank's mean wait for data per step, in ms (see the module
+    docstring)."""
+    values: dict[str, float] = {}
+    if len(waits) <= MAX_RANKS_SHOWN:
+        values = {f"data_wait_ms_rank{rank}": wait for rank, wait in enumerate(waits)}
+    values["data_wait_ms_max"] = max(waits)
     return values
