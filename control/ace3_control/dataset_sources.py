@@ -12,8 +12,12 @@ over them would let one owner read another's stored files.
 from __future__ import annotations
 
 import struct
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ace3.config.shards import SHARD_SUFFIXES, Shard, ShardManifest, shard_suffix
 from ace3_control.s3_uris import overlaps, parse_sources
@@ -27,13 +31,58 @@ if TYPE_CHECKING:
 MAX_SHARDS = 100_000
 #: Objects per ListObjectsV2 page (S3's own maximum).
 LIST_PAGE_SIZE = 1000
-#: Parquet footers read at once while registering.
+#: Parquet footers read at once, by the whole process (one pool for every request).
 FOOTER_READERS = 8
 #: Bytes of a parquet file's end read first: the footer of most files is within them.
 FOOTER_GUESS_BYTES = 64 * 1024
+#: The largest parquet footer read: a real shard's (many row groups and columns) is far less,
+#: and a crafted footer length would otherwise have the service read up to 4 GiB.
+MAX_FOOTER_BYTES = 16 * 1024 * 1024
+#: The most rows one shard may claim (the dataset's sum is checked against BigInteger too).
+MAX_ROWS = 2**62
 _PARQUET_MAGIC = b"PAR1"
 _ITEMSIZE = {"uint16": 2, "uint32": 4}
 DEFAULT_COLUMNS = {"inputs": "inputs", "targets": "targets"}
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _footer_pool() -> ThreadPoolExecutor:
+    """The process's one pool of footer readers (made when first needed)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(FOOTER_READERS, thread_name_prefix="ace3-footer")
+        return _pool
+
+
+def read_footers(
+    read: Callable[[_T], _R], items: Iterable[_T], check: Callable[[], None] | None = None
+) -> list[_R]:
+    """``[read(item) for item in items]``, the reads on the process's footer pool, at most
+    :data:`FOOTER_READERS` of this call's at once (so one request never queues all its reads
+    before another's); ``check`` runs before each read is submitted (a deadline). The first
+    failure is raised and the reads not started yet are not started at all."""
+    pool = _footer_pool()
+    pending: deque[Future[_R]] = deque()
+    results: list[_R] = []
+    try:
+        for item in items:
+            if check is not None:
+                check()
+            if len(pending) >= FOOTER_READERS:
+                results.append(pending.popleft().result())
+            pending.append(pool.submit(read, item))
+        while pending:
+            results.append(pending.popleft().result())
+    finally:
+        for future in pending:
+            future.cancel()
+    return results
 
 
 class SourceProblem(ValueError):
@@ -67,7 +116,7 @@ def check_source(settings: Settings, uri: str) -> tuple[str, str]:
     except ValueError as exc:
         raise SourceProblem("uri", str(exc)) from None
     store = store_location(settings)
-    if store is not None and overlaps(store, location):
+    if store is not None and overlaps(store, location, casefold=True):
         raise SourceProblem(
             "uri",
             f"{uri} is (or holds) the service's own artifact store (s3://{store[0]}/{store[1]}): "
@@ -108,6 +157,25 @@ def source_client(settings: Settings) -> Any:
     )
 
 
+class Deadline:
+    """The wall-clock limit of one registration's listing and footer reads."""
+
+    def __init__(self, uri: str, seconds: float) -> None:
+        self.uri = uri
+        self.seconds = seconds
+        self.ends = time.monotonic() + seconds
+
+    def check(self) -> None:
+        """Raises :class:`SourceProblem` naming ``uri`` once the time is up."""
+        if time.monotonic() > self.ends:
+            raise SourceProblem(
+                "uri",
+                f"listing {self.uri} took longer than {self.seconds:g} seconds (the most one "
+                "registration may take, ACE3_DATASET_LISTING_SECONDS): register a narrower "
+                "prefix, or fewer, larger shards",
+            )
+
+
 def _unreachable(uri: str, exc: Exception) -> SourceProblem:
     return SourceProblem("uri", f"{uri} cannot be read by the service: {exc}")
 
@@ -119,22 +187,36 @@ def list_shards(
     *,
     page_size: int = LIST_PAGE_SIZE,
     max_shards: int = MAX_SHARDS,
+    max_examined: int | None = None,
+    deadline: Deadline | None = None,
 ) -> list[Shard]:
     """The objects under ``uri`` with one of ``format``'s endings, sorted by name (their keys
     relative to the prefix), each with its size and unquoted ETag; paginated ListObjectsV2.
     Raises :class:`SourceProblem` naming ``uri`` when the source cannot be read, holds none,
-    holds more than ``max_shards``, or a key is not a usable shard name."""
+    holds more than ``max_shards``, a key is not a usable shard name, more than
+    ``max_examined`` objects (default 10 x ``max_shards``) were listed or ``deadline`` passed."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = split_s3_uri(uri)
+    examine = max_examined if max_examined is not None else 10 * max_shards
     shards: list[Shard] = []
+    examined = 0
     request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
     while True:
+        if deadline is not None:
+            deadline.check()
         try:
             page = client.list_objects_v2(**request)
         except (BotoCoreError, ClientError) as exc:
             raise _unreachable(uri, exc) from None
         for item in page.get("Contents") or []:
+            examined += 1
+            if examined > examine:
+                raise SourceProblem(
+                    "uri",
+                    f"{uri} holds more than {examine} objects (the most one registration "
+                    "examines): register a narrower prefix holding the shards only",
+                )
             name = str(item["Key"])[len(prefix) :]
             if shard_suffix(format, name) is None:
                 continue
@@ -168,8 +250,9 @@ def _ranged(client: Any, bucket: str, key: str, first: int, last: int) -> bytes:
 
 def parquet_footer(client: Any, bucket: str, key: str, size: int) -> tuple[int, list[str]]:
     """(rows, top-level column names) of the parquet object ``key`` of ``size`` bytes, from its
-    footer alone (one ranged GET, two when the footer is larger than the first guess).
-    Raises ``ValueError`` when it is not a parquet file."""
+    footer alone (one ranged GET, two when the footer is larger than the first guess; never
+    more than :data:`MAX_FOOTER_BYTES`). Raises ``ValueError`` when it is not a parquet file,
+    its footer is larger than that, or it claims a row count outside 0 to :data:`MAX_ROWS`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -182,20 +265,35 @@ def parquet_footer(client: Any, bucket: str, key: str, size: int) -> tuple[int, 
     (length,) = struct.unpack("<I", tail[-8:-4])
     if length + 8 > size - 4:
         raise ValueError(f"its footer length ({length}) is past the file's start")
+    if length > MAX_FOOTER_BYTES:
+        raise ValueError(
+            f"its footer is {length} bytes, more than the {MAX_FOOTER_BYTES} bytes the service "
+            "reads (write fewer row groups per file)"
+        )
     if length + 8 > len(tail):
         tail = _ranged(client, bucket, key, size - length - 8, size - 1)
-    try:
-        metadata = pq.read_metadata(pa.BufferReader(tail[-(length + 8) :]))
+        if len(tail) != length + 8:
+            raise ValueError("its footer could not be read whole")
+    try:  # (a view of the footer, not a copy)
+        footer = pa.py_buffer(tail).slice(len(tail) - length - 8)
+        metadata = pq.read_metadata(pa.BufferReader(footer))
         names = list(metadata.schema.to_arrow_schema().names)
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"its footer cannot be read: {exc}") from None
-    return int(metadata.num_rows), names
+    rows = int(metadata.num_rows)
+    if not 0 <= rows <= MAX_ROWS:
+        raise ValueError(f"its footer claims {rows} rows (a shard has 0 to {MAX_ROWS})")
+    return rows, names
 
 
 def _count_parquet_rows(
-    client: Any, uri: str, shards: list[Shard], columns: dict[str, str]
+    client: Any,
+    uri: str,
+    shards: list[Shard],
+    columns: dict[str, str],
+    deadline: Deadline | None = None,
 ) -> list[Shard]:
-    """``shards`` with their row counts, read from the footers ``FOOTER_READERS`` at a time;
+    """``shards`` with their row counts, read from the footers on the process's footer pool;
     every shard must have the columns read as inputs and targets."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -209,11 +307,7 @@ def _count_parquet_rows(
         except ValueError as exc:
             raise SourceProblem("uri", f"{uri}: shard {shard.name} is not parquet: {exc}") from None
 
-    pool = ThreadPoolExecutor(FOOTER_READERS, thread_name_prefix="ace3-footer")
-    try:
-        footers = list(pool.map(footer, shards))
-    finally:  # (a failed shard: the footers not read yet are not read at all)
-        pool.shutdown(wait=True, cancel_futures=True)
+    footers = read_footers(footer, shards, deadline.check if deadline is not None else None)
     counted = []
     for shard, (rows, names) in zip(shards, footers, strict=True):
         missing = [column for column in columns.values() if column not in names]
@@ -224,7 +318,7 @@ def _count_parquet_rows(
                 f"{', '.join(names[:20]) or 'none'}): name the inputs and targets columns with "
                 "columns={'inputs': ..., 'targets': ...}",
             )
-        counted.append(shard.model_copy(update={"samples": rows}))
+        counted.append(Shard(name=shard.name, size=shard.size, etag=shard.etag, samples=rows))
     return counted
 
 
@@ -248,26 +342,30 @@ def list_manifest(
     columns: dict[str, str] | None = None,
     page_size: int | None = None,
     max_shards: int | None = None,
+    listing_seconds: float | None = None,
 ) -> ShardManifest:
     """The manifest of the ``format`` shards under ``uri`` (an allowed source: see
     :func:`check_source`): parquet shards with their row counts and checked columns, token
     files checked against ``dtype`` (default uint16). The uri is kept normalized
     (``s3://bucket/prefix/``), so the same listing always has the same digest. ``page_size``
     and ``max_shards`` default to :data:`LIST_PAGE_SIZE` and :data:`MAX_SHARDS` (read at the
-    call). Raises :class:`SourceProblem`."""
+    call); the listing and the footer reads together take at most ``listing_seconds``
+    (default no limit). Raises :class:`SourceProblem`."""
     bucket, prefix = split_s3_uri(uri)
     uri = f"s3://{bucket}/{prefix}"
+    deadline = Deadline(uri, listing_seconds) if listing_seconds is not None else None
     shards = list_shards(
         client,
         uri,
         format,
         page_size=page_size or LIST_PAGE_SIZE,
         max_shards=max_shards or MAX_SHARDS,
+        deadline=deadline,
     )
     mapping: dict[str, str] | None = None
     if format == "parquet":
         mapping = {**DEFAULT_COLUMNS, **(columns or {})}
-        shards = _count_parquet_rows(client, uri, shards, mapping)
+        shards = _count_parquet_rows(client, uri, shards, mapping, deadline)
         if mapping == DEFAULT_COLUMNS:
             mapping = None
     if format == "tokens":

@@ -46,6 +46,11 @@ def covers(outer: tuple[str, str], inner: tuple[str, str]) -> bool:
     return outer[0] == inner[0] and inner[1].startswith(outer[1])
 
 
-def overlaps(first: tuple[str, str], second: tuple[str, str]) -> bool:
-    """Whether some key could be under both (bucket, prefix) pairs: one covers the other."""
+def overlaps(first: tuple[str, str], second: tuple[str, str], *, casefold: bool = False) -> bool:
+    """Whether some key could be under both (bucket, prefix) pairs: one covers the other. With
+    ``casefold``, compared ignoring case (a store that matches keys case-insensitively, or a
+    bucket name written in another case, is still the same place)."""
+    if casefold:
+        first = (first[0].casefold(), first[1].casefold())
+        second = (second[0].casefold(), second[1].casefold())
     return covers(first, second) or covers(second, first)

@@ -1,11 +1,16 @@
 """Dataset sources: which s3:// URIs may be registered (ACE3_DATASET_SOURCES, never the artifact
 store's own bucket and prefix), and the listing of one into a shard manifest on a real S3
 server (the session's SeaweedFS): paginated, each format's endings, parquet row counts from
-the footers, token files checked against their dtype, the shard cap."""
+the footers, token files checked against their dtype, the shard cap; the bounds on what one
+registration reads (objects examined, its deadline, footer bytes, row counts), and the footer
+reads of every request on one pool."""
 
 from __future__ import annotations
 
+import io
 import secrets
+import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,14 @@ from tests.shard_sources import (
 )
 
 
+def negative_rows(data: bytes) -> bytes:
+    """Parquet ``data`` of 5 rows whose footer claims -5 (the varint 10 of num_rows made 9)."""
+    (length,) = struct.unpack("<I", data[-8:-4])
+    start = len(data) - 8 - length
+    at = data.index(b"\x16\x0a", start)  # (FileMetaData field 3, i64, zigzag 5)
+    return data[: at + 1] + b"\x09" + data[at + 2 :]
+
+
 def _settings(tmp_path: Path, sources: str | None, storage_url: str | None = None) -> Settings:
     return Settings(data_dir=tmp_path, dataset_sources=sources, storage_url=storage_url)
 
@@ -56,7 +69,15 @@ def test_nothing_is_allowed_without_sources(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "uri", ["s3://store/ace3/", "s3://store/ace3/datasets/owner/", "s3://store/", "s3://store"]
+    "uri",
+    [
+        "s3://store/ace3/",
+        "s3://store/ace3/datasets/owner/",
+        "s3://store/",
+        "s3://store",
+        "s3://store/ACE3/",  # (the same place to a store that ignores case)
+        "s3://Store/Ace3/datasets/",
+    ],
 )
 def test_the_artifact_stores_own_bucket_and_prefix_are_refused_even_when_allowed(
     tmp_path: Path, uri: str
@@ -123,6 +144,7 @@ def source(object_store: ObjectStore) -> Iterator[tuple[Any, str]]:
             "tok/1.bin": tokens_bytes(7),
             "odd/0.bin": b"\x00\x01\x02",
             "bad/0.parquet": b"not a parquet file at all",
+            "negative/0.parquet": negative_rows(parquet_bytes(5)),
         },
     )
     with source_credentials(object_store):
@@ -227,3 +249,77 @@ def test_a_large_footer_is_read_with_a_second_range(
     monkeypatch.setattr(dataset_sources, "FOOTER_GUESS_BYTES", 16)
     size = client.head_object(Bucket=bucket, Key="pq/b.parquet")["ContentLength"]
     assert parquet_footer(client, bucket, "pq/b.parquet", size) == (5, ["inputs", "targets"])
+
+
+def test_a_footer_past_the_cap_is_refused_without_reading_it() -> None:
+    from ace3_control.dataset_sources import FOOTER_GUESS_BYTES, MAX_FOOTER_BYTES
+
+    size = 4 << 30  # a 4 GiB object whose footer length says almost all of it
+    tail = bytes(FOOTER_GUESS_BYTES - 8) + struct.pack("<I", size - 100) + b"PAR1"
+    asked: list[int] = []
+
+    class Client:
+        def get_object(self, *, Bucket: str, Key: str, Range: str) -> dict[str, Any]:
+            first, last = (int(end) for end in Range.removeprefix("bytes=").split("-"))
+            asked.append(last - first + 1)
+            assert last - first + 1 <= MAX_FOOTER_BYTES, f"asked for {last - first + 1} bytes"
+            return {"Body": io.BytesIO(tail[-(last - first + 1) :])}
+
+    with pytest.raises(ValueError, match=f"footer is {size - 100} bytes, more than"):
+        parquet_footer(Client(), "b", "k", size)
+    assert asked == [FOOTER_GUESS_BYTES]
+
+
+def test_a_row_count_a_shard_cannot_have_is_refused_naming_it(source: tuple[Any, str]) -> None:
+    client, bucket = source
+    with pytest.raises(SourceProblem, match=r"shard 0\.parquet .*claims -5 rows") as info:
+        list_manifest(client, f"s3://{bucket}/negative/", "parquet")
+    assert info.value.field == "uri"
+
+
+def test_a_listing_examines_a_bounded_number_of_objects(source: tuple[Any, str]) -> None:
+    from ace3_control.dataset_sources import list_shards
+
+    client, bucket = source
+    uri = f"s3://{bucket}/js/"  # four objects, three of them shards
+    with pytest.raises(SourceProblem, match="holds more than 2 objects") as info:
+        list_shards(client, uri, "jsonl", page_size=1, max_examined=2)
+    assert info.value.field == "uri"
+    assert len(list_shards(client, uri, "jsonl", max_examined=4)) == 3
+
+
+def test_a_listing_past_its_deadline_is_refused_naming_the_uri(
+    source: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ace3_control import dataset_sources
+
+    client, bucket = source
+    now = iter(range(0, 10_000, 100))  # every reading of the clock: 100 s later
+    monkeypatch.setattr(dataset_sources.time, "monotonic", lambda: float(next(now)))
+    with pytest.raises(SourceProblem, match="took longer than 150 seconds") as info:
+        list_manifest(client, f"s3://{bucket}/pq/", "parquet", page_size=1, listing_seconds=150)
+    assert info.value.field == "uri"
+
+
+def test_footers_of_every_call_are_read_on_one_bounded_pool() -> None:
+    from ace3_control.dataset_sources import FOOTER_READERS, read_footers
+
+    threads: set[str] = set()
+    lock = threading.Lock()
+
+    def read(item: int) -> int:
+        with lock:
+            threads.add(threading.current_thread().name)
+        return item * 2
+
+    results: list[list[int]] = []
+    callers = [
+        threading.Thread(target=lambda: results.append(read_footers(read, range(50))))
+        for _ in range(4)
+    ]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert results == [[item * 2 for item in range(50)]] * 4
+    assert len(threads) <= FOOTER_READERS and all(t.startswith("ace3-footer") for t in threads)
