@@ -87,6 +87,12 @@ class Settings(WorkerSettings):
         "own S3 settings (s3_endpoint_url, AWS_*), which no job ever gets. Unset: none. The "
         "artifact store's own bucket and prefix are refused in every case.",
     )
+    dataset_listing_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="The most seconds registering one dataset may spend listing its prefix and "
+        "reading its parquet footers (422 naming uri past it).",
+    )
     dataset_cache_dir: Path | None = Field(
         None,
         description="A worker's node-wide cache of dataset shards (hidden from jobs); default "
@@ -105,6 +111,12 @@ class Settings(WorkerSettings):
     )
     max_upload_bytes: int = Field(
         1 << 30, ge=1, description="Largest accepted upload (413 past it)."
+    )
+    max_json_bytes: int = Field(
+        32 << 20,
+        ge=1,
+        description="Largest accepted JSON request body (413 past it, refused before it is read "
+        "when its Content-Length says so).",
     )
     max_extracted_bytes: int = Field(
         4 << 30, ge=1, description="Largest total size an uploaded archive may extract to."
