@@ -25,6 +25,8 @@ UploadId = Annotated[StoredText, Field(min_length=1, max_length=1024)]
 MAX_QUERY = 1000
 #: Parts one presigned upload may have (S3's limit).
 MAX_PARTS = 10_000
+#: The longest shard name (a path in the uploaded directory).
+MAX_SHARD_NAME = 256
 
 
 class _Strict(BaseModel):
@@ -102,7 +104,7 @@ class DirectUploadAbort(_Strict):
 class ShardEntry(_Strict):
     name: StoredText = Field(
         min_length=1,
-        max_length=1000,
+        max_length=MAX_SHARD_NAME,
         description="The shard's path relative to the directory (e.g. 'train/000.parquet').",
     )
     sha256: Sha256

@@ -8,6 +8,7 @@ Also the checks a job's config needs against the datasets it names (:func:`strea
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from fastapi import HTTPException
@@ -27,9 +28,17 @@ from ace3_control.models import StoredDataset, utcnow
 from ace3_control.settings import Settings
 from ace3_server.errors import field_error
 from ace3_server.schemas import DatasetRegister
+from ace3_server.storable import INT64_MAX
 
 #: Dataset kinds whose data is streamed shard by shard.
 SHARDED_KINDS = ("remote", "shards")
+#: The largest manifest (as JSON) one dataset row keeps.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+#: Registrations one API process lists at once; more are answered 429.
+MAX_REGISTRATIONS = 4
+#: Seconds a client waits before registering again after a 429.
+REGISTRATION_RETRY_SECONDS = 10
+_registrations = threading.BoundedSemaphore(MAX_REGISTRATIONS)
 
 
 def format_field_problems(
@@ -63,7 +72,12 @@ def _manifest(settings: Settings, body: DatasetRegister) -> ShardManifest:
     check_source(settings, body.uri)
     columns = {str(key): value for key, value in (body.columns or {}).items()} or None
     return list_manifest(
-        source_client(settings), body.uri, body.format, dtype=body.dtype, columns=columns
+        source_client(settings),
+        body.uri,
+        body.format,
+        dtype=body.dtype,
+        columns=columns,
+        listing_seconds=settings.dataset_listing_seconds,
     )
 
 
@@ -80,10 +94,19 @@ async def register_dataset(
     problems = format_field_problems(body.format, body.dtype, body.columns)
     if problems:
         raise HTTPException(status_code=422, detail=problems)
+    if not _registrations.acquire(blocking=False):
+        raise HTTPException(
+            status_code=429,
+            detail=f"this server is listing {MAX_REGISTRATIONS} datasets already: register "
+            f"again in {REGISTRATION_RETRY_SECONDS} seconds",
+            headers={"Retry-After": str(REGISTRATION_RETRY_SECONDS)},
+        )
     try:
         manifest = await run_in_threadpool(_manifest, settings, body)
     except SourceProblem as exc:
         raise field_error(["body", exc.field], str(exc)) from None
+    finally:
+        _registrations.release()
     name = body.name or _display_name(manifest.uri)
     return await save_manifest_dataset(
         session,
@@ -93,7 +116,14 @@ async def register_dataset(
         name=name,
         filename=_display_name(manifest.uri),
         uri=manifest.uri,
+        loc=["body", "uri"],
     )
+
+
+def _digest_and_dump(manifest: ShardManifest) -> tuple[str, dict[str, Any], int]:
+    """(digest, the manifest as JSON data, its size as JSON text) (blocking: off the loop)."""
+    document = manifest.model_dump(mode="json")
+    return manifest.digest(), document, len(manifest.model_dump_json())
 
 
 async def save_manifest_dataset(
@@ -105,11 +135,23 @@ async def save_manifest_dataset(
     name: str,
     filename: str,
     uri: str | None,
+    loc: list[str | int],
 ) -> tuple[StoredDataset, bool]:
     """(the dataset, created) of a sharded dataset: the owner's dataset of this manifest's
     digest, a deleted one revived (created), or a new row; ``storage_key`` is the manifest's
-    ``uri`` (a bucket prefix, or the store's key prefix of uploaded shards). Commits."""
-    digest = manifest.digest()
+    ``uri`` (a bucket prefix, or the store's key prefix of uploaded shards). Commits. 422
+    naming ``loc`` when the manifest is larger than :data:`MAX_MANIFEST_BYTES` as JSON."""
+    digest, document, size = await run_in_threadpool(_digest_and_dump, manifest)
+    if size > MAX_MANIFEST_BYTES:
+        await session.rollback()
+        raise field_error(
+            loc,
+            f"the dataset's manifest would be {size} bytes, more than the {MAX_MANIFEST_BYTES} "
+            "bytes one dataset may have: fewer shards, or shorter names",
+        )
+    if (manifest.total_samples or 0) > INT64_MAX:
+        await session.rollback()
+        raise field_error(loc, f"the shards hold more than {INT64_MAX} samples in all")
     identity = [StoredDataset.owner_id == owner_id, StoredDataset.sha256 == digest]
     existing = await session.scalar(select(StoredDataset).where(*identity))
     if existing is not None and existing.deleted_at is None:
@@ -131,7 +173,7 @@ async def save_manifest_dataset(
         size_bytes=manifest.total_bytes,
         storage_key=manifest.uri,
         uri=uri,
-        manifest=manifest.model_dump(mode="json"),
+        manifest=document,
         shard_count=len(manifest.shards),
         samples=manifest.total_samples,
     )

@@ -10,7 +10,6 @@ same digest: uploading a directory twice gives one dataset (200 the second time)
 from __future__ import annotations
 
 import io
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import HTTPException
@@ -19,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3.config.shards import SHARD_SUFFIXES, Shard, ShardManifest, shard_suffix
-from ace3_control.dataset_sources import DEFAULT_COLUMNS, FOOTER_READERS, parquet_footer
+from ace3_control.dataset_sources import DEFAULT_COLUMNS, parquet_footer, read_footers
 from ace3_control.models import StoredDataset
 from ace3_control.storage import ArtifactStore
 from ace3_control.storage.s3 import S3ArtifactStore
@@ -31,6 +30,9 @@ from ace3_server.shard_schemas import ShardDatasetCreate
 _ITEMSIZE = {"uint16": 2, "uint32": 4}
 #: Problems listed in one 422 (the first ones).
 MAX_LISTED = 20
+#: Names one stored shard may have in one dataset: without a bound, one tiny shard stored once
+#: could be listed under 100,000 names.
+MAX_NAMES_PER_SHARD = 1
 
 
 def _problem(loc: list[str | int], msg: str, type_: str = "value_error") -> dict[str, Any]:
@@ -41,9 +43,24 @@ def _entry_problems(body: ShardDatasetCreate, dtype: str | None) -> list[dict[st
     """Names (usable, unique, the format's endings) and, for tokens, whole token ids."""
     problems: list[dict[str, Any]] = []
     seen: set[str] = set()
+    names_of: dict[str, list[str]] = {}
     endings = ", ".join(SHARD_SUFFIXES[body.format])
     for index, entry in enumerate(body.shards):
         where: list[str | int] = ["body", "shards", index]
+        names = names_of.setdefault(entry.sha256, [])
+        if len(names) >= MAX_NAMES_PER_SHARD:
+            problems.append(
+                _problem(
+                    [*where, "sha256"],
+                    f"shard {entry.name!r} has the same bytes (sha256 {entry.sha256}) as shard "
+                    f"{names[0]!r}: a dataset names each stored shard at most "
+                    f"{MAX_NAMES_PER_SHARD} time(s); leave out the copies",
+                )
+            )
+            if len(problems) >= MAX_LISTED:
+                break
+            continue
+        names.append(entry.name)
         try:
             Shard(name=entry.name, size=entry.size, etag=entry.sha256)
         except ValidationError as exc:
@@ -141,8 +158,7 @@ def _count_rows(
                 ["body", "shards", index, "name"], f"shard {entry.name!r} is not parquet: {exc}"
             ) from None
 
-    with ThreadPoolExecutor(FOOTER_READERS, thread_name_prefix="ace3-footer") as pool:
-        footers = dict(zip(first_of, pool.map(read, first_of.values()), strict=True))
+    footers = dict(zip(first_of, read_footers(read, first_of.values()), strict=True))
     for sha256, (_, names) in footers.items():
         missing = [column for column in columns.values() if column not in names]
         if missing:
@@ -189,7 +205,9 @@ async def create_shard_dataset(
     parquet) or the field (dtype, columns)."""
     dtype = (body.dtype or "uint16") if body.format == "tokens" else body.dtype
     problems = format_field_problems(body.format, body.dtype, body.columns)
-    problems += _entry_problems(body, dtype if body.format == "tokens" else None)
+    problems += await run_in_threadpool(
+        _entry_problems, body, dtype if body.format == "tokens" else None
+    )
     if not problems:
         problems = await _storage_problems(session, owner_id, body)
     if problems:
@@ -202,7 +220,7 @@ async def create_shard_dataset(
         rows = await run_in_threadpool(_count_rows, store, owner_id, body, columns)
         if columns == DEFAULT_COLUMNS:
             columns = None
-    manifest = _manifest(owner_id, body, dtype, columns, rows)
+    manifest = await run_in_threadpool(_manifest, owner_id, body, dtype, columns, rows)
     await lock_shards(session, owner_id)  # (no shard deleted from now until the commit)
     problems = await _storage_problems(session, owner_id, body)
     if problems:
@@ -216,4 +234,5 @@ async def create_shard_dataset(
         name=body.name or "shards",
         filename=body.name or "shards",
         uri=None,
+        loc=["body", "shards"],
     )

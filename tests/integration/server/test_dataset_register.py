@@ -49,6 +49,7 @@ class API(NamedTuple):
     s3: Any
     bucket: str
     missing: str  # an allowed bucket that does not exist
+    app: Any
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +93,13 @@ def api(
             dataset_sources=f"s3://{bucket}/, s3://{missing}/",
         )
         with (
-            serve(settings) as (_, base_url),
+            serve(settings) as (app, base_url),
             httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}) as owner,
             httpx.Client(
                 base_url=base_url, headers={"Authorization": f"Bearer {other_key}"}
             ) as other,
         ):
-            yield API(base_url, owner, other, key, model_id, s3, bucket, missing)
+            yield API(base_url, owner, other, key, model_id, s3, bucket, missing, app)
 
 
 def _register(api: API, uri: str, format: str, **fields: Any) -> httpx.Response:
@@ -309,3 +310,24 @@ def test_the_cli_registers_lists_and_shows_datasets(api: API) -> None:
         api, "datasets", "register", uri, "--format", "parquet", "--column", "labels=y"
     )
     assert code == 2  # (argparse's usage error)
+
+
+def test_a_registration_past_its_deadline_or_one_too_many_is_refused(
+    api: API, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from ace3_server.services import dataset_registry
+
+    uri = f"s3://{api.bucket}/allowed/js/"
+    monkeypatch.setattr(api.app.state.settings, "dataset_listing_seconds", 1e-9)
+    late = _register(api, uri, "jsonl")
+    assert _locs(late) == [["body", "uri"]] and "ACE3_DATASET_LISTING_SECONDS" in _message(late)
+    monkeypatch.undo()
+    busy = threading.BoundedSemaphore(1)
+    busy.acquire()  # another registration lists now: the most this process lists at once
+    monkeypatch.setattr(dataset_registry, "_registrations", busy)
+    refused = _register(api, uri, "jsonl")
+    assert refused.status_code == 429 and refused.headers["retry-after"]
+    busy.release()
+    assert _register(api, uri, "jsonl").status_code in (200, 201)

@@ -19,7 +19,7 @@ from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.params import PageCursor, StoredText
-from ace3_server.api.routing import error_responses, resource_router
+from ace3_server.api.routing import ErrorOut, error_responses, resource_router
 from ace3_server.errors import not_found
 from ace3_server.schemas import DatasetOut, DatasetRegister, ModelOut, Page
 from ace3_server.services import artifacts
@@ -142,6 +142,11 @@ async def upload_dataset(
     operation_id="register_dataset",
     responses={
         200: {"model": DatasetOut, "description": "You registered the same listing already."},
+        429: {
+            "model": ErrorOut,
+            "description": "This server is listing as many datasets as it lists at once; "
+            "register again after the Retry-After header's seconds.",
+        },
         **error_responses(400),
     },
 )
@@ -155,7 +160,9 @@ async def register_remote_dataset(
     """Register the shards under an s3:// prefix the service may read (ACE3_DATASET_SOURCES)
     as a dataset: the service lists them into a manifest (each shard's name, size and ETag;
     parquet row counts) and streams them to the jobs that train on it. 201 when new, 200 when
-    you registered the same listing before; a listing that changed is a new dataset."""
+    you registered the same listing before; a listing that changed is a new dataset. 422
+    naming ``uri`` when the listing examines too many objects or takes too long
+    (ACE3_DATASET_LISTING_SECONDS); 429 when the server lists too many datasets at once."""
     row, created = await register_dataset(session, settings, owner_id, body)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return row
