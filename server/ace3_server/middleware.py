@@ -1,5 +1,5 @@
-"""ASGI middleware: request ids on every response, and uploads refused before their body is
-read (no valid API key, or more bytes than the cap)."""
+"""ASGI middleware: request ids on every response, uploads refused before their body is read
+(no valid API key, or more bytes than the cap), and every other body capped (JSON)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from ace3_server.api.error_handlers import (
 
 UPLOAD_PATHS = ("/v1/models", "/v1/datasets", "/v1/datasets/shards/upload", "/v1/checkpoints")
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
+#: The JSON body cap when the app's settings do not say (ACE3_MAX_JSON_BYTES).
+DEFAULT_MAX_JSON_BYTES = 32 << 20
 
 
 class RequestIdMiddleware:
@@ -54,12 +56,19 @@ class RequestIdMiddleware:
 class _BodyTooLarge(HTTPException):
     """Raised from ``receive``: FastAPI passes HTTPExceptions from body parsing through as they are."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(status_code=413, detail=_too_large_message(limit))
+    def __init__(self, detail: str) -> None:
+        super().__init__(status_code=413, detail=detail)
 
 
 def _too_large_message(limit: int) -> str:
     return f"upload is larger than this server's limit of {limit} bytes (ACE3_MAX_UPLOAD_BYTES)"
+
+
+def _json_too_large_message(limit: int) -> str:
+    return (
+        f"the request body is larger than this server's limit of {limit} bytes "
+        "(ACE3_MAX_JSON_BYTES)"
+    )
 
 
 async def _send_refusal(
@@ -83,10 +92,6 @@ async def _send_refusal(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_413(send: Send, limit: int) -> None:
-    await _send_refusal(send, 413, _too_large_message(limit))
-
-
 async def _authenticated(scope: Scope, headers: dict[bytes, bytes], send: Send) -> bool:
     """Whether the request carries a valid API key; if not, the refusal was sent (401, or 503
     when the database cannot be reached)."""
@@ -106,51 +111,72 @@ async def _authenticated(scope: Scope, headers: dict[bytes, bytes], send: Send) 
     return True
 
 
+async def _capped(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, limit: int, detail: str
+) -> None:
+    """Run ``app`` with a body of at most ``limit`` bytes: refused (413 saying ``detail``)
+    before it is read when its Content-Length is past it, and as the bytes stream in."""
+    headers = dict(scope.get("headers") or [])
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        await _send_refusal(send, 413, detail)
+        return
+    received = 0
+    started = False
+
+    async def limited_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise _BodyTooLarge(detail)
+        return message
+
+    async def tracking_send(message: Message) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            started = True
+        await send(message)
+
+    try:
+        await app(scope, limited_receive, tracking_send)
+    except _BodyTooLarge:
+        if not started:
+            await _send_refusal(send, 413, detail)
+
+
 class UploadGuardMiddleware:
     """Refuses uploads before their body is read when the API key is not valid (401) or the
     declared length is past the cap (413), and past the cap as the bytes stream in, before they
-    are spooled to disk."""
+    are spooled to disk. Every other request's body (JSON) is capped the same way at
+    ``max_json_bytes`` (default: the app's settings' ``max_json_bytes``)."""
 
-    def __init__(self, app: ASGIApp, max_upload_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_upload_bytes: int, max_json_bytes: int | None = None
+    ) -> None:
         self.app = app
         self.max_upload_bytes = max_upload_bytes
         self.max_body_bytes = max_upload_bytes + MULTIPART_OVERHEAD_BYTES
+        self.max_json_bytes = max_json_bytes
+
+    def _json_limit(self, scope: Scope) -> int:
+        if self.max_json_bytes is not None:
+            return self.max_json_bytes
+        settings = getattr(getattr(scope.get("app"), "state", None), "settings", None)
+        limit = getattr(settings, "max_json_bytes", None)
+        return limit if isinstance(limit, int) else DEFAULT_MAX_JSON_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "POST"
-            or scope["path"].rstrip("/") not in UPLOAD_PATHS
-        ):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST" or scope["path"].rstrip("/") not in UPLOAD_PATHS:
+            limit = self._json_limit(scope)
+            await _capped(self.app, scope, receive, send, limit, _json_too_large_message(limit))
             return
         headers = dict(scope.get("headers") or [])
         if not await _authenticated(scope, headers, send):
             return
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await _send_413(send, self.max_upload_bytes)
-            return
-        received = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise _BodyTooLarge(self.max_upload_bytes)
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await _send_413(send, self.max_upload_bytes)
+        limit, detail = self.max_body_bytes, _too_large_message(self.max_upload_bytes)
+        await _capped(self.app, scope, receive, send, limit, detail)

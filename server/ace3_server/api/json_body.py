@@ -11,12 +11,15 @@ import json
 import math
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from ace3_server.errors import field_error
 from ace3_server.storable import text_problem
 
 MAX_JSON_DEPTH = 64
+#: Bodies larger than this are parsed and checked off the event loop.
+THREADPOOL_BYTES = 256 * 1024
 NOT_A_NUMBER = "NaN and Infinity are not JSON numbers: send a finite number (or null)"
 
 Location = list[str | int]
@@ -61,13 +64,21 @@ def unstorable_value(document: Any) -> tuple[Location, str] | None:
     return None
 
 
+def _parsed(raw: bytes) -> tuple[Any, tuple[Location, str] | None]:
+    document = json.loads(raw)
+    return document, unstorable_value(document)
+
+
 class StrictJSONRequest(Request):
     """A request whose ``json()`` refuses NaN, Infinity, unstorable text and deep nesting."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            document = json.loads(await self.body())
-            problem = unstorable_value(document)
+            raw = await self.body()
+            if len(raw) > THREADPOOL_BYTES:  # (the middleware capped it: ACE3_MAX_JSON_BYTES)
+                document, problem = await run_in_threadpool(_parsed, raw)
+            else:
+                document, problem = _parsed(raw)
             if problem is not None:
                 where, why = problem
                 raise field_error(["body", *where], why, "value_error")

@@ -260,6 +260,18 @@ async def abort_direct_upload(
     await run_in_threadpool(s3.abort_upload, incoming, body.upload_id)
 
 
+async def _manifest_of(session: AsyncSession, dataset_id: str) -> dict[str, Any] | None:
+    """One dataset's manifest (a deferred column, read on its own)."""
+    manifest: dict[str, Any] | None = await session.scalar(
+        select(StoredDataset.manifest).where(StoredDataset.id == dataset_id)
+    )
+    return manifest
+
+
+def _etags(manifest: dict[str, Any] | None) -> set[str]:
+    return {str(shard["etag"]) for shard in (manifest or {}).get("shards", [])}
+
+
 async def delete_unshared_shards(
     session: AsyncSession, store: ArtifactStore, dataset: StoredDataset
 ) -> int:
@@ -269,18 +281,20 @@ async def delete_unshared_shards(
     again meanwhile keeps its object). A failure in between leaves objects no row names, which
     an upload of the same bytes overwrites."""
     owner_id = dataset.owner_id
-    unshared = {shard["etag"] for shard in (dataset.manifest or {}).get("shards", [])}
+    unshared = _etags(await _manifest_of(session, dataset.id))
     await lock_shards(session, owner_id)
     others = await session.scalars(
-        select(StoredDataset.manifest).where(
+        select(StoredDataset.id).where(
             StoredDataset.owner_id == owner_id,
             StoredDataset.kind == "shards",
             StoredDataset.deleted_at.is_(None),
             StoredDataset.id != dataset.id,
         )
     )
-    for manifest in others:
-        unshared.difference_update(shard["etag"] for shard in (manifest or {}).get("shards", []))
+    for other in others.all():  # (one manifest in memory at a time)
+        if not unshared:
+            break
+        unshared.difference_update(_etags(await _manifest_of(session, other)))
     digests = sorted(unshared)
     for chunk in _chunks(digests):
         await session.execute(

@@ -3,7 +3,9 @@ the local artifact store and on a real S3 server (the session's SeaweedFS, where
 straight to the store by presigned multipart): ``client.load_dataset(directory, format=...)``
 uploads what is missing and makes a "shards" dataset; an interrupted upload resumes; the cap,
 another owner's shards, a wrong ending, bytes that are not the shard announced and the format
-checks are refused naming the field; the digest is stable; deleting keeps shared shards."""
+checks are refused naming the field; the digest is stable; deleting keeps shared shards; what
+bounds a manifest (names, one stored shard under one name, its size, footers, row counts, the
+JSON body) and the list that never loads manifests."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.settings import Settings
 from tests.conftest import fresh_database, insert_job
 from tests.integration.server.in_process_api import add_key, serve
+from tests.integration.storage.test_dataset_sources import negative_rows
 from tests.object_store import ObjectStore
 from tests.shard_sources import (
     jsonl_bytes,
@@ -53,6 +56,7 @@ class API(NamedTuple):
     storage: Path | None  # the local store's directory
     s3: Any = None
     bucket: str = ""
+    app: Any = None
 
     def client(self, who: Owner | None = None) -> ace3.Client:
         key = (who or self.owner).key
@@ -95,8 +99,8 @@ def local(
 ) -> Iterator[API]:
     url, owners = database
     data_dir = Path(tmp_path_factory.mktemp("shards-local"))
-    with serve(_settings(url, redis_url, data_dir, max_upload_bytes=LOCAL_CAP)) as (_, base):
-        yield API(base, owners[0], owners[1], data_dir / "storage")
+    with serve(_settings(url, redis_url, data_dir, max_upload_bytes=LOCAL_CAP)) as (app, base):
+        yield API(base, owners[0], owners[1], data_dir / "storage", app=app)
 
 
 @pytest.fixture(scope="module")
@@ -378,3 +382,79 @@ def test_when_the_store_is_out_of_reach_the_shards_go_through_the_api(
     for data in files.values():
         key = f"ace3/datasets/{s3.owner.id}/shards/{_sha(data)}"
         assert s3.s3.get_object(Bucket=s3.bucket, Key=key)["Body"].read() == data
+
+
+def _entries(*shards: tuple[str, bytes]) -> list[dict[str, Any]]:
+    return [{"name": name, "sha256": _sha(data), "size": len(data)} for name, data in shards]
+
+
+def test_what_bounds_a_manifest(local: API, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ace3_control import dataset_sources
+    from ace3_server.services import dataset_registry
+
+    data, table, negative = jsonl_bytes(3), parquet_bytes(3), negative_rows(parquet_bytes(5))
+    with local.http() as http:
+        for shard in (data, table, negative):
+            assert _upload(http, shard).status_code in (200, 201)
+
+        def create(format: str, *shards: tuple[str, bytes]) -> httpx.Response:
+            body = {"format": format, "shards": _entries(*shards)}
+            return http.post("/v1/datasets/shards", json=body)
+
+        long_name = create("jsonl", ("d" * 251 + ".jsonl", data))
+        assert _locs(long_name) == [["body", "shards", 0, "name"]]
+        copies = create("jsonl", ("a.jsonl", data), ("b.jsonl", data))
+        assert _locs(copies) == [["body", "shards", 1, "sha256"]]
+        assert "same bytes" in copies.text and "'a.jsonl'" in copies.text
+        claims = create("parquet", ("n.parquet", negative))
+        assert _locs(claims) == [["body", "shards", 0, "name"]] and "-5 rows" in claims.text
+        monkeypatch.setattr(dataset_sources, "MAX_FOOTER_BYTES", 64)
+        footer = create("parquet", ("t.parquet", table))
+        assert (
+            _locs(footer) == [["body", "shards", 0, "name"]] and "more than the 64" in footer.text
+        )
+        monkeypatch.setattr(dataset_registry, "MAX_MANIFEST_BYTES", 100)
+        manifest = create("jsonl", ("m.jsonl", data))
+        assert _locs(manifest) == [["body", "shards"]] and "more than the 100" in manifest.text
+        monkeypatch.undo()
+        assert create("jsonl", ("d" * 250 + ".jsonl", data)).status_code == 201
+
+
+def test_a_json_body_past_the_cap_is_refused(local: API, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local.app.state.settings, "max_json_bytes", 1000)
+    body = {"format": "jsonl", "shards": _entries(*((f"{i}.jsonl", b"x") for i in range(20)))}
+    raw = httpx.Request("POST", "/", json=body).content
+    assert len(raw) > 1000
+    with local.http() as http:
+        declared = http.post("/v1/datasets/shards", json=body)
+        assert declared.status_code == 413 and "ACE3_MAX_JSON_BYTES" in declared.text
+        chunked = http.post(
+            "/v1/datasets/shards",
+            content=iter([raw[:600], raw[600:]]),  # no Content-Length: counted as it streams
+            headers={"content-type": "application/json"},
+        )
+        assert chunked.status_code == 413 and "ACE3_MAX_JSON_BYTES" in chunked.text
+        small = http.post("/v1/datasets/shards", json={"format": "jsonl", "shards": []})
+        assert small.status_code == 422
+
+
+def test_listing_datasets_never_loads_a_manifest(local: API, tmp_path: Path) -> None:
+    from sqlalchemy import event
+
+    with local.client() as client:
+        ref = client.load_dataset(_write(tmp_path / "d", {"a.jsonl": jsonl_bytes(4)}), format="jsonl")  # fmt: skip
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    engine = local.app.state.session_factory.kw["bind"].sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with local.http() as http:
+            assert http.get("/v1/datasets", params={"limit": 200}).status_code == 200
+            assert http.get(f"/v1/datasets/{ref.id}").json()["shard_count"] == 1
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    reads = [statement for statement in statements if "FROM datasets" in statement]
+    assert reads and not [statement for statement in reads if "manifest" in statement]
