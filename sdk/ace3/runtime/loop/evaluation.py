@@ -8,9 +8,10 @@ every batch was class logits ``[N, C]`` with integer targets ``[N]``.
 (parameters are all-gathered): ranks agree on the largest number of batches any of them has,
 and a rank with fewer runs the same forward passes on a padding batch (its last one, or the
 first sample of the set) whose results are not counted. A loader of unknown length (a
-streamed validation set) agrees batch by batch instead: before each one the ranks agree whether
-any has a batch left, and a rank that never had one borrows the first batch of the lowest rank
-that has (a broadcast) to pad with.
+streamed validation set, a user's ``IterableDataset``) agrees batch by batch instead: before each
+one the ranks agree whether any has a batch left, and a rank that never had one borrows the first
+batch of the lowest rank that has (a broadcast) to pad with. :func:`lockstep_batches` is that
+pass, for a strategy that runs its own forward passes (the pipeline).
 """
 
 from __future__ import annotations
@@ -70,6 +71,18 @@ def _agreed(loader: DataLoader[Any], device: torch.device) -> Iterator[tuple[Any
             yield padding, False
 
 
+def lockstep_batches(loader: DataLoader[Any], device: torch.device) -> Iterator[tuple[Any, bool]]:
+    """(batch, counted) of this rank's pass over ``loader`` in lockstep with every other rank's
+    (a collective; see the module docstring): as many on every rank as the rank with the most
+    has, the others uncounted padding. A loader of unknown length (a streamed validation set, a
+    user's ``IterableDataset``) agrees batch by batch."""
+    if isinstance(loader.dataset, IterableDataset):
+        return _agreed(loader, device)
+    most = torch.tensor([len(loader)], dtype=torch.float64, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return _padded(loader, int(most.item()) - len(loader))
+
+
 def _local_sums(
     model: nn.Module,
     batches: Iterable[tuple[Any, bool]],
@@ -124,12 +137,7 @@ def evaluate(
     """
     batches: Iterable[tuple[Any, bool]] = _padded(loader, 0)
     if lockstep and dist.is_initialized() and dist.get_world_size() > 1:
-        if isinstance(loader.dataset, IterableDataset):
-            batches = _agreed(loader, device)
-        else:
-            most = torch.tensor([len(loader)], dtype=torch.float64, device=device)
-            dist.all_reduce(most, op=dist.ReduceOp.MAX)
-            batches = _padded(loader, int(most.item()) - len(loader))
+        batches = lockstep_batches(loader, device)
     was_training = model.training
     model.eval()
     try:

@@ -11,6 +11,7 @@ buffers have fixed shapes).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ace3.config import pipeline_layout
+from ace3.runtime.loop.evaluation import lockstep_batches
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel.base import MicroBatches
@@ -136,23 +138,18 @@ class PipelineParallel(SplitModel):
         runner = self.runner
         runner.reset_sums()
         self._sync_buffers(parts)
-        padding = 0
-        if self.plan is not None:  # sharded replicas run their forward passes in lockstep
-            most = torch.tensor([len(loader)], dtype=torch.float64, device=self.ctx.device)
-            dist.all_reduce(most, op=dist.ReduceOp.MAX)
-            padding = int(most.item()) - len(loader)
         parts.model.eval()
         try:
-            batch = None
-            for batch in loader:
+            # Sharded replicas run their forward passes in lockstep: a replica with fewer
+            # batches (or none: a stream's, an IterableDataset's) pads with uncounted passes.
+            batches: Iterable[tuple[Any, bool]] = (
+                lockstep_batches(loader, self.ctx.device)
+                if self.plan is not None
+                else ((batch, True) for batch in loader)
+            )
+            for batch, counted in batches:
                 with parts.precision.autocast():
-                    runner.eval_batch(batch)
-            for _ in range(padding):  # uncounted passes over a batch of this replica's
-                filler = batch if batch is not None else next(iter(loader), None)
-                if filler is None:
-                    filler = loader.collate_fn([loader.dataset[0]])
-                with parts.precision.autocast():
-                    runner.eval_batch(filler, counted=False)
+                    runner.eval_batch(batch, counted=counted)
         finally:
             parts.model.train()
             self.after_evaluation(parts)
