@@ -107,6 +107,20 @@ def start_from_weights(
         ENGINE.info(note)
 
 
+def _data_replica(job: JobSpec, ctx: DistContext) -> tuple[int, int]:
+    """This rank's data replica and how many there are, in the strategy's layout: where a
+    stream's readers are, what a dataset.py's ``build_dataset`` gets as ``rank`` and
+    ``world_size``. A layout the strategy refuses later (with every other reason) is (0, 1)
+    here, unless a stream needs it now."""
+    try:
+        return ParallelDims.for_job(job.config, ctx.world_size, ctx.rank).replica
+    except ValueError:
+        validation = job.validation_dataset
+        if job.dataset.stream is not None or (validation is not None and validation.stream):
+            raise
+        return (0, 1)
+
+
 def build(job: JobSpec, ctx: DistContext) -> Components:
     """Build a job's components in the order described in the module docstring."""
     config = job.config
@@ -115,12 +129,7 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
         ckpt = load_checkpoint(Path(job.resume_from), job.resume_sha256)
     seed_all(config.seed)
     user = load_user_code(job.model)
-    replica = (0, 1)
-    validation = job.validation_dataset
-    if job.dataset.stream is not None or (validation is not None and validation.stream is not None):
-        # (a stream's readers are this rank's data replica's: the strategy's layout)
-        replica = ParallelDims.for_job(config, ctx.world_size, ctx.rank).replica
-    data = load_datasets(job.dataset, job.validation_dataset, config, replica)
+    data = load_datasets(job.dataset, job.validation_dataset, config, _data_replica(job, ctx))
     for note in data.notes if ctx.is_main else ():
         ENGINE.info(note)
     torch.manual_seed(config.seed)

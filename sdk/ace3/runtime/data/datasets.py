@@ -2,8 +2,18 @@
 
 A dataset path is a data file (see :mod:`ace3.runtime.data.dataset_files`) or a directory holding
 either a ``dataset.py`` that defines ``build_dataset(split)`` (split is ``'train'`` or
-``'validation'``; it returns a map-style ``torch.utils.data.Dataset``, a tuple
-``(inputs, targets)``, or ``None`` for no such split) or exactly one data file.
+``'validation'``; it returns a map-style ``torch.utils.data.Dataset``, an
+``IterableDataset``, a tuple ``(inputs, targets)``, or ``None`` for no such split) or exactly
+one data file. ``build_dataset`` also gets ``rank`` and ``world_size`` as keyword arguments when
+its signature names them (or takes ``**kwargs``): this rank's data-parallel replica and how many
+there are (the ranks of one replica, pipeline stages or tensor shards, read the same data), for
+an ``IterableDataset`` to split its samples by (:func:`call_build_dataset`).
+
+An ``IterableDataset`` for training has no length: it cycles for ``max_steps`` steps and refuses
+``epochs`` (:func:`refuse_iterable_epochs`; the loop's side is
+:mod:`ace3.runtime.data.iterable_source`); no fraction of it can be held out, so its validation
+comes from ``validation_dataset`` or ``build_dataset('validation')`` (an explicit
+``validation_split`` is refused; the default means none, said in the log).
 
 Validation data comes from ``validation_dataset``; else from holding out an explicit
 ``validation_split`` of the training data (a permutation seeded by ``config.seed``: the same on
@@ -24,6 +34,7 @@ when its sample count is unknown (jsonl, webdataset), where ``max_steps`` is req
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 import zlib
 from collections.abc import Sized
@@ -32,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, IterableDataset, Subset
 
 from ace3.config import TrainingConfig
 from ace3.runtime.data.dataset_files import DATA_SUFFIXES, load_data_file, make_dataset
@@ -48,11 +59,15 @@ class Datasets:
     notes: tuple[str, ...] = ()  # for the run's log (how a streamed dataset was split)
 
 
-def _check_map_style(dataset: Any, origin: str) -> Dataset[Any]:
+def _check_dataset(dataset: Any, origin: str) -> Dataset[Any]:
+    """A map-style dataset (not empty) or an ``IterableDataset`` (whose emptiness shows when it
+    is read)."""
+    if isinstance(dataset, IterableDataset):
+        return dataset
     if not (hasattr(dataset, "__getitem__") and isinstance(dataset, Sized)):
         raise TypeError(
-            f"{origin} must give a map-style dataset (with __len__ and __getitem__), "
-            f"got {type(dataset).__name__}"
+            f"{origin} must give a map-style dataset (with __len__ and __getitem__) or a "
+            f"torch.utils.data.IterableDataset, got {type(dataset).__name__}"
         )
     if len(dataset) == 0:
         raise ValueError(f"{origin} gave an empty dataset")
@@ -78,17 +93,35 @@ def _import_dataset_module(path: Path) -> Any:
     return module
 
 
-def _from_dataset_py(path: Path, split: Split) -> Dataset[Any] | None:
+def call_build_dataset(build: Any, split: Split, replica: tuple[int, int]) -> Any:
+    """``build(split)``, with ``rank=`` and ``world_size=`` (``replica``) when its signature
+    names them or takes ``**kwargs``."""
+    try:
+        parameters = dict(inspect.signature(build).parameters)
+    except (TypeError, ValueError):  # (a builtin or C callable: no signature to read)
+        parameters = {}
+    keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    named = {"rank": replica[0], "world_size": replica[1]}
+    extra = {
+        name: value
+        for name, value in named.items()
+        if keywords
+        or (name in parameters and parameters[name].kind is not inspect.Parameter.POSITIONAL_ONLY)
+    }
+    return build(split, **extra)
+
+
+def _from_dataset_py(path: Path, split: Split, replica: tuple[int, int]) -> Dataset[Any] | None:
     module = _import_dataset_module(path)
     build = getattr(module, "build_dataset", None)
     if not callable(build):
         raise ValueError(f"{path} must define a function build_dataset(split)")
-    result = build(split)
+    result = call_build_dataset(build, split, replica)
     if result is None:
         return None
     if isinstance(result, tuple) and len(result) == 2:
         return make_dataset(result[0], result[1], path)
-    return _check_map_style(result, f"{path}: build_dataset({split!r})")
+    return _check_dataset(result, f"{path}: build_dataset({split!r})")
 
 
 def _single_data_file(directory: Path) -> Path:
@@ -106,15 +139,18 @@ def _single_data_file(directory: Path) -> Path:
     return files[0]
 
 
-def load_dataset(spec: DatasetSpec, split: Split) -> Dataset[Any] | None:
-    """Load one dataset; ``None`` only when a dataset.py has no such split."""
+def load_dataset(
+    spec: DatasetSpec, split: Split, replica: tuple[int, int] = (0, 1)
+) -> Dataset[Any] | None:
+    """Load one dataset; ``None`` only when a dataset.py has no such split (``replica``: what a
+    dataset.py's ``build_dataset`` may get as ``rank`` and ``world_size``)."""
     path = Path(spec.path).resolve()
     if not path.exists():
         raise FileNotFoundError(f"dataset not found: {path}")
     if path.is_dir():
         script = path / "dataset.py"
         if script.is_file():
-            return _from_dataset_py(script, split)
+            return _from_dataset_py(script, split, replica)
         path = _single_data_file(path)
     return load_data_file(path)
 
@@ -149,6 +185,23 @@ def refuse_uncounted_epochs(config: TrainingConfig) -> None:
             "max_steps: the sample count of this streamed dataset is not known (jsonl and "
             "webdataset shards record none), so an epoch cannot be counted: set max_steps "
             "(and leave epochs unset), the stream cycles"
+        )
+
+
+def refuse_iterable_epochs(config: TrainingConfig) -> None:
+    """An ``IterableDataset`` training set has no length: it cycles for ``max_steps`` steps, so
+    it needs them and refuses ``epochs``."""
+    why = "the training set is an IterableDataset, whose length is not known"
+    if config.epochs is not None:
+        raise ValueError(
+            f"epochs={config.epochs}: {why}, so its epochs cannot be counted: leave epochs unset "
+            "and set max_steps, the dataset is iterated again (set_epoch(n) first, if it has "
+            "one) until the run has trained max_steps steps"
+        )
+    if config.max_steps is None:
+        raise ValueError(
+            f"max_steps: {why}, so an epoch cannot be counted: set max_steps (and leave epochs "
+            "unset), the dataset is iterated again as often as the run needs"
         )
 
 
@@ -214,7 +267,7 @@ def _validation_set(
             spec, split="validation", files=files, config=config, rank=replica[0],
             world_size=replica[1], cycle=False,
         )  # fmt: skip
-    validation = load_dataset(spec, "validation")
+    validation = load_dataset(spec, "validation", replica)
     if validation is None:
         raise ValueError(f"{spec.path}: build_dataset('validation') returned None")
     return validation
@@ -227,22 +280,36 @@ def load_datasets(
     replica: tuple[int, int] = (0, 1),
 ) -> Datasets:
     """Training and (optional) validation datasets, as described in the module docstring;
-    ``replica`` (this rank's data replica, how many there are) places a stream's readers."""
+    ``replica`` (this rank's data replica, how many there are) places a stream's readers and is
+    what a dataset.py's ``build_dataset`` gets as ``rank`` and ``world_size``."""
     if train_spec.stream is not None:
         return _load_streams(train_spec, validation_spec, config, replica)
-    train = load_dataset(train_spec, "train")
+    train = load_dataset(train_spec, "train", replica)
     if train is None:
         raise ValueError(f"{train_spec.path}: build_dataset('train') returned None")
+    if isinstance(train, IterableDataset):
+        refuse_iterable_epochs(config)
     if validation_spec is not None:
         return Datasets(train, _validation_set(validation_spec, config, replica))
+    if config.validation_split and isinstance(train, IterableDataset):
+        raise ValueError(
+            f"validation_split={config.validation_split}: the training set is an "
+            "IterableDataset, of which no fraction can be held out: return a 'validation' "
+            "split from build_dataset, give a validation dataset, or leave validation_split "
+            "unset (no validation) or 0"
+        )
     if config.validation_split:  # an explicit fraction
         train, validation = split_holdout(train, config.validation_split, config.seed)
         return Datasets(train, validation)
     train_path = Path(train_spec.path)
     if train_path.is_dir() and (train_path / "dataset.py").is_file():
-        validation = load_dataset(train_spec, "validation")
+        validation = load_dataset(train_spec, "validation", replica)
         if validation is not None:
             return Datasets(train, validation)
+    if isinstance(train, IterableDataset):
+        note = "validation: none (no fraction of an IterableDataset can be held out: return a "
+        note += "'validation' split from build_dataset, or give a validation dataset)"
+        return Datasets(train, None, (note,) if config.validation_split is None else ())
     if config.validation_split is None:  # the default: hold out a little rather than not validate
         train, validation = split_holdout(train, DEFAULT_VALIDATION_SPLIT, config.seed)
         return Datasets(train, validation)

@@ -5,7 +5,8 @@ order with ``shuffle=False``: replica r reads samples r, r + R, r + 2R, ...) and
 micro-batches a resumed run already consumed (:mod:`ace3.runtime.data.train_source` drives them,
 and streamed datasets). Validation uses :class:`ShardSampler`, which gives every sample to
 exactly one rank (no padding duplicates), so summed metrics are exact; a streamed validation set
-is read by this replica's readers, whose shards no other replica reads.
+is read by this replica's readers, whose shards no other replica reads, and a user's
+``IterableDataset`` by this rank's copy, which splits its samples by rank itself.
 Loaders get their own ``torch.Generator`` so they never consume the global torch RNG.
 """
 
@@ -101,9 +102,10 @@ def validation_loader(
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader[Any]:
     """Every sample on exactly one rank: ``ShardSampler``'s indices, or a streamed dataset's
-    readers of this replica (disjoint shards, one pass)."""
+    readers of this replica (disjoint shards, one pass), or one pass over a user's
+    ``IterableDataset`` (this rank's copy, which splits its samples itself)."""
     if isinstance(dataset, IterableDataset):
-        from ace3.runtime.data.stream import stream_collate
+        from ace3.runtime.data.stream import ShardStream, stream_collate
 
         return DataLoader(
             dataset,
@@ -112,7 +114,7 @@ def validation_loader(
             pin_memory=pin_memory,
             drop_last=False,
             generator=_generator(0),
-            collate_fn=stream_collate,
+            collate_fn=stream_collate if isinstance(dataset, ShardStream) else collate_fn,
         )
     assert isinstance(dataset, Sized)
     return DataLoader(

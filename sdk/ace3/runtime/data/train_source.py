@@ -1,7 +1,7 @@
-"""What the training loop trains on: the batches of one data replica, epoch by epoch, and the
-position in them a checkpoint keeps.
+"""What the training loop trains on (:class:`ace3.runtime.data.train_data.TrainData`): the
+batches of one data replica, epoch by epoch, and the position in them a checkpoint keeps.
 
-Two kinds (:func:`train_data_for` picks one from the training set):
+Three kinds (:func:`train_data_for` picks one from the training set):
 
 - :class:`IndexedTrainData`, a map-style dataset (a data file, a ``dataset.py``, an in-process
   run's dataset): a ``DistributedSampler`` shuffled by ``seed`` and the epoch, read by a
@@ -15,6 +15,9 @@ Two kinds (:func:`train_data_for` picks one from the training set):
   buffer, RNG), which every checkpoint keeps per data replica (``data_per_replica``,
   :mod:`ace3.runtime.checkpoint.plain`) and a resume loads before the first batch, so a resumed
   job reads exactly the samples it had not read.
+- :class:`ace3.runtime.data.iterable_source.IterableTrainData`, any other ``IterableDataset``
+  (a ``dataset.py``'s): it cycles as a stream of unknown length does (below), re-iterated with
+  ``set_epoch`` at each end; see its module.
 
 Epochs of a stream: with every shard's sample count known, an epoch is the stream's
 ``batches_per_epoch`` (the same on every rank) and the run plans ``epochs`` of them (3 when
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,44 +43,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from ace3.config import TrainingConfig
 from ace3.config.batch_growth import batch_growth
 from ace3.runtime.data.datasets import refuse_uncounted_epochs
+from ace3.runtime.data.iterable_source import IterableTrainData
 from ace3.runtime.data.loaders import batches_per_epoch, train_loader, train_sampler
+from ace3.runtime.data.train_data import Collate, TrainData
 from ace3.runtime.loop.losses import move_to_device
 from ace3.runtime.loop.rng import rank_seed
-
-Collate = Callable[[list[Any]], Any] | None
-
-
-class TrainData(ABC):
-    """The training batches of this rank's data replica (see the module docstring)."""
-
-    #: (this rank's data replica, how many there are)
-    replica: tuple[int, int]
-    #: loader batches of one replica in one epoch of the loop
-    batches_per_epoch: int
-    #: the loop's epochs (1 for a cycling stream: the whole run is one pass)
-    epochs: int
-    cycling: bool = False
-
-    @abstractmethod
-    def describe(self) -> str:
-        """What the run trains on, for the log (``1437 training samples``)."""
-
-    @abstractmethod
-    def batches(
-        self, epoch: int, batch_in_epoch: int, position: Any, collate_fn: Collate
-    ) -> Iterator[Any]:
-        """The batches of ``epoch`` after its first ``batch_in_epoch``; ``position`` is this
-        replica's position from the checkpoint the run resumed from (None otherwise)."""
-
-    def position(self) -> Any:
-        """Where this replica stands now, for a checkpoint (None: ``(epoch,
-        batch_in_epoch)`` says it all)."""
-        return None
-
-    @abstractmethod
-    def first_batches(self, collate_fn: Collate) -> Iterator[Any]:
-        """Training batches from the start of an epoch, read apart from the run's own (for an
-        example batch, quantization's calibration): the run's position is untouched."""
 
 
 class IndexedTrainData(TrainData):
@@ -269,12 +238,11 @@ def train_data_for(
     replica ``replica`` (index, count)."""
     if not isinstance(dataset, IterableDataset):
         return IndexedTrainData(dataset, config, replica, per_rank_batch, rank, pin_memory)
-    if not hasattr(dataset, "batches_per_epoch"):  # (a stream's ShardStream has it)
-        raise TypeError(
-            "the training set must be a map-style dataset (with __len__ and __getitem__) or a "
-            f"streamed dataset, got the iterable {type(dataset).__name__}"
-        )
-    return StreamTrainData(dataset, config, replica, per_rank_batch, rank, pin_memory)
+    from ace3.runtime.data.stream import ShardStream
+
+    if isinstance(dataset, ShardStream):
+        return StreamTrainData(dataset, config, replica, per_rank_batch, rank, pin_memory)
+    return IterableTrainData(dataset, config, replica, per_rank_batch, rank, pin_memory)
 
 
 def example_batch(data: TrainData, collate_fn: Collate, device: torch.device) -> Any:
