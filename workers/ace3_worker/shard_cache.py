@@ -14,6 +14,13 @@ summed, entries evicted and a fetch's room reserved. A fetch writes into
 never exceed the bound. A part whose entry nobody locks is left over from a dead process and is
 removed. The whole directory is the worker's alone (0700): a job sees its own shards through
 their links, never the cache.
+
+Every entry counts as at least :attr:`ShardCache.floor` bytes (1 MiB, less only for a cache
+under 1 GiB: a thousandth of it), so the number of entries, and the time the scan under the
+space lock takes, stays bounded however small the shards are. An entry's lock file is removed
+by whoever holds it exclusively when the entry is gone (evicted, or a fetch that failed); a
+process that locks a lock file checks, once it holds it, that the file is still the one at the
+lock's path (else it was removed meanwhile, and it locks the new one).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ SPACE_LOCK = ".space.lock"
 # How often a fetch that waits for room looks again (entries are unlinked as jobs move on).
 ROOM_POLL_SECONDS = 0.2
 LOCK_POLL_SECONDS = 0.05
+# The least an entry counts against the bound (its file, sidecar and lock cost something).
+MIN_ENTRY_BYTES = 1024 * 1024
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _FILE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
@@ -47,6 +56,11 @@ _PART = re.compile(r"^\.(?P<file>.+)\.(?P<size>[0-9]+)\.part$")
 
 class CacheTooSmallError(ValueError):
     """A shard larger than the whole cache: it can never be fetched."""
+
+
+class CacheFullError(RuntimeError):
+    """A reader's current shard waited for room longer than it may
+    (``ACE3_DATASET_CACHE_WAIT_SECONDS``): the cache is held by shards running jobs read."""
 
 
 @dataclass(frozen=True)
@@ -75,22 +89,42 @@ class _Entry:
     last_used: float
 
 
+def entry_floor(bound: int) -> int:
+    """The least an entry counts against a cache of ``bound`` bytes."""
+    return min(MIN_ENTRY_BYTES, max(1, bound // 1024))
+
+
 def _flock(path: Path, operation: int) -> int | None:
     """A descriptor of ``path`` (created) holding ``operation``'s lock, or None when it would
-    block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    block. Once held, the file must still be the one at ``path``: a holder that removed it
+    (:func:`_unlock` with ``remove``) left this process a lock on nothing, so it locks the file
+    now there instead."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)  # (removed while we waited for it: lock the one there now)
 
 
-def _unlock(fd: int) -> None:
+def _unlock(fd: int, remove: Path | None = None) -> None:
+    """Release the lock; ``remove``: its file, unlinked first (only under an exclusive lock:
+    no one else holds it, and whoever opened it meanwhile finds it gone once they hold it)."""
+    if remove is not None:
+        with contextlib.suppress(FileNotFoundError):
+            remove.unlink()
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
 
@@ -110,6 +144,11 @@ class ShardCache:
     def __init__(self, root: Path, bound: int) -> None:
         self.root = root
         self.bound = bound
+        self.floor = entry_floor(bound)
+
+    def accounted(self, size: int) -> int:
+        """What a shard of ``size`` bytes counts against the bound."""
+        return max(size, self.floor)
 
     # -- paths -----------------------------------------------------------------------------------
     def _dir(self, digest: str) -> Path:
@@ -141,14 +180,20 @@ class ShardCache:
         before it could be had (without ``stop``: yields False at once when it is taken)."""
         self._make_dirs(digest)
         operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        fd = _flock(self._lock_path(digest, file), operation)
+        lock = self._lock_path(digest, file)
+        fd = _flock(lock, operation)
         while fd is None and stop is not None and not stop.wait(LOCK_POLL_SECONDS):
-            fd = _flock(self._lock_path(digest, file), operation)
+            fd = _flock(lock, operation)
         try:
             yield fd is not None
         finally:
             if fd is not None:
-                _unlock(fd)
+                gone = not shared and not self._exists(digest, file)
+                _unlock(fd, lock if gone else None)
+
+    def _exists(self, digest: str, file: str) -> bool:
+        """Whether the entry is there (its part exists only under its exclusive lock)."""
+        return os.path.lexists(self.path(digest, file))
 
     @contextlib.contextmanager
     def _space(self) -> Iterator[None]:
@@ -208,27 +253,31 @@ class ShardCache:
                     used = os.stat(f"{item.path}{SIDECAR_SUFFIX}").st_mtime
                 except FileNotFoundError:
                     used = 0.0  # (no sidecar: a damaged entry, evicted first)
-                entries.append(_Entry(directory.name, item.name, info.st_size, info.st_nlink, used))
+                size = self.accounted(info.st_size)
+                entries.append(_Entry(directory.name, item.name, size, info.st_nlink, used))
         return entries, reserved
 
     def _live_part(self, digest: str, file: str, size: int) -> int:
         """A part's reserved bytes; 0 (and the part gone) when no fetch holds its entry."""
-        fd = _flock(self._lock_path(digest, file), fcntl.LOCK_EX)
+        lock = self._lock_path(digest, file)
+        fd = _flock(lock, fcntl.LOCK_EX)
         if fd is None:
-            return size
+            return self.accounted(size)
         try:
             with contextlib.suppress(FileNotFoundError):
                 (self._dir(digest) / f".{file}.{size}.part").unlink()
         finally:
-            _unlock(fd)
+            _unlock(fd, None if self._exists(digest, file) else lock)
         return 0
 
     # -- writing ---------------------------------------------------------------------------------
     def _evict(self, entry: _Entry) -> bool:
         """Remove an entry no job links and no one else holds; whether it went."""
-        fd = _flock(self._lock_path(entry.digest, entry.file), fcntl.LOCK_EX)
+        lock = self._lock_path(entry.digest, entry.file)
+        fd = _flock(lock, fcntl.LOCK_EX)
         if fd is None:
             return False
+        gone = False
         try:
             path = self.path(entry.digest, entry.file)
             try:
@@ -239,9 +288,10 @@ class ShardCache:
             path.unlink()
             with contextlib.suppress(FileNotFoundError):
                 self._sidecar(entry.digest, entry.file).unlink()
+            gone = True
             return True
         finally:
-            _unlock(fd)
+            _unlock(fd, lock if gone else None)
 
     def reserve(
         self,
@@ -252,12 +302,13 @@ class ShardCache:
         stop: threading.Event,
         wait: bool,
         waiting: Callable[[float, int], None] | None = None,
+        wait_seconds: float | None = None,
     ) -> Reservation | None:
         """Room for ``size`` bytes of the entry (whose lock the caller holds): least recently
         used entries no job links are evicted until it fits. When it cannot fit yet (every other
         byte is linked or being fetched): None at once, or with ``wait`` until it fits (None if
         ``stop`` is set first; ``waiting(seconds, linked_bytes)`` is called every few seconds
-        meanwhile)."""
+        meanwhile; :class:`CacheFullError` after ``wait_seconds``)."""
         if size > self.bound:
             raise CacheTooSmallError(
                 f"{size} bytes, more than the whole dataset cache holds "
@@ -270,12 +321,13 @@ class ShardCache:
             with self._space():
                 entries, reserved = self._scan()
                 used = reserved + sum(entry.size for entry in entries)
+                needed = self.accounted(size)
                 for entry in sorted(entries, key=lambda e: (e.last_used, e.digest, e.file)):
-                    if used + size <= self.bound:
+                    if used + needed <= self.bound:
                         break
                     if entry.links == 1 and self._evict(entry):
                         used -= entry.size
-                if used + size <= self.bound:
+                if used + needed <= self.bound:
                     part = self._dir(digest) / f".{file}.{size}.part"
                     with contextlib.suppress(FileNotFoundError):
                         part.unlink()  # (left by an earlier fetch of ours that died)
@@ -284,6 +336,12 @@ class ShardCache:
                 linked = sum(entry.size for entry in entries if entry.links > 1)
             if not wait or stop.wait(ROOM_POLL_SECONDS):
                 return None
+            if wait_seconds is not None and time.monotonic() - started >= wait_seconds:
+                raise CacheFullError(
+                    f"waited {wait_seconds:.0f} s (ACE3_DATASET_CACHE_WAIT_SECONDS) for room in "
+                    f"the dataset cache: {linked} of its {self.bound} bytes "
+                    "(ACE3_DATASET_CACHE_BYTES) hold shards running jobs read"
+                )
             if waiting is not None and time.monotonic() - reported >= 30:
                 reported = time.monotonic()
                 waiting(reported - started, linked)
