@@ -3,8 +3,9 @@ dataset's manifest, from one of two sources:
 
 - :class:`S3ShardSource`, a dataset registered from a bucket (kind "remote"): the object is read
   with the service's own S3 settings (:func:`ace3_control.dataset_sources.source_client`; no job
-  ever gets them). Its ETag (unquoted, compared as an opaque string: a multipart upload's is no
-  MD5) and its size must be what the manifest recorded when the dataset was registered.
+  ever gets them), ``If-Match`` the registered ETag (a 412: it changed). Its ETag (unquoted,
+  compared as an opaque string: a multipart upload's is no MD5) and its size must be what the
+  manifest recorded when the dataset was registered.
 - :class:`StoreShardSource`, an uploaded shard directory (kind "shards"): the artifact store's
   object ``manifest.uri + shard.etag`` (``datasets/<owner>/shards/<sha256>``), whose bytes must
   hash to that sha256 and be ``shard.size`` long (the store's own ETag is not looked at: on S3
@@ -80,14 +81,22 @@ class S3ShardSource:
         from botocore.exceptions import ClientError
 
         key = f"{self.prefix}{shard.name}"
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        try:  # (IfMatch: the object read is the one registered, not one replaced meanwhile)
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=key, IfMatch=f'"{shard.etag}"'
+            )
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if code in ("NoSuchKey", "404", "NotFound"):
                 raise ShardChangedError(
                     f"dataset shard {shard.name!r} is gone from {self.uri} (deleted since the "
                     "dataset was registered)"
+                ) from exc
+            if code in ("PreconditionFailed", "412"):
+                raise ShardChangedError(
+                    f"dataset shard {shard.name!r} ({self.uri}) changed since the dataset was "
+                    f"registered: its ETag is no longer {shard.etag!r}; register the dataset "
+                    "again to train on what it holds now"
                 ) from exc
             raise
         body = response["Body"]
@@ -162,6 +171,7 @@ def obtain(
     stop: threading.Event,
     wait: bool,
     waiting: Callable[[float, int], None] | None = None,
+    wait_seconds: float | None = None,
 ) -> Obtained | None:
     """The shard in the cache: already there, or fetched now (once per node: whoever holds the
     entry's lock fetches, the others find it done). None when there is no room yet and not
@@ -178,7 +188,15 @@ def obtain(
         if found is not None:
             return Obtained(found, fetched=False)
         cache.discard(digest, file)  # (a damaged entry: a shard without its sidecar)
-        reservation = cache.reserve(digest, file, shard.size, stop=stop, wait=wait, waiting=waiting)
+        reservation = cache.reserve(
+            digest,
+            file,
+            shard.size,
+            stop=stop,
+            wait=wait,
+            waiting=waiting,
+            wait_seconds=wait_seconds,
+        )
         if reservation is None:
             if stop.is_set():
                 raise FetchStopped(file)
