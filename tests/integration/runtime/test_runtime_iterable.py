@@ -5,7 +5,9 @@ gloo ranks, CPU), on 280 of scikit-learn's digits (:mod:`tests.iterable_digits`:
 240 training samples over 2 ranks x 2 loader workers: 60 a reader, 4 batches of 16 (the last
 12) each, so 8 batches a rank per dataset epoch; ``max_steps=20`` cycles through two and a half
 of them. A resume starts from the step-10 checkpoint of an undisturbed run (the same job, as a
-worker's retry would), 2 batches into its dataset epoch 1.
+worker's retry would), 2 batches into its dataset epoch 1. (A dataset without state_dict, the
+refusal of epochs and lockstep validation padding are unit tests:
+tests/unit/runtime/test_iterable_datasets.py.)
 """
 
 from __future__ import annotations
@@ -43,9 +45,6 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_iterable_dataset(
         root / "resumable", inputs, targets, stateful=True, validation=VALIDATION, record=True
     )
-    # Without state; a validation split of one sample, which only rank 0 holds.
-    write_iterable_dataset(root / "plain", inputs[: TRAIN + 1], targets[: TRAIN + 1],
-                           stateful=False, validation=1)  # fmt: skip
     (root / "model.py").write_text(MODEL_FILE)
     return root
 
@@ -123,35 +122,6 @@ def test_a_resume_with_state_dict_ends_bit_identical(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     later = [(s, v) for s, v in train_losses(events(whole)) if s > 10]
     assert later and train_losses(events(job_dir)) == later
-
-
-def test_without_state_dict_a_resume_restarts_its_epoch_and_says_so(workdir: Path) -> None:
-    """ZeRO-3 (a sharded checkpoint, validation in lockstep: rank 1 holds no validation
-    sample and pads with rank 0's batch)."""
-    job = iterable_job(workdir, "plain", zero_stage=3)
-    whole = workdir / "plain-whole"
-    assert_ok(run_job(job, whole))
-    assert "val_loss" in events(whole)[-1]["final_metrics"]
-    out = resumed_from_step_10(whole, job, workdir / "plain-resumed")
-    assert (
-        "resuming: the IterableDataset Digits has no state_dict() / load_state_dict(), so its "
-        "epoch 1 restarts from its beginning: the samples of the interrupted epoch may repeat"
-    ) in out
-    assert "[rank 1] resuming: the IterableDataset" not in out  # (said once, by rank 0)
-    evs = events(workdir / "plain-resumed")
-    assert evs[-1]["type"] == "summary" and evs[-1]["steps"] == 20
-    assert [s for s, _ in train_losses(evs)] == [15, 20]
-
-
-def test_epochs_without_max_steps_is_refused_naming_them(workdir: Path) -> None:
-    job = iterable_job(workdir, "plain", epochs=2)
-    del job["config"]["max_steps"]
-    done = run_job(job, workdir / "refused")
-    assert done.returncode != 0
-    assert "epochs=2: the training set is an IterableDataset, whose length is not known" in (
-        done.stdout + done.stderr
-    )
-    assert "set max_steps" in done.stdout + done.stderr
 
 
 def _final_weights(job_dir: Path) -> dict[str, torch.Tensor]:
