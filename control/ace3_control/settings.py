@@ -104,7 +104,16 @@ class Settings(WorkerSettings):
         ge=1,
         description="The most bytes of shards a worker's cache holds; least recently used "
         "shards no running job reads are evicted first. A shard larger than this fails the job "
-        "that needs it.",
+        "that needs it. Each running job may keep at most its share (this / ACE3_WORKER_SLOTS) "
+        "linked; a job whose readers' current shards (num_workers x ranks of the largest "
+        "shards) do not fit in its share is refused when it starts.",
+    )
+    dataset_cache_wait_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="How long a job's reader may wait for room in the dataset cache for the "
+        "shard it opens (the cache full of shards other running jobs read) before the job "
+        "fails saying so.",
     )
     work_dir: Path | None = Field(
         None, description="Where a worker prepares job directories; default data_dir/jobs."

@@ -31,11 +31,13 @@ from ace3_control.storage import ArtifactStore, StoredDigestError, is_tree_key
 from ace3_control.stored_weights import StoredWeights
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
 from ace3_worker.shard_streams import (
+    Readers,
     ShardStream,
     Split,
     check_fits,
     manifest_of,
     open_shard_dirs,
+    plan_readers,
     requests_dir,
     stream_dataset,
 )
@@ -65,6 +67,8 @@ class JobDirectory:
     visible_root: PurePosixPath  # where the job sees ``root``
     # The datasets streamed into it while the job runs (ace3_worker.shard_feed fills them).
     streams: tuple[ShardStream, ...] = field(default=())
+    # Their readers: the request files the feeder reads, the attempt's share of the cache.
+    readers: Readers | None = None
 
     @property
     def job_file(self) -> Path:
@@ -233,6 +237,7 @@ def prepare_job_directory(
     teacher: TeacherRows | None = None,
     skeleton: Path | None = None,
     dataset_cache_bytes: int | None = None,
+    worker_slots: int = 1,
 ) -> JobDirectory:
     """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
     (workers on one machine may share a work directory). ``visible_root``: where the job sees
@@ -244,7 +249,8 @@ def prepare_job_directory(
     (its sandbox keeps seeing it: a bind mount follows the directory, not its name) instead of
     a new one. A streamed dataset's shards are not copied: its directory starts empty
     (:mod:`ace3_worker.shard_streams`), none of its shards larger than
-    ``dataset_cache_bytes``."""
+    ``dataset_cache_bytes``, its readers' current shards within ``dataset_cache_bytes /
+    worker_slots`` (:func:`~ace3_worker.shard_streams.plan_readers`)."""
     traversable_dir(work_dir)
     traversable_dir(work_dir / job.id)
     root = attempt_path(work_dir, job.id, attempt, node_rank)
@@ -298,6 +304,16 @@ def prepare_job_directory(
         # Halved once for every earlier attempt that ran out of memory inside a step.
         "micro_batch_split": 2 ** (job.micro_batch_halvings or 0),
     }
+    if directory.streams and dataset_cache_bytes is not None:
+        directory.readers = plan_readers(
+            job.config,
+            int(job.num_processes),
+            node_rank,
+            directory.streams,
+            validation_given=validation_dataset is not None,
+            cache_bytes=dataset_cache_bytes,
+            slots=worker_slots,
+        )
     if teacher is not None:
         spec["teacher"] = copy_teacher(
             teacher, root / "teacher", lambda *a: _copy_stored(store, *a), directory.visible

@@ -3,18 +3,23 @@ job's directory, and every shard no request names any more is taken out of it.
 
 A thread polls the request files (:mod:`ace3_worker.shard_requests`, every ``POLL_SECONDS``, and
 at once when a fetch is done) and orders what they name: each request's first shard (the one
-its reader opens now) before any look-ahead, round-robin across the requests. Up to
+its reader opens now) before any look-ahead, round-robin across the requests. The attempt keeps
+at most its share of the cache linked (:class:`~ace3_worker.shard_streams.Readers`): room for
+every reader's current shard is kept (the largest shards, at worst), a look-ahead shard is
+fetched only within the rest. Up to
 ``MAX_FETCHES`` tasks run at once, each making one shard present: from the node cache
 (:mod:`ace3_worker.shard_cache`), fetched into it first when it is missing
 (:mod:`ace3_worker.shard_fetch`: from the bucket of a registered dataset, from the artifact
 store for an uploaded one; waiting for room when the cache is full of shards running jobs
-link, for a reader's current shard only), then hard-linked into ``data/<split>/shards/``. The
-sha256 of every shard the job gets is said in its log (the worker's own stream).
+link, for a reader's current shard only, and for ``ACE3_DATASET_CACHE_WAIT_SECONDS`` at most),
+then hard-linked into ``data/<split>/shards/``. The sha256 of every shard the job gets is said
+in its log (the worker's own stream); whether it was fetched or found in the cache (which tells
+whether another job of the node reads it) only in the worker's own log.
 
 A shard that changed since registration, or is gone, or is larger than the cache, stops the
 attempt through ``fail`` (which fails the job with that reason, no retry) and the feeder with
-it. Stopping the feeder (the attempt ended) abandons fetches under way and removes nothing
-from the cache.
+it. Stopping the feeder (the attempt ended) abandons fetches under way, waits for their threads
+(none links a shard into the directory after it) and removes nothing from the cache.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 from ace3_control.dataset_sources import source_client
 from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore, open_store
-from ace3_worker.shard_cache import CacheTooSmallError, ShardCache, place
+from ace3_worker.shard_cache import CacheFullError, CacheTooSmallError, ShardCache, place
 from ace3_worker.shard_fetch import (
     FetchStopped,
     Obtained,
@@ -43,7 +48,7 @@ from ace3_worker.shard_fetch import (
     obtain,
 )
 from ace3_worker.shard_requests import Request, RequestReader
-from ace3_worker.shard_streams import ShardStream
+from ace3_worker.shard_streams import Readers, ShardStream
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +60,8 @@ NO_ROOM_RETRY_SECONDS = 0.5
 # the job; the waits between tries double from the first.
 FETCH_TRIES = 5
 FIRST_RETRY_SECONDS = 1.0
+# A poll pass that fails is logged with its traceback at most this often.
+ERROR_LOG_SECONDS = 60.0
 
 Key = tuple[str, str]  # (split, file)
 
@@ -84,6 +91,8 @@ class ShardFeed:
         log: Callable[[str], None],
         fail: Callable[[str], None],
         job_id: str = "",
+        readers: Readers | None = None,
+        wait_seconds: float | None = None,
     ) -> None:
         self.streams: dict[str, ShardStream] = {s.split: s for s in streams}
         if "validation" not in self.streams and "train" in self.streams:
@@ -95,8 +104,17 @@ class ShardFeed:
         self.fail_attempt = fail
         self.job_id = job_id
         self.requests = RequestReader(
-            output_dir, {split: set(s.files) for split, s in self.streams.items()}, log
+            output_dir,
+            {split: set(s.files) for split, s in self.streams.items()},
+            log,
+            None if readers is None else readers.names,
         )
+        # What the attempt may keep linked, and the part of it kept for current shards.
+        self.share = cache.bound if readers is None else readers.share
+        self.kept_for_current = 0 if readers is None else readers.current_bytes
+        self.wait_seconds = wait_seconds
+        self._logged_error = -ERROR_LOG_SECONDS
+        self._in_pool = threading.local()
         self.stop_event = threading.Event()
         self.wake = threading.Event()
         self.failure: str | None = None
@@ -120,6 +138,7 @@ class ShardFeed:
         fail: Callable[[str], None],
         job_id: str = "",
         store: ArtifactStore | None = None,
+        readers: Readers | None = None,
     ) -> ShardFeed:
         """The feeder with this worker's cache; a registered dataset's shards are read with the
         service's S3 client, an uploaded one's from ``store`` (default: the settings' store,
@@ -143,7 +162,17 @@ class ShardFeed:
             return S3ShardSource(uri, clients[0])
 
         cache = ShardCache(settings.resolved_dataset_cache_dir, settings.dataset_cache_bytes)
-        return cls(streams, output_dir, cache, sources, log=log, fail=fail, job_id=job_id)
+        return cls(
+            streams,
+            output_dir,
+            cache,
+            sources,
+            log=log,
+            fail=fail,
+            job_id=job_id,
+            readers=readers,
+            wait_seconds=settings.dataset_cache_wait_seconds,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> ShardFeed:
@@ -151,11 +180,13 @@ class ShardFeed:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """The attempt is over: stop polling and abandon the fetches under way (nothing is
-        removed from the cache; the job's directory goes with the attempt)."""
+        """The attempt is over: stop polling and abandon the fetches under way, waiting for
+        their threads (nothing is removed from the cache; the job's directory goes with the
+        attempt, after this returns: no fetch links a shard into it then)."""
         self.stop_event.set()
         self.wake.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        in_pool = getattr(self._in_pool, "yes", False)
+        self._pool.shutdown(wait=not in_pool, cancel_futures=True)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -175,7 +206,9 @@ class ShardFeed:
             try:
                 self.poll()
             except Exception:  # (never the worker's end: the next pass tries again)
-                logger.exception("job %s: the shard feeder's pass failed", self.job_id)
+                if time.monotonic() - self._logged_error >= ERROR_LOG_SECONDS:
+                    self._logged_error = time.monotonic()
+                    logger.exception("job %s: the shard feeder's pass failed", self.job_id)
             self.wake.wait(POLL_SECONDS)
             self.wake.clear()
 
@@ -194,6 +227,8 @@ class ShardFeed:
             for key in sorted(self._present - names - set(self._in_flight)):
                 self._take_out(key)
             now = time.monotonic()
+            currents = {key for key, current in wanted if current}
+            ahead = sum(map(self._bytes, (self._present | set(self._in_flight)) - currents))
             for key, current in wanted:
                 if len(self._in_flight) >= MAX_FETCHES or self.stop_event.is_set():
                     break
@@ -201,11 +236,19 @@ class ShardFeed:
                     continue
                 if self._not_before.get(key, 0.0) > now:
                     continue
+                if not current:  # (current shards: kept_for_current holds the most they take)
+                    if ahead + self._bytes(key) > self.share - self.kept_for_current:
+                        continue  # (past the attempt's share: once its readers move on)
+                    ahead += self._bytes(key)
                 try:
                     future = self._pool.submit(self._make_present, key, current)
                 except RuntimeError:
                     return  # (stopped meanwhile)
                 self._in_flight[key] = future
+
+    def _bytes(self, key: Key) -> int:
+        """What a shard counts against the attempt's share (a copy too, not only a link)."""
+        return self.cache.accounted(self.streams[key[0]].shard(key[1]).size)
 
     def _take_out(self, key: Key) -> None:
         stream = self.streams[key[0]]
@@ -216,11 +259,12 @@ class ShardFeed:
 
     # -- one shard -------------------------------------------------------------------------------
     def _make_present(self, key: Key, current: bool) -> None:
+        self._in_pool.yes = True
         try:
             placed = self._place(key, current)
         except FetchStopped:
             return
-        except (ShardChangedError, CacheTooSmallError) as exc:
+        except (ShardChangedError, CacheTooSmallError, CacheFullError) as exc:
             self._fail(self._reason(key, exc))
             return
         except Exception as exc:
@@ -236,6 +280,9 @@ class ShardFeed:
         if isinstance(exc, CacheTooSmallError):
             name = self.streams[key[0]].shard(key[1]).name
             return f"dataset shard {name!r} is {exc}: raise it, or split the shard"
+        if isinstance(exc, CacheFullError):
+            name = self.streams[key[0]].shard(key[1]).name
+            return f"dataset shard {name!r} {exc}: raise it, or run fewer jobs on this node"
         return str(exc)
 
     def _place(self, key: Key, current: bool) -> bool:
@@ -262,6 +309,7 @@ class ShardFeed:
             stop=self.stop_event,
             wait=current,
             waiting=waiting,
+            wait_seconds=self.wait_seconds,
         )
         if obtained is None:
             return False
@@ -286,11 +334,11 @@ class ShardFeed:
         with self._lock:
             first = (digest, name) not in self._told
             self._told.add((digest, name))
-        if first:
+        if first:  # (how: the worker's own log; the job's would learn what other jobs read)
             how = "fetched from the source" if obtained.fetched else "from this node's cache"
+            logger.info("job %s: dataset shard %r %s", self.job_id, name, how)
             self.log(
-                f"ace3: dataset shard {name!r} ({size} bytes, {how}): sha256 "
-                f"{obtained.cached.sha256}"
+                f"ace3: dataset shard {name!r} ({size} bytes): sha256 {obtained.cached.sha256}"
             )
 
     def _retry_later(self, key: Key, exc: Exception) -> None:

@@ -5,9 +5,11 @@ The request directory is opened from the job's ``output/`` (which the worker mad
 attempt directory the job cannot change) without following links; each file is opened
 ``O_NOFOLLOW | O_NONBLOCK`` and read only when it is a regular file with one link, at most
 ``REQUEST_MAX_BYTES + 1`` bytes of it. A file is read again only when it changed (inode, size
-or mtime). A bad one (a link, a FIFO, too large, not JSON, naming shards the job does not have)
-is reported once, as the worker's own line in the job's log, and ignored: it never stops the
-feeder, and nothing in it is ever followed.
+or mtime), and at most every ``REREAD_SECONDS``. A bad one (a link, a FIFO, too large, not
+JSON, naming shards the job does not have, a name none of the attempt's readers writes, a split
+the job does not stream) is reported once, as the worker's own line in the job's log, and
+ignored: it never stops the feeder, and nothing in it is ever followed. A request is cut to its
+first ``MAX_NAMES`` shards (the one its reader opens and ``LOOKAHEAD`` more), said once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,12 @@ from ace3.config.shards import (
 MAX_REQUEST_ENTRIES = 1024
 # The most bad request files reported per attempt (past it, one line says so).
 MAX_REPORTED = 20
+# The shards a reader names beyond the one it opens (ace3.runtime.data.stream.reader.LOOKAHEAD);
+# the rest of a longer request is ignored.
+LOOKAHEAD = 3
+MAX_NAMES = 1 + LOOKAHEAD
+# A changed request file is read again at most this often.
+REREAD_SECONDS = 0.05
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -90,17 +99,24 @@ def read_request_file(directory_fd: int, name: str, known: set[str]) -> tuple[st
 
 
 class RequestReader:
-    """The current requests of one attempt, re-read as they change. ``known``: each split's
-    shard file names (a split the job does not stream has none); ``report``: where a bad
-    request is said, once."""
+    """The current requests of one attempt, re-read as they change. ``known``: each streamed
+    split's shard file names; ``expected``: the request file names the attempt's readers write
+    (None: any); ``report``: where a bad request is said, once."""
 
     def __init__(
-        self, output_dir: Path, known: dict[str, set[str]], report: Callable[[str], None]
+        self,
+        output_dir: Path,
+        known: dict[str, set[str]],
+        report: Callable[[str], None],
+        expected: frozenset[str] | None = None,
     ) -> None:
         self.output_dir = output_dir
         self.known = known
+        self.expected = expected
         self.report = report
         self._seen: dict[str, tuple[tuple[int, int, int], tuple[str, ...] | None]] = {}
+        self._read_at: dict[str, float] = {}
+        self._cut: set[str] = set()
         self._reported = 0
 
     def _bad(self, name: str, why: str) -> None:
@@ -109,6 +125,22 @@ class RequestReader:
             self.report(f"ace3: ignored shard request {name[:80]!r}: {why}")
         elif self._reported == MAX_REPORTED + 1:
             self.report("ace3: more bad shard requests; they are ignored without a word")
+
+    def _unexpected(self, name: str, split: str) -> str | None:
+        """Why the file ``name`` is not one of the attempt's requests (None: it is)."""
+        if not is_request_file_name(name):
+            return "not a request file name (train|validation-r<rank>-w<n>.json)"
+        if split not in self.known:
+            return f"the job does not stream a {split} split"
+        if self.expected is not None and name not in self.expected:
+            return "no reader of this attempt writes it (another rank or num_workers)"
+        return None
+
+    def _cut_to_size(self, name: str, need: tuple[str, ...]) -> tuple[str, ...]:
+        if len(need) > MAX_NAMES and name not in self._cut:
+            self._cut.add(name)
+            self._bad(name, f"names {len(need)} shards: only its first {MAX_NAMES} are fetched")
+        return need[:MAX_NAMES]
 
     def read(self) -> list[Request]:
         """Every valid request now, in file name order."""
@@ -141,9 +173,11 @@ class RequestReader:
         for name in sorted(names):
             if name.startswith("."):
                 continue  # (a reader's temporary file, renamed into place when written)
-            if not is_request_file_name(name):
+            split = name.partition("-")[0]
+            why = self._unexpected(name, split)
+            if why is not None:
                 if name not in self._seen:
-                    self._bad(name, "not a request file name (train|validation-r<rank>-w<n>.json)")
+                    self._bad(name, why)
                 seen[name] = ((0, 0, 0), None)
                 continue
             try:
@@ -152,17 +186,22 @@ class RequestReader:
                 continue
             key = (info.st_ino, info.st_size, info.st_mtime_ns)
             earlier = self._seen.get(name)
+            now = time.monotonic()
             if earlier is not None and earlier[0] == key:
                 need = earlier[1]
+            elif earlier is not None and now - self._read_at.get(name, 0.0) < REREAD_SECONDS:
+                key, need = earlier  # (read again on a later pass)
             else:
-                split = name.partition("-")[0]
+                self._read_at[name] = now
                 try:
-                    need = read_request_file(directory_fd, name, self.known.get(split, set()))
+                    need = self._cut_to_size(
+                        name, read_request_file(directory_fd, name, self.known[split])
+                    )
                 except BadRequest as exc:
                     self._bad(name, str(exc))
                     need = None
             seen[name] = (key, need)
             if need is not None:
-                requests.append(Request(name, name.partition("-")[0], need))
+                requests.append(Request(name, split, need))
         self._seen = seen
         return requests

@@ -7,20 +7,28 @@ an uploaded shard directory, its shards in the artifact store) gets ``data/<spli
 bubblewrap), empty when the attempt starts; its shards appear there, read-only and whole, as the
 readers ask for them in ``output/shard-requests/`` (the job's own, writable), shared by both
 splits.
+
+:func:`plan_readers` says, from the job's config, which request files the attempt's readers
+write (``<split>-r<replica>-w<worker>.json`` for this node's data-parallel replicas, ``max(1,
+num_workers)`` loader workers and each streamed split) and what the attempt may keep linked:
+its share of the node cache (``ACE3_DATASET_CACHE_BYTES / ACE3_WORKER_SLOTS``), refused when
+the shards its readers read at once (the largest ones, at worst) cannot fit in it.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from ace3.config.shards import REQUEST_DIR, Shard, ShardManifest, shard_file_name
+from ace3.config import TrainingConfig, parallel_degrees
+from ace3.config.shards import REQUEST_DIR, Shard, ShardManifest, request_file_name, shard_file_name
 from ace3.runtime.job_spec import DatasetSpec, StreamShard, StreamSpec
 from ace3_control.models import StoredDataset
+from ace3_worker.shard_cache import entry_floor
 
 Split = Literal["train", "validation"]
 SHARDS_DIR = "shards"
@@ -137,3 +145,79 @@ def open_shard_dirs(streams: tuple[ShardStream, ...]) -> None:
 
 def requests_dir(output_dir: Path) -> Path:
     return output_dir / REQUEST_DIR
+
+
+@dataclass(frozen=True)
+class Readers:
+    """An attempt's shard readers: the request files they write, the most bytes their current
+    shards hold at once (counted as the cache counts them), and the attempt's share of the
+    cache (what it may keep linked)."""
+
+    names: frozenset[str]
+    current_bytes: int
+    share: int
+
+
+def _replicas(config: Mapping[str, Any], processes: int, node_rank: int | None) -> set[int]:
+    """The data-parallel replicas (a request file's ``r``) of this node's ranks: all of the
+    job's on a single node, those of ranks ``node_rank * per_node ...`` on a gang's node."""
+    try:
+        pp, tp = parallel_degrees(TrainingConfig.model_validate(dict(config)), processes)
+    except (ValueError, TypeError):
+        return set(range(processes))  # (the engine refuses it; any replica of the job)
+    nodes = max(1, int(config.get("num_nodes", 1) or 1))
+    per_node = max(1, processes // nodes)
+    ranks = (
+        range(processes)
+        if node_rank is None
+        else range(node_rank * per_node, (node_rank + 1) * per_node)
+    )
+    return {rank // max(1, pp * tp) for rank in ranks}
+
+
+def plan_readers(
+    config: Mapping[str, Any] | None,
+    processes: int,
+    node_rank: int | None,
+    streams: tuple[ShardStream, ...],
+    *,
+    validation_given: bool,
+    cache_bytes: int,
+    slots: int,
+) -> Readers:
+    """The readers of an attempt's streamed splits (see the module docstring); raises
+    ``ValueError`` naming num_workers, the ranks and ACE3_DATASET_CACHE_BYTES when their current
+    shards cannot fit in the attempt's share of the cache."""
+    config = config or {}
+    workers = max(1, int(config.get("num_workers", 0) or 0))
+    replicas = _replicas(config, processes, node_rank)
+    by_split = {stream.split: stream for stream in streams}
+    train = by_split.get("train")
+    if "validation" not in by_split and train is not None and not validation_given:
+        held_out = config.get("validation_split") != 0 and len(train.files) > 1
+        if held_out:
+            by_split["validation"] = train  # (its readers ask for held-out train shards)
+    names = frozenset(
+        request_file_name(split, replica, worker)
+        for split in by_split
+        for replica in replicas
+        for worker in range(workers)
+    )
+    floor = entry_floor(cache_bytes)
+    per_split = len(replicas) * workers
+    current = 0
+    for stream in {id(s): s for s in by_split.values()}.values():
+        count = per_split * sum(1 for s in by_split.values() if s is stream)
+        sizes = sorted((max(s.size, floor) for s in stream.manifest.shards), reverse=True)
+        current += sum(sizes[:count])
+    share = cache_bytes // max(1, slots)
+    if current > share:
+        raise ValueError(
+            f"dataset streaming: {per_split * len(by_split)} readers ({len(replicas)} data-"
+            f"parallel rank(s) x num_workers={workers} loader worker(s) x {len(by_split)} "
+            f"split(s)) may each read a shard at once, up to {current} bytes, more than this "
+            f"job's share of the dataset cache ({share} bytes: ACE3_DATASET_CACHE_BYTES="
+            f"{cache_bytes} / ACE3_WORKER_SLOTS={slots}): lower num_workers, raise "
+            "ACE3_DATASET_CACHE_BYTES, or split the dataset into smaller shards"
+        )
+    return Readers(names, current, share)

@@ -140,6 +140,7 @@ class Workspace:
                 teacher=teacher_rows(session, job),
                 skeleton=skeleton,
                 dataset_cache_bytes=self.settings.dataset_cache_bytes,
+                worker_slots=self.settings.worker_slots,
             )
             if resume_from is not None:
                 logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)

@@ -35,9 +35,10 @@ SHARD_SUFFIXES: dict[str, tuple[str, ...]] = {
 
 #: Where, in a job's output directory, the engine's readers write their request files.
 REQUEST_DIR = "shard-requests"
-#: The most shards one request may name, and the most bytes its file may hold.
+#: The most shards one request may name, and the most bytes its file may hold (64 names of
+#: ~20 bytes take about 1.3 KiB).
 REQUEST_MAX_SHARDS = 64
-REQUEST_MAX_BYTES = 64 * 1024
+REQUEST_MAX_BYTES = 4 * 1024
 
 _NAME = re.compile(r"^[A-Za-z0-9._=+-]+(/[A-Za-z0-9._=+-]+)*$")
 _REQUEST_FILE = re.compile(r"^(train|validation)-r([0-9]{1,6})-w([0-9]{1,3})\.json$")

@@ -138,10 +138,7 @@ def test_fetched_shards_are_hashed_and_a_changed_one_fails_the_job(
         assert json.loads(sidecar.read_text())["sha256"] == digest
         said = [lines.get_nowait() for _ in range(lines.qsize())]
         assert [line.stream for line in said] == ["service"]
-        assert (
-            f"'train/000.bin' ({SHARD_BYTES} bytes, fetched from the source): sha256 {digest}"
-            in said[0].line
-        )
+        assert f"'train/000.bin' ({SHARD_BYTES} bytes): sha256 {digest}" in said[0].line
 
         # The object is rewritten after registration (same size, other bytes: another ETag).
         bucket.client.put_object(
@@ -161,7 +158,9 @@ def test_fetched_shards_are_hashed_and_a_changed_one_fails_the_job(
         row: Any = session.get(Job, job.id)
         assert (row.state, row.attempt) == (JobState.FAILED, 1), "failed, not retried"
         assert row.error.startswith("training stopped: dataset shard 'train/001.bin'")
-        assert "its ETag is" in row.error and "register the dataset again" in row.error
+        # (read If-Match the registered ETag: the store refused the other object, 412)
+        assert f"its ETag is no longer {bucket.manifest.shards[1].etag!r}" in row.error
+        assert "register the dataset again" in row.error
 
 
 def test_a_deleted_shard_fails_the_attempt_naming_it(
@@ -233,7 +232,7 @@ def test_an_uploaded_shard_directory_streams_from_the_store_and_a_corrupted_shar
         wait_for(lambda: (shards / "000000.bin").exists())
         assert (shards / "000000.bin").read_bytes() == contents[0]
         said = lines.get_nowait().line
-        assert f"'train/0.bin' ({SHARD_BYTES} bytes, fetched from the source): sha256 " in said
+        assert f"'train/0.bin' ({SHARD_BYTES} bytes): sha256 " in said
         assert said.endswith(digests[0])
 
         # The stored object's bytes change under the store (same size: only the sha256 tells).

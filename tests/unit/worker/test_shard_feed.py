@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -25,7 +26,7 @@ from ace3_worker.job_dir import JobDirectory, JobOwner, prepare_job_directory
 from ace3_worker.shard_cache import ShardCache
 from ace3_worker.shard_feed import ShardFeed
 from ace3_worker.shard_fetch import ShardObject
-from ace3_worker.shard_streams import ShardStream, stream_dataset
+from ace3_worker.shard_streams import Readers, ShardStream, stream_dataset
 
 SIZE = 64
 
@@ -65,7 +66,9 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 class Job:
     """A job directory with one streamed split and its running feeder."""
 
-    def __init__(self, root: Path, cache: ShardCache, source: Source) -> None:
+    def __init__(
+        self, root: Path, cache: ShardCache, source: Source, readers: Readers | None = None
+    ) -> None:
         self.output = root / "output"
         (self.output / REQUEST_DIR).mkdir(parents=True)
         _, self.stream = stream_dataset(
@@ -81,7 +84,13 @@ class Job:
 
         streams: tuple[ShardStream, ...] = (self.stream,)
         self.feed = ShardFeed(
-            streams, self.output, cache, lambda uri: source, log=self.lines.append, fail=fail
+            streams,
+            self.output,
+            cache,
+            lambda uri: source,
+            log=self.lines.append,
+            fail=fail,
+            readers=readers,
         ).start()
 
     def request(self, *need: str, reader: str = "train-r0-w0.json") -> None:
@@ -99,8 +108,9 @@ def cache(tmp_path: Path) -> ShardCache:
 
 
 def test_shards_come_and_go_with_the_requests_and_two_jobs_share_them(
-    tmp_path: Path, cache: ShardCache
+    tmp_path: Path, cache: ShardCache, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="ace3_worker.shard_feed")
     source = Source()
     first = Job(tmp_path / "a", cache, source)
     second = Job(tmp_path / "b", cache, source)
@@ -119,12 +129,12 @@ def test_shards_come_and_go_with_the_requests_and_two_jobs_share_them(
         assert sorted(source.opened) == ["train/000.bin", "train/001.bin", "train/002.bin"]
         assert cache.path(first.stream.digest, "000002.bin").stat().st_nlink == 3
         digest = hashlib.sha256(content("train/002.bin")).hexdigest()
-        assert f"'train/002.bin' ({SIZE} bytes, fetched from the source): sha256 {digest}" in (
-            " ".join(first.lines)
-        )
-        assert f"'train/002.bin' ({SIZE} bytes, from this node's cache): sha256 {digest}" in (
-            " ".join(second.lines)
-        )
+        said = f"ace3: dataset shard 'train/002.bin' ({SIZE} bytes): sha256 {digest}"
+        assert said in first.lines and said in second.lines
+        # whether another job of the node read it first: the worker's log alone, not the job's
+        assert not any("source" in line or "cache" in line for line in first.lines + second.lines)
+        assert "'train/002.bin' fetched from the source" in caplog.text
+        assert "'train/002.bin' from this node's cache" in caplog.text
         sidecar = json.loads(
             Path(f"{cache.path(first.stream.digest, '000002.bin')}.sha256").read_text()
         )
@@ -180,7 +190,9 @@ def test_a_streamed_dataset_gets_empty_shard_dirs_and_the_jobs_request_dir(
         storage_key="s3://x",
         sha256=MANIFEST.digest(),
     )
-    job = SimpleNamespace(id="job1", config={}, model_kwargs={}, micro_batch_halvings=0)
+    job = SimpleNamespace(
+        id="job1", config={}, model_kwargs={}, micro_batch_halvings=0, num_processes=1
+    )
     owner = JobOwner(uid=54321, gid=54321, user_name="job")
     (tmp_path / "work").mkdir()
 
@@ -191,7 +203,7 @@ def test_a_streamed_dataset_gets_empty_shard_dirs_and_the_jobs_request_dir(
             dataset_cache_bytes=cache_bytes,
         )  # fmt: skip
 
-    directory = prepare(SIZE)
+    directory = prepare(2 * SIZE)  # (both splits' readers may read a shard at once)
     spec = JobSpec.model_validate_json(directory.job_file.read_text())
     for split, dataset in (("train", spec.dataset), ("validation", spec.validation_dataset)):
         assert dataset is not None and dataset.stream is not None

@@ -8,7 +8,10 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from ace3.config.shards import REQUEST_DIR, REQUEST_MAX_BYTES
+from ace3_worker import shard_requests
 from ace3_worker.shard_feed import priority
 from ace3_worker.shard_requests import Request, RequestReader
 
@@ -22,7 +25,10 @@ def reader(tmp_path: Path) -> tuple[RequestReader, Path, list[str]]:
     return RequestReader(output, KNOWN, said.append), output / REQUEST_DIR, said
 
 
-def test_valid_requests_are_read_bad_ones_ignored_and_reported_once(tmp_path: Path) -> None:
+def test_valid_requests_are_read_bad_ones_ignored_and_reported_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shard_requests, "REREAD_SECONDS", 0.0)
     requests, directory, said = reader(tmp_path)
     (directory / "train-r0-w0.json").write_text(json.dumps({"need": ["000001.bin", "000002.bin"]}))
     (directory / "validation-r1-w0.json").write_text(json.dumps({"need": ["000000.bin"]}))
@@ -86,3 +92,21 @@ def test_each_readers_current_shard_comes_before_any_look_ahead() -> None:
         (("train", "b"), False),
         (("train", "c"), False),
     ]
+
+
+def test_a_request_over_4_kib_is_refused_and_a_changed_one_read_at_most_every_50_ms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(shard_requests.time, "monotonic", lambda: now[0])
+    requests, directory, said = reader(tmp_path)
+    (directory / "train-r1-w0.json").write_text('{"need": []}' + " " * 4096)
+    path = directory / "train-r0-w0.json"
+    path.write_text(json.dumps({"need": ["000000.bin"]}))
+    assert requests.read() == [Request("train-r0-w0.json", "train", ("000000.bin",))]
+    assert "more than 4096 bytes" in said[0]
+    path.write_text(json.dumps({"need": ["000001.bin", "000002.bin"]}))
+    now[0] += 0.01
+    assert requests.read() == [Request("train-r0-w0.json", "train", ("000000.bin",))]
+    now[0] += 0.05
+    assert requests.read() == [Request("train-r0-w0.json", "train", ("000001.bin", "000002.bin"))]
