@@ -3,16 +3,20 @@ directory prepared (:mod:`ace3_worker.workspace`), torchrun started warm or cold
 (:mod:`ace3_worker.warm`, :mod:`ace3_worker.launch`), watched (:mod:`ace3_worker.watch`), what
 is left of its output stored (:mod:`ace3_worker.ingest`), and its exit reported through the
 membership (:mod:`ace3_worker.membership`). The directory goes on every path, and torchrun's
-sandbox is dead before the attempt is recorded.
+sandbox is dead before the attempt is recorded. The directory is held in use
+(:mod:`ace3_worker.attempt_dirs`) from before it is prepared until it is gone; the first
+attempt a worker process runs first removes those that a dead worker left.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from ace3_control.models import Job
 from ace3_control.settings import Settings
 from ace3_worker import reports
+from ace3_worker.attempt_dirs import hold_attempt, sweep_attempts, warn_if_copies
 from ace3_worker.device import worker_device
 from ace3_worker.gpu_sets import DeviceSet
 from ace3_worker.ingest import Ingest, JobOutput, service_line
@@ -48,6 +52,18 @@ class AttemptRunner:
         self.limits = limits
         self.watcher = watcher
         self.ingest = ingest
+        self._swept = False
+
+    def sweep(self) -> None:
+        """Once per worker process: remove the attempt directories no live worker holds (a
+        crashed one's, whose shard links would pin cache entries), and say when shards will be
+        copied into jobs rather than linked."""
+        if self._swept:
+            return
+        self._swept = True
+        work_dir = self.settings.resolved_work_dir
+        sweep_attempts(work_dir)
+        warn_if_copies(self.settings.resolved_dataset_cache_dir, work_dir)
 
     def run(
         self,
@@ -60,6 +76,19 @@ class AttemptRunner:
         was prepared); its directory goes on every path."""
         job_id, attempt = membership.job_id, membership.attempt
         root = self.workspace.attempt_root(job_id, attempt, membership.node_rank)
+        self.sweep()
+        with hold_attempt(root):
+            self._run(membership, identity, devices, warm, root)
+
+    def _run(
+        self,
+        membership: Membership,
+        identity: JobIdentity | None,
+        devices: DeviceSet | None,
+        warm: WarmSandbox | None,
+        root: Path,
+    ) -> None:
+        job_id, attempt = membership.job_id, membership.attempt
         try:
             try:
                 with membership.keep_alive():
@@ -186,4 +215,5 @@ class AttemptRunner:
             log=log,
             fail=fail,
             job_id=job.id,
+            readers=directory.readers,
         ).start()
