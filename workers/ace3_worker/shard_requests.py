@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from ace3.config.shards import (
     REQUEST_DIR,
+    REQUEST_LOOKAHEAD,
     REQUEST_MAX_BYTES,
     is_request_file_name,
     parse_request,
@@ -35,9 +36,9 @@ from ace3.config.shards import (
 MAX_REQUEST_ENTRIES = 1024
 # The most bad request files reported per attempt (past it, one line says so).
 MAX_REPORTED = 20
-# The shards a reader names beyond the one it opens (ace3.runtime.data.stream.reader.LOOKAHEAD);
-# the rest of a longer request is ignored.
-LOOKAHEAD = 3
+# The shards a reader names beyond the one it opens (shared with the engine's readers); the
+# rest of a longer request is ignored.
+LOOKAHEAD = REQUEST_LOOKAHEAD
 MAX_NAMES = 1 + LOOKAHEAD
 # A changed request file is read again at most this often.
 REREAD_SECONDS = 0.05

@@ -38,6 +38,9 @@ REQUEST_DIR = "shard-requests"
 #: The most shards one request may name, and the most bytes its file may hold (64 names of
 #: ~20 bytes take about 1.3 KiB).
 REQUEST_MAX_SHARDS = 64
+#: The shards a reader's request names beyond the one it opens now; the worker fetches only a
+#: request's first ``1 + REQUEST_LOOKAHEAD`` names.
+REQUEST_LOOKAHEAD = 3
 REQUEST_MAX_BYTES = 4 * 1024
 
 _NAME = re.compile(r"^[A-Za-z0-9._=+-]+(/[A-Za-z0-9._=+-]+)*$")

@@ -109,3 +109,30 @@ def test_stateful_dataloader_with_two_workers_resumes_mid_epoch(tmp_path: Path) 
         second = loader(spec, epoch=1)
         second.load_state_dict(state)
         assert head + [batch[1].tolist() for batch in second] == whole, cut
+
+
+def test_a_buffer_spanning_many_shards_is_read_back_asking_for_few_at_once(
+    tmp_path: Path,
+) -> None:
+    """A restored shuffle buffer holding samples of more shards than one request may name
+    (the worker fetches only a request's first 1 + REQUEST_LOOKAHEAD names) asks for them one
+    at a time, and still resumes exactly."""
+    from ace3.config.shards import REQUEST_LOOKAHEAD
+    from ace3.runtime.data.stream.waiting import RequestFile
+
+    spec = numbered_shards(tmp_path / "shards", "jsonl", [2] * 12)
+    options: dict[str, Any] = {"shuffle_buffer": 20}
+    whole = [sample_id(s) for s in make(spec, **options)]
+    written: list[list[str]] = []
+    original = RequestFile.write
+
+    def recording(self: RequestFile, need: list[str]) -> None:
+        written.append(list(need))
+        original(self, need)
+
+    RequestFile.write = recording  # type: ignore[method-assign]  # (recording the requests)
+    try:
+        assert resumed(spec, 3, len(whole), **options) == whole
+    finally:
+        RequestFile.write = original  # type: ignore[method-assign]
+    assert max(len(need) for need in written) <= 1 + REQUEST_LOOKAHEAD

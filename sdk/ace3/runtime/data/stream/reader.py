@@ -24,13 +24,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ace3.config.shards import REQUEST_LOOKAHEAD
 from ace3.runtime.data.stream.assignment import ShardPlan
 from ace3.runtime.data.stream.buffer import Identity, ShuffleBuffer
 from ace3.runtime.data.stream.formats import ShardFormat
 from ace3.runtime.data.stream.waiting import RequestFile, wait_for_file
 
 STATE_VERSION = 1
-LOOKAHEAD = 3  # shards a request names beyond the one being opened
+LOOKAHEAD = REQUEST_LOOKAHEAD  # shards a request names beyond the one being opened
 
 
 class Source(Protocol):
@@ -192,11 +193,13 @@ class Reader:
                 raise ValueError(
                     f"the saved shuffle buffer names shard {exc} that is not in this split"
                 ) from None
-            self.request.write(
-                [stream.files[s] for s in shards] + self._ahead(share, LOOKAHEAD + 1)
-            )
             samples: dict[Identity, Any] = {}
             for shard, (manifest_index, indices) in zip(shards, wanted.items(), strict=True):
+                # One buffered shard at a time: a request names at most 1 + LOOKAHEAD shards
+                # (the worker fetches no more of it), and the buffer may span more.
+                file = stream.files[shard]
+                ahead = [f for f in self._ahead(share, LOOKAHEAD + 1) if f != file]
+                self.request.write([file, *ahead[:LOOKAHEAD]])
                 found = stream.format.take(self._present(shard), indices)
                 samples.update({(manifest_index, i): s for i, s in found.items()})
             buffer.restore(p.buffer, samples, p.rng)
