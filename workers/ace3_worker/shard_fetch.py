@@ -19,6 +19,7 @@ when every byte arrived (and, for a source that knows their sha256, only when it
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -31,11 +32,13 @@ from typing import Any, Protocol
 from ace3.config.shards import Shard
 from ace3_control.dataset_sources import split_s3_uri
 from ace3_control.storage import ArtifactStore
+from ace3_worker import shard_ranges
 from ace3_worker.shard_cache import CachedShard, ShardCache
 
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -77,13 +80,15 @@ class S3ShardSource:
         self.bucket, self.prefix = split_s3_uri(uri)
         self.client = client
 
-    def open(self, shard: Shard) -> ShardObject:
+    def _get(self, shard: Shard, **extra: str) -> Any:
+        """GetObject of the shard, If-Match its registered ETag (the object read is the one
+        registered, not one replaced meanwhile); a 404 or a 412 is :class:`ShardChangedError`."""
         from botocore.exceptions import ClientError
 
         key = f"{self.prefix}{shard.name}"
-        try:  # (IfMatch: the object read is the one registered, not one replaced meanwhile)
-            response = self.client.get_object(
-                Bucket=self.bucket, Key=key, IfMatch=f'"{shard.etag}"'
+        try:
+            return self.client.get_object(
+                Bucket=self.bucket, Key=key, IfMatch=f'"{shard.etag}"', **extra
             )
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
@@ -99,6 +104,9 @@ class S3ShardSource:
                     "again to train on what it holds now"
                 ) from exc
             raise
+
+    def open(self, shard: Shard) -> ShardObject:
+        response = self._get(shard)
         body = response["Body"]
         return ShardObject(
             etag=str(response.get("ETag", "")).strip('"'),
@@ -106,6 +114,26 @@ class S3ShardSource:
             chunks=body.iter_chunks(CHUNK_BYTES),
             close=body.close,
         )
+
+    def read_range(self, shard: Shard, first: int, last: int) -> bytes:
+        """Bytes ``first`` to ``last`` (inclusive) of the shard (a large one is fetched in
+        ranges: :mod:`ace3_worker.shard_ranges`), checked as :meth:`open`'s object is: the
+        registered ETag, the object's total size."""
+        response = self._get(shard, Range=f"bytes={first}-{last}")
+        body = response["Body"]
+        try:
+            found = _CONTENT_RANGE.match(str(response.get("ContentRange", "")))
+            total = int(found[3]) if found else -1
+            etag = str(response.get("ETag", "")).strip('"')
+            check_object(shard, self.uri, ShardObject(etag, total, iter(()), body.close))
+            if found is None or (int(found[1]), int(found[2])) != (first, last):
+                raise OSError(
+                    f"shard {shard.name!r}: asked for bytes {first}-{last}, the source answered "
+                    f"{response.get('ContentRange')!r}"
+                )
+            return bytes(body.read(last - first + 2))
+        finally:
+            body.close()
 
 
 class StoreShardSource:
@@ -230,7 +258,13 @@ def check_content(shard: Shard, uri: str, sha256: str, size: int) -> None:
 
 
 def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event) -> str:
-    """The shard's bytes into ``fd``, checked against the manifest; their sha256."""
+    """The shard's bytes into ``fd``, checked against the manifest; their sha256. A large
+    shard of a bucket is read as parallel ranges (:mod:`ace3_worker.shard_ranges`)."""
+    if isinstance(source, S3ShardSource) and shard.size >= shard_ranges.RANGED_MIN_BYTES:
+        return shard_ranges.copy_ranges(
+            functools.partial(source.read_range, shard), shard, fd, stop,
+            stopped=lambda: FetchStopped(shard.name),
+        )  # fmt: skip
     found = source.open(shard)
     try:
         check_object(shard, source.uri, found)
