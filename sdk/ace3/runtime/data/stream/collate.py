@@ -41,6 +41,9 @@ def stream_collate(samples: Sequence[Any]) -> Any:
 
 def _collate_values(values: list[Any], what: str) -> Any:
     if all(isinstance(v, torch.Tensor) for v in values):
+        first = values[0]
+        if all(v.dtype == first.dtype and v.shape == first.shape for v in values):
+            return torch.stack(values)  # (the common case, a sample's tensors all alike)
         dtype = functools.reduce(torch.promote_types, (v.dtype for v in values))
         shapes = {tuple(v.shape) for v in values}
         if len(shapes) > 1:

@@ -100,13 +100,16 @@ class ShardFormat:
             )
         if size == 0:
             return np.zeros(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r")
+        # (a plain array over the mapping: slicing a np.memmap costs a subclass's bookkeeping)
+        return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
 
     def _window(self, tokens: np.ndarray, index: int) -> dict[str, torch.Tensor]:
         length = self.sequence_length
-        window = torch.from_numpy(np.array(tokens[index * length : index * length + length + 1]))
-        window = window.to(torch.int64)
-        return {"input_ids": window[:-1].clone(), "labels": window[1:].clone()}
+        # One copy, widened to int64; input_ids and labels are views of it (a batch stacks them
+        # into tensors of its own).
+        span = tokens[index * length : index * length + length + 1]
+        window = torch.from_numpy(np.asarray(span, dtype=np.int64))
+        return {"input_ids": window[:-1], "labels": window[1:]}
 
     def _tokens(self, path: Path, start: int) -> Generator[dict[str, torch.Tensor], None, None]:
         tokens = self._token_array(path)
