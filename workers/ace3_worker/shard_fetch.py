@@ -259,18 +259,20 @@ def check_content(shard: Shard, uri: str, sha256: str, size: int) -> None:
 
 def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event) -> str:
     """The shard's bytes into ``fd``, checked against the manifest; their sha256. A large
-    shard of a bucket is read as parallel ranges (:mod:`ace3_worker.shard_ranges`)."""
+    shard of a bucket is read as parallel ranges, a smaller one read ahead by a thread
+    (:mod:`ace3_worker.shard_ranges`)."""
     if isinstance(source, S3ShardSource) and shard.size >= shard_ranges.RANGED_MIN_BYTES:
         return shard_ranges.copy_ranges(
             functools.partial(source.read_range, shard), shard, fd, stop,
             stopped=lambda: FetchStopped(shard.name),
         )  # fmt: skip
     found = source.open(shard)
+    closed = threading.Event()
     try:
         check_object(shard, source.uri, found)
         digest = hashlib.sha256()
         written = 0
-        for chunk in found.chunks:
+        for chunk in shard_ranges.read_ahead(found.chunks, closed):
             if stop.is_set():
                 raise FetchStopped(shard.name)
             digest.update(chunk)
@@ -281,6 +283,7 @@ def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event) -> 
             if written > shard.size:
                 break
     finally:
+        closed.set()
         found.close()
     if found.sha256 is not None:
         check_content(shard, source.uri, digest.hexdigest(), written)

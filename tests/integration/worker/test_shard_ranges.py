@@ -33,6 +33,7 @@ SIZE = 5 * PART + 124  # six parts, the last one short
 @pytest.fixture(autouse=True)
 def tiny_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard_ranges, "PART_BYTES", PART)
+    monkeypatch.setattr(shard_ranges, "MIN_PART_BYTES", PART)
     monkeypatch.setattr(shard_ranges, "RANGED_MIN_BYTES", 2 * PART)
 
 
@@ -131,3 +132,33 @@ def test_a_large_shard_is_fetched_in_ranges_and_a_rewritten_one_fails(
     assert cache.lookup(manifest.digest(), "000001.bin") is None
     assert sorted(p.name for p in (tmp_path / "cache" / manifest.digest()).iterdir()
                   if not p.name.startswith(".")) == ["000000.bin", "000000.bin.sha256"]  # fmt: skip
+
+
+def test_read_ahead_gives_every_chunk_in_order_and_what_reading_raised() -> None:
+    closed = threading.Event()
+    chunks = [bytes([i]) * 10 for i in range(50)]
+    assert list(shard_ranges.read_ahead(iter(chunks), closed)) == chunks
+
+    def failing() -> Any:
+        yield b"first"
+        raise ConnectionResetError("the source hung up")
+
+    read = shard_ranges.read_ahead(failing(), closed)
+    assert next(read) == b"first"
+    with pytest.raises(ConnectionResetError, match="hung up"):
+        next(read)
+
+    reading = threading.Event()
+
+    def endless() -> Any:
+        while True:
+            reading.set()
+            yield b"x"
+
+    read = shard_ranges.read_ahead(endless(), closed)
+    next(read)  # (the reader fills the queue and waits for room)
+    closed.set()  # the caller is done: the reader stops instead of waiting on
+    threads = [t for t in threading.enumerate() if t.name == "shard-read-ahead"]
+    for thread in threads:
+        thread.join(timeout=2)
+    assert not any(thread.is_alive() for thread in threads)
