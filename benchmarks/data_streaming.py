@@ -3,7 +3,8 @@
 
 (a) shard fetch throughput: the worker's fetch path (``ace3_worker.shard_fetch.obtain`` into a
     ``ShardCache``: If-Match GETs, sha256 while written, fsync, rename) against a plain boto3
-    ``download_file`` of the same objects, one object at a time, alternating (goal: ratio >= 0.8);
+    ``download_file`` of the same objects, alternating: 10 MiB shards one at a time and 4 at a
+    time (the feeder's concurrency), 128 MiB objects one at a time (goal: ratio >= 0.8);
 (b) time to the first step of a 2-rank job on a 2 GB tokens dataset against a 20 MB one (the
     same 10 MiB shards; the job's ``started_at`` to its first stored metric, every run with a
     cold node cache, alternating; goal: medians at most 2 s apart);
@@ -95,9 +96,12 @@ def upload(s3: Any, prefix: str, count: int, size: int) -> None:
 
 
 # -- (a) fetch throughput ---------------------------------------------------------------------
-def fetch_throughput(store: ObjectStore, prefix: str, root: Path, repeats: int) -> dict[str, Any]:
+def fetch_throughput(
+    store: ObjectStore, prefix: str, root: Path, repeats: int, at_once: int = 1
+) -> dict[str, Any]:
     """MiB/s of the worker's fetch path and of boto3's download_file over the objects under
-    ``prefix``, one object at a time; each repeat runs both, alternating which goes first."""
+    ``prefix``, ``at_once`` objects at a time (the feeder fetches up to 4); each repeat runs
+    both, alternating which goes first."""
     import boto3
 
     from ace3_control.dataset_sources import list_manifest, source_client
@@ -109,28 +113,33 @@ def fetch_throughput(store: ObjectStore, prefix: str, root: Path, repeats: int) 
     manifest = list_manifest(client, f"s3://{BUCKET}/{prefix}", "tokens")
     plain_client = boto3.client("s3", endpoint_url=store.endpoint_url, region_name="us-east-1")
     total = sum(shard.size for shard in manifest.shards) / MiB
+    numbered = list(enumerate(manifest.shards))
+
+    def timed(one: Any) -> float:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(at_once) as pool:
+            list(pool.map(one, numbered))
+        return total / (time.perf_counter() - started)
 
     def worker() -> float:
         cache = ShardCache(root / "fetch-cache", 1 << 40)
         source, stop = S3ShardSource(manifest.uri, client), threading.Event()
-        started = time.perf_counter()
-        for index, shard in enumerate(manifest.shards):
-            obtain(cache, source, manifest.digest(), f"{index:06d}.bin", shard, stop=stop,
-                   wait=True)  # fmt: skip
-        elapsed = time.perf_counter() - started
+        rate = timed(lambda item: obtain(
+            cache, source, manifest.digest(), f"{item[0]:06d}.bin", item[1], stop=stop, wait=True
+        ))  # fmt: skip
         shutil.rmtree(root / "fetch-cache")
-        return total / elapsed
+        return rate
 
     def plain() -> float:
         target = root / "fetch-plain"
         target.mkdir()
-        started = time.perf_counter()
-        for shard in manifest.shards:
-            plain_client.download_file(BUCKET, f"{prefix}{shard.name}", str(target / shard.name))
-        elapsed = time.perf_counter() - started
+        rate = timed(lambda item: plain_client.download_file(
+            BUCKET, f"{prefix}{item[1].name}", str(target / item[1].name)
+        ))  # fmt: skip
         shutil.rmtree(target)
-        return total / elapsed
+        return rate
 
+    worker(), plain()  # (a round unmeasured: connections, threads, the server's caches)
     rates: dict[str, list[float]] = {"worker": [], "plain": []}
     for repeat in range(repeats):
         order = (("worker", worker), ("plain", plain))
@@ -139,6 +148,7 @@ def fetch_throughput(store: ObjectStore, prefix: str, root: Path, repeats: int) 
     ratios = [w / p for w, p in zip(rates["worker"], rates["plain"], strict=True)]
     return {
         "objects": len(manifest.shards),
+        "at_once": at_once,
         "mib": total,
         "worker": statistics.median(rates["worker"]),
         "plain": statistics.median(rates["plain"]),
@@ -276,6 +286,7 @@ def main() -> int:
     parser.add_argument("--fetch-shards", type=int, default=24, help="(a): shards fetched")
     parser.add_argument("--fetch-mib", type=int, default=128, help="(a)'s large objects")
     parser.add_argument("--fetch-count", type=int, default=4)
+    parser.add_argument("--fetch-repeats", type=int, default=5, help="(a)'s repeats")
     parser.add_argument("--bound-mib", type=int, default=200, help="ACE3_DATASET_CACHE_BYTES")
     parser.add_argument("--steps", type=int, default=800, help="(c)'s steps")
     parser.add_argument("--batch-size", type=int, default=32, help="(c)'s global batch")
@@ -306,8 +317,9 @@ def main() -> int:
             upload(s3, "fetch/", args.fetch_count, args.fetch_mib * MiB)
             os.sync()
             fetch = [
-                fetch_throughput(store, "fetch-shards/", root, args.repeats),
-                fetch_throughput(store, "fetch/", root, args.repeats),
+                fetch_throughput(store, "fetch-shards/", root, args.fetch_repeats),
+                fetch_throughput(store, "fetch-shards/", root, args.fetch_repeats, at_once=4),
+                fetch_throughput(store, "fetch/", root, args.fetch_repeats),
             ]
             started = time.monotonic()
             upload(s3, "small/", args.small_shards, shard)
@@ -327,7 +339,8 @@ def report(fetch: list[dict[str, Any]], out: dict[str, Any], args: argparse.Name
     for figures in fetch:
         size = figures["mib"] / figures["objects"]
         rows.append((
-            f"(a) fetch, {figures['objects']} objects of {size:.0f} MiB: worker / boto3 MiB/s",
+            f"(a) fetch, {figures['objects']} objects of {size:.0f} MiB, {figures['at_once']} at "
+            "a time: worker / boto3 MiB/s",
             f"{figures['worker']:.0f} / {figures['plain']:.0f} = {figures['ratio']:.2f}",
             ">= 0.8", figures["ratio"] >= 0.8,
         ))  # fmt: skip
