@@ -41,7 +41,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from ace3.config import TrainingConfig
 from ace3.config.batch_growth import batch_growth
 from ace3.runtime.data.datasets import refuse_iterable_epochs
-from ace3.runtime.data.train_data import Collate, TrainData
+from ace3.runtime.data.train_data import (
+    Collate,
+    TrainData,
+    check_loader_settings,
+    loader_settings,
+)
 from ace3.runtime.loop.rng import rank_seed
 
 #: The engine's log channel (ace3.runtime.observe.log.ENGINE, by name: data/ never imports it).
@@ -101,11 +106,7 @@ class IterableTrainData(TrainData):
         )
 
     def _settings(self) -> dict[str, int]:
-        return {
-            "replicas": self.replica[1],
-            "num_workers": self.config.num_workers,
-            "per_rank_batch": self.per_rank_batch,
-        }
+        return loader_settings(self.config, self.replica, self.per_rank_batch)
 
     def batches(
         self, epoch: int, batch_in_epoch: int, position: Any, collate_fn: Collate
@@ -144,13 +145,7 @@ class IterableTrainData(TrainData):
                     "beginning: the samples of the interrupted epoch may repeat"
                 )
             return dataset_epoch, 0, None
-        for name, value in self._settings().items():
-            if position.get(name) != value:
-                raise ValueError(
-                    f"the checkpoint's position in the IterableDataset was saved with {name}="
-                    f"{position.get(name)} and this run has {name}={value}: resume it with the "
-                    "same num_workers, batch_size and data-parallel processes"
-                )
+        check_loader_settings(position, self._settings(), "the IterableDataset")
         return dataset_epoch, int(position["batches_in_dataset_epoch"]), position["loader"]
 
     def _loader_for(self, dataset_epoch: int, collate_fn: Collate) -> Any:

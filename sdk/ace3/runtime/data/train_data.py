@@ -9,6 +9,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ace3.config import TrainingConfig
+
 Collate = Callable[[list[Any]], Any] | None
 
 
@@ -43,3 +45,26 @@ class TrainData(ABC):
     def first_batches(self, collate_fn: Collate) -> Iterator[Any]:
         """Training batches from the start of an epoch, read apart from the run's own (for an
         example batch, quantization's calibration): the run's position is untouched."""
+
+
+def loader_settings(
+    config: TrainingConfig, replica: tuple[int, int], per_rank_batch: int
+) -> dict[str, int]:
+    """What a saved loader position depends on: a resume must have the same."""
+    return {
+        "replicas": replica[1],
+        "num_workers": config.num_workers,
+        "per_rank_batch": per_rank_batch,
+    }
+
+
+def check_loader_settings(position: dict[str, Any], settings: dict[str, int], what: str) -> None:
+    """Refuse a loader position saved under other :func:`loader_settings` (``what``: the
+    data it is a position in, for the message)."""
+    for name, value in settings.items():
+        if position.get(name) != value:
+            raise ValueError(
+                f"the checkpoint's position in {what} was saved with {name}="
+                f"{position.get(name)} and this run has {name}={value}: resume it with the "
+                "same num_workers, batch_size and data-parallel processes"
+            )

@@ -45,7 +45,12 @@ from ace3.config.batch_growth import batch_growth
 from ace3.runtime.data.datasets import refuse_uncounted_epochs
 from ace3.runtime.data.iterable_source import IterableTrainData
 from ace3.runtime.data.loaders import batches_per_epoch, train_loader, train_sampler
-from ace3.runtime.data.train_data import Collate, TrainData
+from ace3.runtime.data.train_data import (
+    Collate,
+    TrainData,
+    check_loader_settings,
+    loader_settings,
+)
 from ace3.runtime.loop.losses import move_to_device
 from ace3.runtime.loop.rng import rank_seed
 
@@ -136,11 +141,7 @@ class StreamTrainData(TrainData):
         return kind
 
     def _settings(self) -> dict[str, int]:
-        return {
-            "replicas": self.replica[1],
-            "num_workers": self.config.num_workers,
-            "per_rank_batch": self.per_rank_batch,
-        }
+        return loader_settings(self.config, self.replica, self.per_rank_batch)
 
     def batches(
         self, epoch: int, batch_in_epoch: int, position: Any, collate_fn: Collate
@@ -178,13 +179,7 @@ class StreamTrainData(TrainData):
                 "dataset needs its data position, and the checkpoint holds none (was it "
                 "written by a job of another dataset?)"
             )
-        for name, value in self._settings().items():
-            if position.get(name) != value:
-                raise ValueError(
-                    f"the checkpoint's position in the streamed dataset was saved with {name}="
-                    f"{position.get(name)} and this run has {name}={value}: resume it with the "
-                    "same num_workers, batch_size and data-parallel processes"
-                )
+        check_loader_settings(position, self._settings(), "the streamed dataset")
         if (position.get("epoch"), position.get("batch_in_epoch")) != (epoch, batch_in_epoch):
             raise ValueError(
                 "the checkpoint's position in the streamed dataset (epoch "
