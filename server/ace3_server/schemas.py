@@ -66,17 +66,12 @@ class DatasetOut(_Out):
     created_at: datetime
 
 
-class DatasetRegister(BaseModel):
-    """A dataset by reference: the shards under an s3:// prefix the service may read."""
+class ShardedDatasetFields(BaseModel):
+    """What a sharded dataset is made with, registered from a bucket or from uploaded shards:
+    the shards' format, its name and the format's options."""
 
     model_config = ConfigDict(extra="forbid")
 
-    uri: StoredText = Field(
-        ...,
-        min_length=6,
-        max_length=999,
-        description="s3://bucket/prefix/: under one of the service's ACE3_DATASET_SOURCES.",
-    )
     format: StreamFormat = Field(
         ...,
         description="The shards' format: webdataset (.tar), parquet, jsonl (.jsonl, .jsonl.gz, "
@@ -90,6 +85,17 @@ class DatasetRegister(BaseModel):
         None,
         description="parquet only: the columns read as inputs and targets (default the same "
         "names).",
+    )
+
+
+class DatasetRegister(ShardedDatasetFields):
+    """A dataset by reference: the shards under an s3:// prefix the service may read."""
+
+    uri: StoredText = Field(
+        ...,
+        min_length=6,
+        max_length=999,
+        description="s3://bucket/prefix/: under one of the service's ACE3_DATASET_SOURCES.",
     )
 
 

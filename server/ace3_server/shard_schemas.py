@@ -5,13 +5,13 @@ straight to an S3 store), and the dataset made of them (kind ``shards``)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ace3.config.shards import StreamFormat, TokenDtype
 from ace3_control.dataset_sources import MAX_SHARDS
 from ace3_server.api.params import StoredText
+from ace3_server.schemas import ShardedDatasetFields
 from ace3_server.storable import INT64_MAX
 
 Sha256 = Annotated[
@@ -111,21 +111,7 @@ class ShardEntry(_Strict):
     size: int = Field(ge=0, le=INT64_MAX)
 
 
-class ShardDatasetCreate(_Strict):
+class ShardDatasetCreate(ShardedDatasetFields):
     """A dataset of shards this owner stored (uploaded shard by shard)."""
 
-    format: StreamFormat = Field(
-        ...,
-        description="The shards' format: webdataset (.tar), parquet, jsonl (.jsonl, .jsonl.gz, "
-        ".jsonl.zst) or tokens (.bin).",
-    )
-    name: StoredText | None = Field(None, max_length=200)
-    dtype: TokenDtype | None = Field(None, description="tokens only: the ids' type (uint16).")
-    columns: (
-        dict[Literal["inputs", "targets"], Annotated[StoredText, Field(max_length=200)]] | None
-    ) = Field(
-        None,
-        description="parquet only: the columns read as inputs and targets (default the same "
-        "names).",
-    )
     shards: list[ShardEntry] = Field(min_length=1, max_length=MAX_SHARDS)
