@@ -104,8 +104,9 @@ def fetch_throughput(
     both, alternating which goes first."""
     import boto3
 
-    from ace3_control.dataset_sources import list_manifest, source_client
+    from ace3_control.dataset_sources import list_manifest
     from ace3_control.settings import Settings
+    from ace3_control.source_client import source_client
     from ace3_worker.shard_cache import ShardCache
     from ace3_worker.shard_fetch import S3ShardSource, obtain
 

@@ -136,27 +136,6 @@ def check_source(settings: Settings, uri: str) -> tuple[str, str]:
     return location
 
 
-def source_client(settings: Settings) -> Any:
-    """A boto3 S3 client with the service's settings: SigV4, path addressing for a custom
-    endpoint (SeaweedFS, MinIO), retries; credentials from the environment, read now."""
-    import os
-
-    import boto3
-    from botocore.config import Config
-
-    endpoint = settings.s3_endpoint_url
-    config = Config(
-        s3={"addressing_style": "path"} if endpoint else {},
-        signature_version="s3v4",
-        retries={"max_attempts": 5, "mode": "standard"},
-        max_pool_connections=max(10, FOOTER_READERS * 2),
-    )
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name=region, config=config
-    )
-
-
 class Deadline:
     """The wall-clock limit of one registration's listing and footer reads."""
 

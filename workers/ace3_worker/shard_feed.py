@@ -34,8 +34,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ace3_control.dataset_sources import source_client
 from ace3_control.settings import Settings
+from ace3_control.source_client import source_client
 from ace3_control.storage import ArtifactStore, open_store
 from ace3_worker.shard_cache import CacheFullError, CacheTooSmallError, ShardCache, place
 from ace3_worker.shard_fetch import (

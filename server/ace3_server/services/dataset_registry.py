@@ -18,14 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3.config.shards import ShardManifest
-from ace3_control.dataset_sources import (
-    SourceProblem,
-    check_source,
-    list_manifest,
-    source_client,
-)
+from ace3_control.dataset_sources import SourceProblem, check_source, list_manifest
 from ace3_control.models import StoredDataset, utcnow
 from ace3_control.settings import Settings
+from ace3_control.source_client import source_client
 from ace3_server.errors import field_error
 from ace3_server.schemas import DatasetRegister
 from ace3_server.storable import INT64_MAX

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from ace3.config.shards import Shard
-from ace3_control.dataset_sources import list_manifest, source_client
+from ace3_control.dataset_sources import list_manifest
 from ace3_control.settings import Settings
+from ace3_control.source_client import source_client
 from ace3_worker import shard_ranges
 from ace3_worker.shard_cache import ShardCache
 from ace3_worker.shard_fetch import FetchStopped, S3ShardSource, ShardChangedError, obtain

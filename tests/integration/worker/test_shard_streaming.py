@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from ace3.config.shards import REQUEST_DIR, Shard, ShardManifest
-from ace3_control.dataset_sources import source_client
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
+from ace3_control.source_client import source_client
 from ace3_control.storage import open_store
 from ace3_server.migrations_check import upgrade
 from ace3_worker import reports
