@@ -21,6 +21,8 @@ from tests.sources_api import sources_api
 
 pytestmark = pytest.mark.slow  # a browser and a database of its own
 
+MORE = 48  # with the module's 3 others, one more dataset than the list's page of 50
+
 
 class Registered(NamedTuple):
     base_url: str
@@ -40,6 +42,9 @@ def registered(
         "corpus/train/0.parquet": parquet_bytes(4),
         "corpus/train/1.parquet": parquet_bytes(3),
         "corpus/val/0.parquet": parquet_bytes(2),
+        # Prefixes the paging test registers, a dataset each (the same shards under one
+        # prefix would be the same dataset).
+        **{f"more/{number:02d}/0.parquet": parquet_bytes(1) for number in range(MORE)},
     }
     folder = tmp_path_factory.mktemp("ui-datasets")
     with sources_api(object_store, redis_url, folder, objects) as source:
@@ -129,3 +134,36 @@ def test_an_id_not_among_the_owners_datasets_has_no_page(page: Any, registered: 
     _sign_in(page, registered, f"#/datasets/{secrets.token_hex(16)}")
     page.wait_for_selector("text=Dataset not found")
     assert page.page_errors == []
+
+
+def test_the_list_pages_older_and_newer_with_the_api_s_cursors(
+    page: Any, registered: Registered
+) -> None:
+    """(Last in this module: it adds datasets.) 51 datasets: page 1 shows the newest 50, Older
+    the oldest one alone, Newer the first page again."""
+    headers = {"Authorization": f"Bearer {registered.key}"}
+    bucket = registered.uri.removeprefix("s3://").split("/")[0]
+    with httpx.Client(base_url=registered.base_url, headers=headers, timeout=60) as api:
+        for number in range(MORE):
+            uri = f"s3://{bucket}/more/{number:02d}/"
+            added = api.post("/v1/datasets/register", json={"uri": uri, "format": "parquet"})
+            assert added.status_code == 201, added.text
+        listed = api.get("/v1/datasets", params={"limit": 100}).json()["data"]
+    assert len(listed) == 51
+    oldest = listed[-1]
+    _sign_in(page, registered, "#/datasets")
+    page.locator("tr[data-dataset-id]").first.wait_for()
+    assert page.locator("tbody tr").count() == 50
+    pager = page.locator(".pager")
+    assert pager.locator("span").inner_text() == "page 1"
+    assert pager.locator("button", has_text="Newer").is_disabled()
+    pager.locator("button", has_text="Older").click()
+    page.locator(f"tr[data-dataset-id='{oldest['id']}']").wait_for()
+    assert page.locator("tbody tr").count() == 1
+    assert pager.locator("span").inner_text() == "page 2"
+    assert pager.locator("button", has_text="Older").is_disabled()
+    pager.locator("button", has_text="Newer").click()
+    page.locator("tr[data-dataset-id='" + registered.remote["id"] + "']").wait_for()
+    assert page.locator("tbody tr").count() == 50
+    assert pager.locator("span").inner_text() == "page 1"
+    assert page.page_errors == [] and page.console_errors == []

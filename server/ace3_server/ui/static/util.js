@@ -98,3 +98,23 @@ export function errorBox(error) {
 export function clear(node) {
   while (node.firstChild) node.firstChild.remove();
 }
+
+// The "← Newer · page n · Older →" controls of a list read a page at a time with the API's
+// cursors, drawn into `pager` (nothing when there is one page): `cursors` holds the cursor of
+// each page seen so far (the last one is shown), `page` is the page shown, `show` draws the
+// list again once a click moved `cursors`.
+export function cursorPager(pager, cursors, page, show) {
+  clear(pager);
+  if (cursors.length === 1 && !page.next_cursor) return;
+  const previous = el("button", { type: "button", disabled: cursors.length === 1 }, "← Newer");
+  const next = el("button", { type: "button", disabled: !page.next_cursor }, "Older →");
+  previous.addEventListener("click", () => {
+    cursors.pop();
+    show();
+  });
+  next.addEventListener("click", () => {
+    cursors.push(page.next_cursor);
+    show();
+  });
+  pager.append(previous, el("span", { class: "muted" }, `page ${cursors.length}`), next);
+}

@@ -2,7 +2,7 @@
 // uploaded files and directories, and sharded datasets registered from a bucket (remote) or
 // uploaded shard by shard (shards), with their format, shard count, size and samples.
 
-import { clear, el, errorBox, formatBytes, formatTime, link, table } from "../util.js";
+import { clear, cursorPager, el, errorBox, formatBytes, formatTime, link, table } from "../util.js";
 
 const PAGE_SIZE = 50;
 
@@ -57,20 +57,7 @@ export async function render(root, { api }) {
         },
       ),
     );
-    clear(pager);
-    const previous = el("button", { type: "button", disabled: cursors.length === 1 }, "← Newer");
-    const next = el("button", { type: "button", disabled: !page.next_cursor }, "Older →");
-    previous.addEventListener("click", () => {
-      cursors.pop();
-      show();
-    });
-    next.addEventListener("click", () => {
-      cursors.push(page.next_cursor);
-      show();
-    });
-    if (cursors.length > 1 || page.next_cursor) {
-      pager.append(previous, el("span", { class: "muted" }, `page ${cursors.length}`), next);
-    }
+    cursorPager(pager, cursors, page, show);
   }
 
   await show();

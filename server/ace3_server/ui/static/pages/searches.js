@@ -1,7 +1,7 @@
 // Searches: the owner's hyperparameter searches, newest first, a page at a time (the API's
 // cursors), with a state filter. Refreshes while a search on the page is still going.
 
-import { clear, el, errorBox, formatNumber, formatTime, link, stateBadge, table } from "../util.js";
+import { clear, cursorPager, el, errorBox, formatNumber, formatTime, link, stateBadge, table } from "../util.js";
 
 const PAGE_SIZE = 25;
 const STATES = ["", "queued", "running", "cancelling", "succeeded", "failed", "cancelled"];
@@ -68,20 +68,7 @@ export async function render(root, { api, query, navigate }) {
         },
       ),
     );
-    clear(pager);
-    const previous = el("button", { type: "button", disabled: cursors.length === 1 }, "← Newer");
-    const next = el("button", { type: "button", disabled: !page.next_cursor }, "Older →");
-    previous.addEventListener("click", () => {
-      cursors.pop();
-      show();
-    });
-    next.addEventListener("click", () => {
-      cursors.push(page.next_cursor);
-      show();
-    });
-    if (cursors.length > 1 || page.next_cursor) {
-      pager.append(previous, el("span", { class: "muted" }, `page ${cursors.length}`), next);
-    }
+    cursorPager(pager, cursors, page, show);
     if (page.data.some((s) => !FINISHED.has(s.state))) timer = setTimeout(show, REFRESH_MS);
   }
 
