@@ -155,6 +155,14 @@ def worker_argv(
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _need("worker", "ace3_worker")
+    if args.concurrency is not None:
+        if args.concurrency < 1:
+            raise SystemExit(
+                f"ace3 worker: --concurrency must be at least 1, not {args.concurrency}"
+            )
+        # The worker's settings divide the machine by the slots (each job's memory limit, its
+        # BLAS threads, its GPUs, its share of the dataset cache): --concurrency is that number.
+        os.environ["ACE3_WORKER_SLOTS"] = str(args.concurrency)
     from ace3_worker.celery_app import app
 
     app.worker_main(worker_argv(_settings(), args.concurrency, args.node_name))
@@ -237,7 +245,10 @@ def add_parsers(sub: Any) -> None:
 
     worker = sub.add_parser("worker", help="run a worker that trains jobs with torchrun")
     worker.add_argument(
-        "--concurrency", type=int, default=None, help="jobs at once (default ACE3_WORKER_SLOTS)"
+        "--concurrency",
+        type=int,
+        default=None,
+        help="jobs at once: sets ACE3_WORKER_SLOTS, which every per-slot share divides by",
     )
     worker.add_argument(
         "--node-name",

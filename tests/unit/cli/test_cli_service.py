@@ -3,6 +3,9 @@ started; tests/integration/cli/test_cli_up.py starts the real thing)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,3 +35,26 @@ def test_worker_node_names_and_production_defaults() -> None:
     args = build_parser().parse_args(["worker", "--node-name", "w1@%h"])
     assert args.node_name == "w1@%h"
     assert build_parser().parse_args(["up", "--workers", "2"]).workers == 2
+
+
+def test_worker_concurrency_is_the_slot_count_every_share_uses(tmp_path: Path) -> None:
+    """``ace3 worker --concurrency 3`` with ACE3_WORKER_SLOTS=1: the worker's settings (each
+    job's memory limit, BLAS threads, GPUs, dataset cache share) divide the machine by 3, the
+    slots Celery runs (a fresh interpreter: the worker reads its settings once, at import)."""
+    probe = (
+        "from unittest import mock\n"
+        "import celery\n"
+        "from ace3.cli import main\n"
+        "def worker_main(self, argv):\n"
+        "    from ace3_worker.celery_app import settings\n"
+        "    print(settings.worker_slots, argv[argv.index('--concurrency') + 1])\n"
+        "with mock.patch.object(celery.Celery, 'worker_main', worker_main):\n"
+        "    main(['worker', '--concurrency', '3'])\n"
+        "    main(['worker', '--concurrency', '0'])\n"
+    )
+    env = {**os.environ, "ACE3_WORKER_SLOTS": "1", "ACE3_DATA_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.splitlines() == ["3 3"], done.stderr
+    assert "--concurrency must be at least 1, not 0" in done.stderr
