@@ -2,7 +2,7 @@
 dataset's manifest, from one of two sources:
 
 - :class:`S3ShardSource`, a dataset registered from a bucket (kind "remote"): the object is read
-  with the service's own S3 settings (:func:`ace3_control.dataset_sources.source_client`; no job
+  with the service's own S3 settings (:func:`ace3_control.source_client.source_client`; no job
   ever gets them), ``If-Match`` the registered ETag (a 412: it changed). Its ETag (unquoted,
   compared as an opaque string: a multipart upload's is no MD5) and its size must be what the
   manifest recorded when the dataset was registered.

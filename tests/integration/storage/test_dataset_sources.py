@@ -23,9 +23,9 @@ from ace3_control.dataset_sources import (
     check_source,
     list_manifest,
     parquet_footer,
-    source_client,
 )
 from ace3_control.settings import Settings
+from ace3_control.source_client import source_client
 from tests.object_store import ObjectStore
 from tests.shard_sources import (
     jsonl_bytes,
