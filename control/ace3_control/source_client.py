@@ -17,7 +17,7 @@ MAX_POOL_CONNECTIONS = 16
 
 # Made once per endpoint and credentials (building a client reads botocore's service models:
 # 60-150 ms, which every registration paid); boto3's clients are thread-safe.
-_CREDENTIAL_VARIABLES = (
+_ENVIRONMENT_VARIABLES = (
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
     "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_REGION", "AWS_DEFAULT_REGION",
 )  # fmt: skip
@@ -31,7 +31,7 @@ def source_client(settings: Settings) -> Any:
     endpoint (SeaweedFS, MinIO), retries; credentials from the environment. The same client
     while the endpoint and the environment's AWS variables stay the same (a change makes a
     new one)."""
-    key = (settings.s3_endpoint_url, *(os.environ.get(name) for name in _CREDENTIAL_VARIABLES))
+    key = (settings.s3_endpoint_url, *(os.environ.get(name) for name in _ENVIRONMENT_VARIABLES))
     with _clients_lock:
         client = _clients.get(key)
         if client is None:

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from ace3_control.settings import Settings
 from ace3_control.source_client import source_client
@@ -143,7 +142,6 @@ class ShardFeed:
         """The feeder with this worker's cache; a registered dataset's shards are read with the
         service's S3 client, an uploaded one's from ``store`` (default: the settings' store,
         opened when first needed)."""
-        clients: list[Any] = []
         stores: list[ArtifactStore] = [] if store is None else [store]
         made = threading.Lock()
 
@@ -156,10 +154,8 @@ class ShardFeed:
                 return StoreShardSource(uri, stores[0])
             if not uri.startswith("s3://"):
                 raise ValueError(f"shards at {uri!r} cannot be streamed (not an s3:// source)")
-            with made:  # (one client, made in a fetch thread: boto3's clients are thread-safe)
-                if not clients:
-                    clients.append(source_client(settings))
-            return S3ShardSource(uri, clients[0])
+            # (the process's one client for these settings: boto3's clients are thread-safe)
+            return S3ShardSource(uri, source_client(settings))
 
         cache = ShardCache(settings.resolved_dataset_cache_dir, settings.dataset_cache_bytes)
         return cls(
