@@ -11,7 +11,9 @@ text=True)`` returns; the output, exit status and torchrun's error summary are t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -44,7 +46,8 @@ class WarmRuns:
         with theirs:
             process = subprocess.Popen(
                 [*COMMAND, "--control-fd", str(theirs.fileno())],
-                env=env,
+                # (faulthandler: a run that hangs is aborted with every thread's traceback)
+                env={**env, "PYTHONFAULTHANDLER": "1"},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -76,11 +79,27 @@ class WarmRuns:
                 self._spare = self._start(env)  # (the next run's, while this one trains)
         try:
             stdout, stderr = launcher.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the run did not end in {timeout:g} s; where each process was:\n"
+                + self._abort(launcher)
+            ) from None
         finally:
             self._stop(launcher)
         return subprocess.CompletedProcess(
             [*COMMAND, *argv], launcher.process.returncode, stdout, stderr
         )
+
+    @staticmethod
+    def _abort(launcher: _Launcher) -> str:
+        """SIGABRT to the launcher and its ranks: faulthandler prints each one's stacks."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.process.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = launcher.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            return "(no output within 30 s of SIGABRT)"
+        return f"{stdout}\n{stderr}"
 
     @staticmethod
     def _stop(launcher: _Launcher) -> None:
