@@ -323,6 +323,10 @@ class Settings(WorkerSettings):
         return (self.dataset_cache_dir or self.data_dir / "dataset-cache").resolve()
 
     @property
+    def resolved_env_cache_dir(self) -> Path:
+        return (self.env_cache_dir or self.data_dir / "environments").resolve()
+
+    @property
     def resolved_work_dir(self) -> Path:
         return (self.work_dir or self.data_dir / "jobs").resolve()
 

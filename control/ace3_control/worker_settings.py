@@ -13,10 +13,12 @@ import tempfile
 from pathlib import Path
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from ace3_control.environment_settings import EnvironmentSettings
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(EnvironmentSettings):
     """What a worker, its sandbox and the jobs it runs are given."""
 
     model_config = SettingsConfigDict(env_prefix="ACE3_", extra="ignore")

@@ -4,6 +4,7 @@ searches, workers and webhooks, one module each; every name is importable from h
 from __future__ import annotations
 
 from ace3_control.models.base import Base, UTCDateTime, new_id, utcnow
+from ace3_control.models.environments import Environment, EnvironmentState
 from ace3_control.models.job_outputs import (
     JobArtifact,
     JobCheckpoint,
@@ -41,6 +42,8 @@ __all__ = [
     "ApiKey",
     "Base",
     "DeliveryState",
+    "Environment",
+    "EnvironmentState",
     "Job",
     "JobArtifact",
     "JobCheckpoint",

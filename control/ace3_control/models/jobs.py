@@ -81,6 +81,14 @@ class Job(Base):
     # The run plan of the newest attempt's ``start`` record (ace3.config.events.RunPlan, validated by
     # the worker): what the SDK's progress bar counts to.
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The packages the job adds to the worker's Python: config.requirements and the model
+    # package's requirements.txt, merged and normalised by the API (ace3.config.requirements);
+    # None: none. environment_hash: the environment a worker resolved them to (environments).
+    requirements: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    environment_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    # What a ``starting`` job is doing before its processes run ("preparing_environment");
+    # None otherwise. Not a state: the fair queue, webhooks and the reconciler key on states.
+    phase: Mapped[str | None] = mapped_column(String(32), default=None)
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -40,6 +40,9 @@ class Worker(Base):
     heartbeat_seconds: Mapped[float] = mapped_column(Float)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    # The distributions installed in the worker's Python ({canonical name: version}): what a
+    # job's environment may add to but never replace (docs/environments.md). None: not sent.
+    packages: Mapped[dict[str, str] | None] = mapped_column(JSON, default=None)
 
 
 class JobNode(Base):

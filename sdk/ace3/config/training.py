@@ -22,6 +22,7 @@ from ace3.config.checkpointing import CheckpointFields
 from ace3.config.communication import CommunicationFields
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
+from ace3.config.environment import EnvironmentFields
 from ace3.config.extra_optimizers import ExtraOptimizerFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.instability import InstabilityFields
@@ -46,6 +47,7 @@ from ace3.config.training_checks import (
 
 
 class TrainingConfig(
+    EnvironmentFields,
     LoRAFields,
     FineTuningFields,
     CompressionFields,
