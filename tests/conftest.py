@@ -252,6 +252,10 @@ def stack_env(root: Path, database_url: str, redis_url: str) -> dict[str, str]:
         "ACE3_WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
         "ACE3_WEBHOOK_RETRY_BASE_SECONDS": "0.3",
         "ACE3_WEBHOOK_POLL_SECONDS": "0.2",
+        # Job environments (docs/environments.md) come from a wheelhouse the tests write
+        # (tests/wheelhouse.py) into <root>/wheelhouse: no index, no network.
+        "ACE3_PIP_FIND_LINKS": str(root / "wheelhouse"),
+        "ACE3_PIP_OFFLINE": "true",
     }
 
 
