@@ -139,3 +139,33 @@ def test_datasets_from_buckets_are_configured_where_they_are_read(
     assert {"pyarrow", "zstandard", "torchdata"} <= {
         requirement.split(">")[0] for requirement in extras["streaming"]
     }
+
+
+def test_job_environments_are_configured_on_the_worker_alone(
+    compose: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wheel sources (which may carry credentials) reach the worker and not the API; what
+    compose passes when .env leaves them unset is read as unset; the image has uv."""
+    import tomllib
+
+    from ace3_control.settings import Settings
+
+    services = compose["services"]
+    worker = services["worker"]["environment"]
+    names = ("ACE3_PIP_INDEX_URL", "ACE3_PIP_EXTRA_INDEX_URL", "ACE3_PIP_FIND_LINKS")
+    for name in names:
+        assert worker[name] == f"${{{name}:-}}", name
+        assert name not in services["api"]["environment"], name
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("ACE3_PIP_OFFLINE", "false")
+    settings = Settings()
+    assert (settings.pip_index_url, settings.pip_extra_index_url, settings.pip_find_links) == (
+        None,
+        None,
+        None,
+    )
+    assert settings.pip_offline is False
+    extras = tomllib.loads((COMPOSE.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(requirement.startswith("uv>=") for requirement in extras["worker"])
