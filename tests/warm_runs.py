@@ -92,14 +92,18 @@ class WarmRuns:
 
     @staticmethod
     def _abort(launcher: _Launcher) -> str:
-        """SIGABRT to the launcher and its ranks: faulthandler prints each one's stacks."""
+        """SIGABRT to the launcher and its ranks: faulthandler prints each one's stacks; and
+        what else used the machine's CPU meanwhile (a process another test left running)."""
+        busiest = subprocess.run(
+            ["ps", "-eo", "pid,pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True
+        ).stdout.splitlines()[:15]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.process.pid, signal.SIGABRT)
         try:
             stdout, stderr = launcher.process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            return "(no output within 30 s of SIGABRT)"
-        return f"{stdout}\n{stderr}"
+            stdout, stderr = "", "(no output within 30 s of SIGABRT)"
+        return "\n".join(["the busiest processes:", *busiest, stdout, stderr])
 
     @staticmethod
     def _stop(launcher: _Launcher) -> None:
