@@ -57,6 +57,13 @@ async def live_workers(
     return live_among(rows, settings, now)
 
 
+def advertised_packages(workers: Sequence[Worker]) -> list[dict[str, str]]:
+    """The installed sets (``{canonical name: version}``) the given workers advertise; workers
+    that advertise none (started by an earlier release) are left out. A job's requirements are
+    checked against these at submission: an environment only adds packages."""
+    return [dict(worker.packages) for worker in workers if worker.packages]
+
+
 def touch(worker_id: str, now: datetime | None = None) -> Update:
     """A heartbeat; no row changed means the row is gone (forgotten): insert it again."""
     return update(Worker).where(Worker.id == worker_id).values(last_seen_at=now or utcnow())

@@ -1,7 +1,8 @@
 """This worker's row in the worker registry: inserted at start, heartbeated, deleted at shutdown.
 
 The API admits a job only when some live worker can run it (``ace3_control.capacity``), so a
-worker says what it has: device kind and count, slots and queue. The row lives in the same
+worker says what it has: device kind and count, slots and queue, and the distributions its Python
+holds (``packages``: the API refuses a job whose requirements would replace one of them). The row lives in the same
 database as the jobs. A thread renews ``last_seen_at`` every ``ACE3_HEARTBEAT_SECONDS``; a
 database outage only delays a heartbeat (the row counts as gone after the staleness window and
 comes back with the next heartbeat that gets through). A killed worker leaves its row behind to
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 from ace3_control import worker_registry
 from ace3_control.capacity import Capacity, describe
 from ace3_control.db import make_sync_engine, rows_changed
+from ace3_control.installed_packages import installed_packages
 from ace3_control.models import Worker, new_id, utcnow
 from ace3_control.settings import Settings
 
@@ -57,6 +59,8 @@ class Registration:
             heartbeat_seconds=self.settings.heartbeat_seconds,
             started_at=self.started_at,
             last_seen_at=utcnow(),
+            # What a job's environment may add to but never replace (read once per process).
+            packages=installed_packages(),
         )
 
     def register(self, *, announce: bool = True) -> None:

@@ -10,9 +10,18 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from ace3.config import TrainingConfig, unsupported_settings
+from ace3.config.requirements import normalized_requirements
 from ace3.hp import HPConfig, split_params
 from ace3_control.capacity import JobNeeds, cluster_problem
-from ace3_control.models import Job, JobState, Search, SearchTrial, TrialState, Worker
+from ace3_control.models import (
+    Job,
+    JobState,
+    Search,
+    SearchTrial,
+    StoredModel,
+    TrialState,
+    Worker,
+)
 from ace3_control.settings import Settings
 from ace3_control.worker_registry import live_workers
 from ace3_server.searches import study as studies
@@ -42,7 +51,11 @@ def trial_job(
     params: dict[str, Any],
     max_retries: int,
     workers: Sequence[Worker] = (),
+    package_requirements: Sequence[str] = (),
 ) -> Job:
+    """The trial's job: the base config with the trial's parameters; its requirements the
+    config's merged with the model package's ``requirements.txt``, as for a job (checked when
+    the search was created, so every trial shares one environment)."""
     overrides, model_kwargs = split_params(params)
     training = TrainingConfig.model_validate({**config.base_config.model_dump(), **overrides})
     problems = unsupported_settings(training)
@@ -51,6 +64,9 @@ def trial_job(
     unschedulable = cluster_problem(JobNeeds.from_config(training), workers)
     if unschedulable is not None:
         raise UnschedulableTrialError(unschedulable.message)
+    requirements = normalized_requirements(
+        ("requirements.txt", package_requirements), ("config.requirements", training.requirements)
+    )
     return Job(
         owner_id=search.owner_id,
         name=f"{search.name or 'search ' + search.id[:8]} trial {number}",
@@ -64,6 +80,7 @@ def trial_job(
         request_hash=f"search:{search.id}:{number}",
         state=JobState.QUEUED,
         max_retries=max_retries,
+        requirements=requirements or None,
     )
 
 
@@ -82,6 +99,8 @@ async def start_trials(
         return []
     study = studies.rebuild(search.id, config, trials) if config.algorithm != "grid" else None
     workers = await live_workers(session, settings)
+    model = await session.get(StoredModel, search.model_id)
+    package_requirements = (model.requirements if model is not None else None) or []
     job_ids = []
     for _ in range(room):
         number = len(trials)
@@ -96,7 +115,9 @@ async def start_trials(
             state=TrialState.RUNNING,
         )
         try:
-            job = trial_job(search, config, number, params, settings.max_retries, workers)
+            job = trial_job(
+                search, config, number, params, settings.max_retries, workers, package_requirements
+            )
         except UnschedulableTrialError as exc:
             finish_trial(trial, TrialState.FAILED, error=f"no live worker can run it: {exc}")
         except (ValidationError, ValueError) as exc:

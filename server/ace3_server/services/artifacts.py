@@ -38,6 +38,7 @@ from ace3_server.archives import (
     safe_extract,
 )
 from ace3_server.errors import field_error
+from ace3_server.services.job_requirements import read_package_requirements
 from ace3_server.services.shard_store import delete_unshared_shards
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.storable import text_problem
@@ -115,7 +116,12 @@ def prepare_model(
     base_key = f"models/{owner_id}/{staged.sha256}-{variant_digest}"
     if display.endswith(".py"):
         _check_python_source(staged.path.read_bytes(), display)
-        fields = {"kind": "file", "entry_module": None, "variant": variant}
+        fields: dict[str, Any] = {
+            "kind": "file",
+            "entry_module": None,
+            "variant": variant,
+            "requirements": None,
+        }
         return PreparedArtifact(
             staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged)
         )
@@ -138,7 +144,17 @@ def prepare_model(
         raise field_error(
             ["body", "entry_module"], f"the archive has no module {entry_module!r} ({relative}.py)"
         )
-    fields = {"kind": "archive", "entry_module": entry_module, "variant": variant}
+    try:
+        requirements = read_package_requirements(tree, entry_module)
+    except ValueError as exc:  # (a RequirementError names the entry)
+        shutil.rmtree(tree, ignore_errors=True)
+        raise field_error(["body", "file"], f"{display}: {exc}") from None
+    fields = {
+        "kind": "archive",
+        "entry_module": entry_module,
+        "variant": variant,
+        "requirements": requirements,
+    }
     return PreparedArtifact(tree, f"{base_key}/tree", fields | _common(display, factory, staged))
 
 
@@ -216,6 +232,10 @@ async def store_artifact(
     existing: Any = await session.scalar(select(model).where(*identity))
     if existing is not None and existing.deleted_at is None:
         _discard(prepared.source)
+        if model is StoredModel and existing.requirements != prepared.fields["requirements"]:
+            # (a package stored before requirements.txt was read: the same bytes, read now)
+            existing.requirements = prepared.fields["requirements"]
+            await session.commit()
         return existing, False
     await run_in_threadpool(store.put_file, prepared.storage_key, prepared.source)
     if existing is not None:
@@ -223,6 +243,8 @@ async def store_artifact(
         existing.created_at = utcnow()
         existing.name = name or existing.name
         existing.storage_key = prepared.storage_key
+        if model is StoredModel:
+            existing.requirements = prepared.fields["requirements"]
         await session.commit()
         return existing, True
     row = model(

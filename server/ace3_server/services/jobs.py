@@ -25,10 +25,12 @@ from ace3_control.models import (
 from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_control.stored_weights import find_owned_weights
+from ace3_control.worker_registry import advertised_packages, live_workers
 from ace3_server.schemas import JobCreate
 from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
 from ace3_server.services.dataset_registry import stream_problems
+from ace3_server.services.job_requirements import RequirementsCheck, check_requirements
 from ace3_server.services.submissions import create_once, get_owned_run
 
 logger = logging.getLogger(__name__)
@@ -181,6 +183,23 @@ async def teacher_problems(
     )
 
 
+async def requirements_check(
+    session: AsyncSession,
+    settings: Settings,
+    owner_id: str,
+    model_id: str,
+    config: Any,
+    loc: list[str | int],
+) -> RequirementsCheck:
+    """``config.requirements`` merged with the model package's ``requirements.txt`` and checked
+    against what the live workers have installed (``services.job_requirements``). An unknown
+    model is reported by :func:`reference_problems`; its requirements count as none here."""
+    model = await get_owned(session, StoredModel, owner_id, model_id)
+    package = model.requirements if model is not None else None
+    workers = await live_workers(session, settings) if config.requirements or package else []
+    return check_requirements(config.requirements, package, loc, advertised_packages(workers))
+
+
 async def resume_checkpoint_problems(
     session: AsyncSession, owner_id: str, body: JobCreate
 ) -> list[dict[str, Any]]:
@@ -277,10 +296,16 @@ async def create_job(
 ) -> tuple[Job, bool]:
     """Validate, insert (queued) and publish; return (job, created). A job no live worker can
     run is refused (``services.admission``)."""
+    requirements = RequirementsCheck()
 
     async def problems() -> list[dict[str, Any]]:
+        nonlocal requirements
+        requirements = await requirements_check(
+            session, settings, owner_id, body.model_id, body.config, ["body", "config"]
+        )
         return (
             _problems(body)
+            + requirements.problems
             + await reference_problems(session, owner_id, body)
             + await resume_checkpoint_problems(session, owner_id, body)
             + await capacity_problems(session, settings, body.config, ["body", "config"])
@@ -309,6 +334,7 @@ async def create_job(
             state=JobState.QUEUED,
             max_retries=settings.max_retries,
             resume_from_checkpoint_id=body.resume_from_checkpoint,
+            requirements=requirements.merged or None,
         )
 
     try:

@@ -14,7 +14,7 @@ from ace3_control.models import Search, SearchState, SearchTrial, TrialState, ut
 from ace3_control.settings import Settings
 from ace3_server.schemas import SearchCreate, SearchOut, SearchTrialOut
 from ace3_server.services.admission import capacity_problems
-from ace3_server.services.jobs import reference_problems
+from ace3_server.services.jobs import reference_problems, requirements_check
 from ace3_server.services.submissions import create_once, get_owned_run
 
 MAX_GRID_SIZE = 10_000
@@ -65,8 +65,18 @@ async def create_search(
     driver then checks every trial)."""
 
     async def problems() -> list[dict[str, Any]]:
+        # The trials' requirements: the base config's, merged with the model's (trial_start).
+        requirements = await requirements_check(
+            session,
+            settings,
+            owner_id,
+            body.model_id,
+            body.config.base_config,
+            ["body", "config", "base_config"],
+        )
         return (
             _config_problems(body.config)
+            + requirements.problems
             + await reference_problems(session, owner_id, body)
             + await capacity_problems(
                 session,
