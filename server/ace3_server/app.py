@@ -19,6 +19,7 @@ from ace3_server.api.error_handlers import install_error_handlers
 from ace3_server.api.routes.artifacts import datasets_router, models_router
 from ace3_server.api.routes.checkpoints import router as checkpoints_router
 from ace3_server.api.routes.dataset_shards import router as dataset_shards_router
+from ace3_server.api.routes.environments import router as environments_router
 from ace3_server.api.routes.jobs import router as jobs_router
 from ace3_server.api.routes.queue import router as queue_router
 from ace3_server.api.routes.searches import router as searches_router
@@ -120,6 +121,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(checkpoints_router)
     v1.include_router(searches_router)
     v1.include_router(workers_router)
+    v1.include_router(environments_router)
     v1.include_router(queue_router)
     v1.include_router(webhooks_router)
     app.include_router(v1)

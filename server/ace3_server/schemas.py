@@ -13,6 +13,7 @@ from ace3.config.shards import StreamFormat, TokenDtype
 from ace3.config.states import JobState, Priority, SearchState, TrialState, WaitingReason
 from ace3.hp import HPConfig
 from ace3_server.api.params import StoredText
+from ace3_server.environment_schemas import JobEnvironmentOut
 
 Item = TypeVar("Item")
 
@@ -35,6 +36,11 @@ class ModelOut(_Out):
     factory: str
     sha256: str
     size_bytes: int
+    requirements: list[str] | None = Field(
+        None,
+        description="A package's requirements.txt, read at upload (canonical PEP 508 entries): "
+        "merged into the requirements of every job that trains it; null: none.",
+    )
     created_at: datetime
 
 
@@ -154,6 +160,19 @@ class JobOut(_Out):
     final_metrics: dict[str, Any] | None
     plan: RunPlan | None = None
     resume_from_checkpoint: str | None = Field(None, validation_alias="resume_from_checkpoint_id")
+    requirements: list[str] | None = Field(
+        None,
+        description="The packages the job adds to the worker's Python: config.requirements "
+        "merged with its model package's requirements.txt (canonical); null: none.",
+    )
+    phase: str | None = Field(
+        None,
+        description="What a starting job is doing before its processes run "
+        "('preparing_environment'); null otherwise.",
+    )
+    environment: JobEnvironmentOut | None = Field(
+        None, description="The environment its requirements resolved to; null until resolved."
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

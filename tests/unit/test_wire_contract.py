@@ -20,12 +20,15 @@ from ace3.client.types import (
     Artifact,
     Checkpoint,
     Dataset,
+    Environment,
     Job,
+    JobEnvironment,
     JobRecord,
     LogLine,
     LogPage,
     Metric,
     Model,
+    Package,
     RecordPage,
     Worker,
 )
@@ -49,6 +52,9 @@ PARSED_BY: dict[str, type[BaseModel]] = {
     "UploadedCheckpointOut": Checkpoint,  # (client.checkpoints.upload)
     "ArtifactOut": Artifact,
     "WorkerOut": Worker,
+    "EnvironmentOut": Environment,  # (client.environments.get)
+    "JobEnvironmentOut": JobEnvironment,  # (a job's environment)
+    "PackageOut": Package,
     "SearchOut": Search,
     "SearchTrialOut": SearchTrial,
     "WebhookOut": Webhook,

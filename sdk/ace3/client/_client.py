@@ -1,5 +1,5 @@
 """The ACE3 client: connection settings, the ``models``/``datasets``/``jobs``/
-``checkpoints``/``searches``/``workers``/``webhooks`` resources, and ``load_model``/``load_dataset``, which upload code
+``checkpoints``/``searches``/``workers``/``environments``/``webhooks`` resources, and ``load_model``/``load_dataset``, which upload code
 and data only when the server does not already have the same bytes. Also the module-level
 default client the trainers use.
 """
@@ -22,7 +22,14 @@ from ace3.client._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
 from ace3.client._packing import pack_directory
 from ace3.client.handles import JobHandleLike, SearchHandleLike, job_handle, search_handle
 from ace3.client.jobs import Jobs
-from ace3.client.resources import Checkpoints, Datasets, Models, Workers, _upload
+from ace3.client.resources import (
+    Checkpoints,
+    Datasets,
+    Environments,
+    Models,
+    Workers,
+    _upload,
+)
 from ace3.client.searches import Searches
 from ace3.client.shard_upload import upload_shard_directory
 from ace3.client.types import Dataset, Model
@@ -159,6 +166,7 @@ class Client:
         self.checkpoints = Checkpoints(self._http)
         self.searches = Searches(self._http)
         self.workers = Workers(self._http)
+        self.environments = Environments(self._http)
         self.webhooks = Webhooks(self._http)
         set_default_client(self)
 

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ace3.client.searches import Search, SearchTrial
-from ace3.client.types import Checkpoint, Job, JobEvent, JobRecord, LogLine, LogPage, Metric
+from ace3.client.types import (
+    Checkpoint,
+    Job,
+    JobEnvironment,
+    JobEvent,
+    JobRecord,
+    LogLine,
+    LogPage,
+    Metric,
+)
 from ace3.config.events import InstabilityRecord
 
 __all__ = [
@@ -68,6 +77,15 @@ class _RunHandle(Protocol):
 
 class JobHandleLike(_RunHandle, Protocol):
     """A handle on a job (:class:`ace3.JobHandle`): refresh, cancel, read, wait."""
+
+    @property
+    def phase(self) -> str | None: ...
+
+    @property
+    def environment(self) -> JobEnvironment | None: ...
+
+    @property
+    def requirements(self) -> list[str] | None: ...
 
     def refresh(self) -> Job: ...
 

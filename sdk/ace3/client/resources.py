@@ -1,6 +1,7 @@
 """The stored things and the cluster: ``client.models``, ``client.datasets`` (upload once by
 content hash, read, list, delete), ``client.checkpoints`` (find a stored checkpoint by the sha256
-of a file, upload weights to start jobs from, download by id) and ``client.workers``. Each method is one REST call of ``docs/api.md``."""
+of a file, upload weights to start jobs from, download by id), ``client.workers`` and
+``client.environments``. Each method is one REST call of ``docs/api.md``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel
 from ace3.client._download import download_checkpoint_file
 from ace3.client._resource import _Resource
 from ace3.client.pagination import CursorPage
-from ace3.client.types import Checkpoint, Dataset, Model, Worker
+from ace3.client.types import Checkpoint, Dataset, Environment, Model, Worker
 from ace3.config.shards import StreamFormat, TokenDtype
 
 StoredT = TypeVar("StoredT", bound=BaseModel)
@@ -231,3 +232,16 @@ class Workers(_Resource):
         worker is a CUDA worker; the server refuses (422) a job that fits none of them."""
         payload = self._http.request("GET", "/v1/workers").json()
         return [Worker.model_validate(item) for item in payload.get("data") or []]
+
+
+class Environments(_Resource):
+    """``/v1/environments``: the per-job Python environments your jobs used."""
+
+    def get(self, env_hash: str) -> Environment:
+        """The environment with this hash (a job's ``environment.hash``): its requirements, the
+        packages it adds to the worker's Python, what it was built for, its size and build time,
+        and why its build failed. :class:`~ace3.errors.NotFoundError` when none of your jobs used
+        it (environments are shared; another owner's are not shown)."""
+        return Environment.model_validate(
+            self._http.request("GET", f"/v1/environments/{env_hash}").json()
+        )

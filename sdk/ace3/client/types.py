@@ -1,5 +1,5 @@
 """The typed objects the API returns: Model, Dataset, Job (and JobState), Metric, LogLine,
-JobRecord, Checkpoint, Artifact, Worker, and the events of a job's live stream. Lenient on purpose: a field
+JobRecord, Checkpoint, Artifact, Worker, Environment, and the events of a job's live stream. Lenient on purpose: a field
 a newer server adds must not break an older SDK."""
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class Model(_APIObject):
     factory: str = "build_model"
     sha256: str
     size_bytes: int | None = None
+    # A package's requirements.txt, as the service read it at upload (canonical PEP 508
+    # entries): merged into every job that trains it. None: none.
+    requirements: list[str] | None = None
     created_at: datetime | None = None
 
 
@@ -63,6 +66,41 @@ class JobProgress(_APIObject):
 
     step: int
     epoch: float | None = None
+
+
+class Package(_APIObject):
+    """A distribution an environment adds to the worker's Python."""
+
+    name: str
+    version: str
+
+
+class JobEnvironment(_APIObject):
+    """The environment a job's requirements resolved to (``job.environment``): its ``hash``
+    (``client.environments.get(hash)`` for all of it), ``state`` (building, ready or failed;
+    None when its record is gone) and the ``packages`` it adds."""
+
+    hash: str
+    state: str | None = None
+    packages: list[Package] = Field(default_factory=list)
+
+
+class Environment(_APIObject):
+    """A per-job Python environment (``GET /v1/environments/{hash}``): the ``requirements`` it
+    was built for, the ``packages`` they resolved to on top of the worker's own, the Python and
+    platform it was built for, its size and build time, and why its build failed (``error``)."""
+
+    hash: str
+    state: str
+    requirements: list[str] = Field(default_factory=list)
+    packages: list[Package] = Field(default_factory=list)
+    python: str | None = None
+    platform: str | None = None
+    size_bytes: int | None = None
+    build_seconds: float | None = None
+    error: str | None = None
+    created_at: datetime | None = None
+    ready_at: datetime | None = None
 
 
 class Job(_APIObject):
@@ -92,6 +130,14 @@ class Job(_APIObject):
     # The run's plan once its first attempt started (total optimizer steps, epochs, ...).
     plan: RunPlan | None = None
     resume_from_checkpoint: str | None = None
+    # The packages the job adds to the worker's Python (config.requirements merged with its
+    # model package's requirements.txt); None: none.
+    requirements: list[str] | None = None
+    # What a starting job is doing before its processes run ("preparing_environment"); None
+    # otherwise (not a state: the job stays "starting").
+    phase: str | None = None
+    # The environment its requirements resolved to; None until a worker resolved them.
+    environment: JobEnvironment | None = None
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None

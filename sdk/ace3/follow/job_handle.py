@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ace3.client.types import (
     Checkpoint,
     Job,
+    JobEnvironment,
     JobEvent,
     JobRecord,
     JobState,
@@ -150,6 +151,24 @@ class JobHandle(FollowedHandle[Job, JobEvent]):
     @job.setter
     def job(self, job: Job | None) -> None:
         self._last = job
+
+    @property
+    def phase(self) -> str | None:
+        """What the job was doing last seen before its processes ran
+        (``"preparing_environment"``), None otherwise (call :meth:`refresh` for now)."""
+        return self._last.phase if self._last is not None else None
+
+    @property
+    def environment(self) -> JobEnvironment | None:
+        """The environment its requirements resolved to, last seen (hash, state, packages);
+        ``client.environments.get(handle.environment.hash)`` for all of it."""
+        return self._last.environment if self._last is not None else None
+
+    @property
+    def requirements(self) -> list[str] | None:
+        """The packages the job adds to the worker's Python (its config's and its model
+        package's requirements.txt, merged); None: none."""
+        return self._last.requirements if self._last is not None else None
 
     def _collection(self) -> Any:
         return self._client.jobs

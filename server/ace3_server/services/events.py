@@ -30,8 +30,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
-from ace3_control.models import TERMINAL_STATES, Job, JobLog, JobMetric, JobRecord
+from ace3_control.models import TERMINAL_STATES, Environment, Job, JobLog, JobMetric, JobRecord
 from ace3_server.schemas import JobOut, LogOut, MetricOut, RecordOut
+from ace3_server.services.environments import environments_of, job_environment
 from ace3_server.services.stream_wake import JobWakes, StreamHub
 from ace3_server.storable import INT64_MAX
 
@@ -89,13 +90,20 @@ def format_event(event: str, data: Any, event_id: str) -> str:
     return f"id: {event_id}\nevent: {event}\ndata: {payload}\n\n"
 
 
-def _job_payload(job: Job) -> dict[str, Any]:
-    return JobOut.model_validate(job).model_dump(mode="json")
+def _job_payload(job: Job, environments: dict[str, Environment]) -> dict[str, Any]:
+    out = JobOut.model_validate(job)
+    out.environment = job_environment(job, environments)
+    return out.model_dump(mode="json")
 
 
-def _state_signature(job: Job) -> tuple[Any, ...]:
-    # (the plan too: it arrives after the job started running, and the progress bar needs it)
-    return (job.state, job.attempt, job.cancel_requested, job.exit_code, job.error, job.plan)
+def _state_signature(job: Job, environments: dict[str, Environment]) -> tuple[Any, ...]:
+    # (the plan too: it arrives after the job started running, and the progress bar needs it;
+    # the phase and the environment's state: what a starting job is waiting for)
+    environment = environments.get(job.environment_hash or "")
+    return (
+        job.state, job.attempt, job.cancel_requested, job.exit_code, job.error, job.plan,
+        job.phase, job.environment_hash, environment.state if environment is not None else None,
+    )  # fmt: skip
 
 
 async def _rows_after(session: AsyncSession, model: Any, job_id: str, after: int) -> list[Any]:
@@ -150,7 +158,8 @@ async def read_snapshot(
             # The worker stores the plan before (or with) the first metrics: read after
             # them, it goes out no later than the first metric (the progress bar's total).
             await session.refresh(job, attribute_names=["plan"])
-        state = format_event("state", _job_payload(job), cursor.event_id())
+        environments = await environments_of(session, [job])
+        state = format_event("state", _job_payload(job, environments), cursor.event_id())
         chunks: list[str] = []
         for metric in metrics:
             cursor.metrics_after = metric.id
@@ -180,8 +189,10 @@ async def read_snapshot(
         drained = max(len(metrics), len(logs), len(records)) < BATCH_ROWS
         end = None
         if finished and drained:
-            end = format_event("end", _job_payload(job), cursor.event_id())
-        return Snapshot(_state_signature(job), state, "".join(chunks), end, cursor, drained)
+            end = format_event("end", _job_payload(job, environments), cursor.event_id())
+        return Snapshot(
+            _state_signature(job, environments), state, "".join(chunks), end, cursor, drained
+        )
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from ace3_server.schemas import (
     RecordList,
 )
 from ace3_server.services import events, job_artifacts, jobs
+from ace3_server.services.environments import environments_of, job_environment, job_out
 from ace3_server.services.job_progress import latest_progress
 
 router = resource_router("/jobs", "jobs")
@@ -102,8 +103,10 @@ async def list_jobs(
         where=(Job.name.icontains(q, autoescape=True),) if q else (),
     )  # fmt: skip
     progress = await latest_progress(session, rows)
+    environments = await environments_of(session, rows)
     items = [JobListItem.model_validate(row) for row in rows]
-    for item in items:
+    for item, row in zip(items, rows, strict=True):
+        item.environment = job_environment(row, environments)
         if item.id in progress:
             item.progress = JobProgress.model_validate(progress[item.id])
     return {"data": items, "next_cursor": next_cursor}
@@ -115,8 +118,9 @@ async def get_job(job_id: StoredText, session: SessionDep, owner_id: OwnerDep) -
 
 
 async def with_queue_place(session: AsyncSession, job: Job) -> JobOut:
-    """The job, with its ``queue_position`` and ``waiting_reason`` while it is queued."""
-    out = JobOut.model_validate(job)
+    """The job (its environment joined in), with its ``queue_position`` and ``waiting_reason``
+    while it is queued."""
+    out = await job_out(session, job)
     if job.state == JobState.QUEUED:
         position, reason = await scheduling.queue_status(session, job.id)
         out = out.model_copy(update={"queue_position": position, "waiting_reason": reason})
@@ -130,9 +134,9 @@ async def with_queue_place(session: AsyncSession, job: Job) -> JobOut:
     operation_id="cancel_job",
     responses=NOT_FOUND,
 )
-async def cancel_job(job_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> Job:
+async def cancel_job(job_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> JobOut:
     job = await jobs.get_owned_job(session, owner_id, job_id)
-    return await jobs.cancel_job(session, job)
+    return await job_out(session, await jobs.cancel_job(session, job))
 
 
 @router.get(
