@@ -41,6 +41,14 @@ def create_display(
     return display(job, config, out)
 
 
+def state_text(job: Job) -> str:
+    """The job's state as the displays show it: ``starting: preparing environment`` while a
+    starting job's environment is prepared (its ``phase``), else the state."""
+    if job.phase and not job.is_terminal:
+        return f"{job.state}: {job.phase.replace('_', ' ')}"
+    return str(job.state)
+
+
 def queue_note(job: Job) -> str:
     """`` (position 3 in the queue, waiting for quota)`` for a queued job whose place is known;
     else empty."""
@@ -119,7 +127,7 @@ class Display(FollowDisplay):
         elif isinstance(data, LogLine):
             self._on_log(data)
         elif isinstance(data, Job):
-            previous = self.job.state if self.job is not None else None
+            previous = (self.job.state, self.job.phase) if self.job is not None else None
             if self.job is None or not self.job.config:
                 self.steps = _keep_estimate(self.steps, StepEstimator(data.config))
             if data.plan is not None:
@@ -127,7 +135,7 @@ class Display(FollowDisplay):
             self.job = data
             if event.type == "end":
                 self._on_end(data)
-            elif data.state != previous:
+            elif (data.state, data.phase) != previous:
                 self._on_state(data)
 
     def _on_metric(self, metric: Metric) -> None:
@@ -206,12 +214,12 @@ class PlainDisplay(Display):
 
     def _on_start(self) -> None:
         if self.job is not None:
-            self.note(f"job {self.job.id}: {self.job.state}")
+            self.note(f"job {self.job.id}: {state_text(self.job)}")
 
     def _on_state(self, job: Job) -> None:
         self._flush()
         if not job.is_terminal:  # the end line reports the final state
-            self.note(f"job {job.id}: {job.state}{queue_note(job)}")
+            self.note(f"job {job.id}: {state_text(job)}{queue_note(job)}")
 
     def _on_end(self, job: Job) -> None:
         self._flush()
@@ -259,7 +267,7 @@ class RichDisplay(Display):
     def _description(self) -> str:
         if self.job is None:
             return "job"
-        return f"{self.job.name or 'job ' + self.job.id[:8]} {self.job.state}"
+        return f"{self.job.name or 'job ' + self.job.id[:8]} {state_text(self.job)}"
 
     def _refresh(self) -> None:
         metrics = " ".join(

@@ -155,3 +155,23 @@ def test_a_queued_job_shows_its_place_and_why_it_waits() -> None:
     display = create_display(None, {}, mode="plain", file=out)
     display.handle(JobEvent("state", job))
     assert f"job {job.id}: queued{note}" in out.getvalue()
+
+
+def test_a_job_preparing_its_environment_says_so_on_both_displays(monkeypatch) -> None:
+    """While a starting job's environment is prepared (its ``phase``) the line says so; the
+    phase ending is a change the display shows."""
+    preparing = ace3.Job.model_validate(job_json(state="starting", phase="preparing_environment"))
+    started = preparing.model_copy(update={"phase": None})
+    out = io.StringIO()
+    display = create_display(None, {}, mode="plain", file=out)
+    for job in (preparing, preparing, started):
+        display.handle(JobEvent("state", job))
+    assert out.getvalue().splitlines() == [
+        "job job_1: starting: preparing environment",
+        "job job_1: starting",
+    ]
+    monkeypatch.setenv("COLUMNS", "160")
+    terminal = FakeTerminal()
+    with create_display(None, {}, mode="auto", file=terminal) as live:
+        live.handle(JobEvent("state", preparing))
+    assert "starting: preparing environment" in terminal.getvalue()
