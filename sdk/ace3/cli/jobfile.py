@@ -7,6 +7,8 @@ A job file::
     model: model.py                     # or {path, factory, entry_module, kwargs}
     dataset: data/train.npz             # or {id: <dataset id>}: one the service stores
     validation_dataset: data/val.npz    # optional; a path or {id: ...} too
+    requirements: [einops>=0.8]         # optional: training.requirements, the packages the
+                                        # job adds to the worker's Python (PEP 508 names)
     training:                           # TrainingConfig fields
       epochs: 3
       learning_rate: 3.0e-3
@@ -197,6 +199,26 @@ def load_merged(path: str | Path, overrides: list[str]) -> Loaded:
     )
 
 
+def _lift_requirements(source: Path, data: dict[str, Any]) -> None:
+    """``requirements:`` at the top of the file is ``training.requirements`` (where a job file
+    names what the job needs beside its model and data); setting both is refused."""
+    if "requirements" not in data:
+        return
+    value = data.pop("requirements")
+    training = data.setdefault("training", {})
+    if training is None:
+        training = data["training"] = {}
+    if not isinstance(training, dict):
+        return  # validation names training:
+    if training.get("requirements"):
+        raise _problem(
+            source,
+            "requirements: and training.requirements: are both set; they are the same "
+            "setting: keep one",
+        )
+    training["requirements"] = [] if value is None else value
+
+
 def _resolve_paths(loaded: Loaded, source: Path) -> None:
     """Make the model and dataset paths absolute (file: its directory; overrides: the current
     directory) and check that they exist."""
@@ -225,6 +247,7 @@ def load_job_file(path: str | Path, overrides: list[str]) -> JobFile:
     """The job file at ``path`` with ``overrides``, validated (see the module docstring)."""
     source = Path(path)
     loaded = load_merged(source, overrides)
+    _lift_requirements(source, loaded.data)
     _check_keys(source, loaded.data, JobFile)
     check_dataset_ids(source, loaded.data)
     _resolve_paths(loaded, source)
@@ -236,6 +259,7 @@ def load_search_file(path: str | Path, overrides: list[str]) -> SearchFile:
     source = Path(path)
     loaded = load_merged(source, overrides)
     data = loaded.data
+    _lift_requirements(source, data)
     _check_keys(source, data, SearchFile, hidden={"hp_config"})
     search = data.get("search")
     if not isinstance(search, dict):

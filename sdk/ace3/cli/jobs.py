@@ -47,6 +47,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         [
             ("name", job.name),
             ("state", job.state),
+            ("phase", job.phase),
             ("attempt", job.attempt),
             ("processes", job.num_processes),
             ("model", job.model_id),
@@ -59,10 +60,26 @@ def cmd_show(args: argparse.Namespace) -> int:
             ("duration", output.duration(job.started_at, job.finished_at)),
             ("final metrics", job.final_metrics),
             ("error", job.error),
+            *environment_fields(job),
         ],
     )
     output.print_fields("config (fields not at their default)", sorted(changed_fields(job.config)))
     return OK
+
+
+def environment_fields(job: Any) -> list[tuple[str, Any]]:
+    """The packages the job adds to the worker's Python, and the environment they resolved to
+    (``ace3 environments show HASH`` shows all of it)."""
+    environment = job.environment
+    packages = environment.packages if environment is not None else []
+    return [
+        ("requirements", ", ".join(job.requirements) if job.requirements else None),
+        (
+            "environment",
+            f"{environment.hash} ({environment.state or 'gone'})" if environment else None,
+        ),
+        ("environment packages", ", ".join(f"{p.name} {p.version}" for p in packages) or None),
+    ]
 
 
 def changed_fields(config: dict[str, Any]) -> list[tuple[str, Any]]:
