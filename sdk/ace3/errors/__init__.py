@@ -22,6 +22,8 @@ one situation::
     │                                   implement yet; .problems lists each field and reason
     ├── PackingError                    (also a ValueError) a directory cannot be packed
     │                                   (a symlink, a device, a missing entry module)
+    ├── UnmetRequirementsError          an in-process run's config.requirements are not met by
+    │                                   this Python (nothing is installed): .unmet
     ├── ChecksumMismatchError           a downloaded file's sha256 is not the one announced
     ├── WebhookSignatureError           a webhook body's ACE3-Signature does not verify
     │                                   (wrong secret, altered body, stale timestamp): .reason
@@ -76,6 +78,7 @@ from ace3.errors.job_outcomes import (
 from ace3.errors.refusals import (
     ChecksumMismatchError,
     PackingError,
+    UnmetRequirementsError,
     UnsupportedFeatureError,
     WebhookSignatureError,
 )
@@ -105,6 +108,7 @@ __all__ = [
     "SearchFailedError",
     "StepOutOfMemoryError",
     "TrainingPreemptedError",
+    "UnmetRequirementsError",
     "UnsupportedFeatureError",
     "ValidationError",
     "WebhookSignatureError",

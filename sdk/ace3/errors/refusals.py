@@ -1,5 +1,6 @@
 """What the SDK refuses on the client side: an unsupported setting, a directory it cannot pack, a
-download whose checksum does not match, a webhook body whose signature does not verify."""
+download whose checksum does not match, a webhook body whose signature does not verify, an
+in-process run whose ``requirements`` this Python does not meet."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ace3.errors.base import ACE3Error
 __all__ = [
     "ChecksumMismatchError",
     "PackingError",
+    "UnmetRequirementsError",
     "UnsupportedFeatureError",
     "WebhookSignatureError",
 ]
@@ -26,6 +28,21 @@ class UnsupportedFeatureError(ValueError, ACE3Error):
         super().__init__(message)
         self.message = message
         self.problems = list(problems or [])
+
+
+class UnmetRequirementsError(ACE3Error):
+    """An in-process run (``ace3.Trainer`` on a live module) whose ``config.requirements`` this
+    Python does not meet: a package is not installed, or at another version. Raised before
+    training; nothing is installed into your Python (a job on the service gets them in an
+    environment of its own). ``unmet`` holds one line per entry, naming it and why."""
+
+    def __init__(self, unmet: list[str]):
+        self.unmet = list(unmet)
+        super().__init__(
+            "this Python does not meet the run's requirements (an in-process run installs "
+            "nothing: install them yourself, or submit the job to the service): "
+            + "; ".join(self.unmet)
+        )
 
 
 class PackingError(ValueError, ACE3Error):

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ace3.config import ConfigProblem, TrainingConfig
-from ace3.errors import UnsupportedFeatureError
+from ace3.config.requirements import RequirementError, unmet_requirements
+from ace3.errors import UnmetRequirementsError, UnsupportedFeatureError
 from ace3.follow.job_handle import MetricsView, best_validation
 from ace3.trainers.teacher_weights import teacher_weights_for_local_run
 from ace3.trainers.weights import weights_for_local_run
@@ -90,6 +91,21 @@ def _resume_path(objects: TrainerObjects, resume: bool) -> Path | None:
     return latest
 
 
+def check_local_requirements(config: TrainingConfig) -> None:
+    """``config.requirements`` against this Python, before anything runs: an entry it does not
+    meet raises :class:`~ace3.errors.UnmetRequirementsError` naming it; one the service would
+    refuse (a URL, a path, a pip option) :class:`~ace3.errors.UnsupportedFeatureError`.
+    Nothing is installed into the user's Python."""
+    try:
+        unmet = unmet_requirements(config.requirements)
+    except RequirementError as exc:
+        raise UnsupportedFeatureError(
+            str(exc), [ConfigProblem(field="requirements", reason=exc.reason)]
+        ) from None
+    if unmet:
+        raise UnmetRequirementsError(unmet)
+
+
 def run_locally(
     objects: TrainerObjects,
     config: TrainingConfig,
@@ -104,6 +120,7 @@ def run_locally(
     from ace3.runtime.observe.callback_hook import CallbackHook
     from ace3.training.profiling import MemoryProfiler, active_profilers
 
+    check_local_requirements(config)
     if config.max_runtime_seconds is not None:
         raise UnsupportedFeatureError(
             "max_runtime_seconds is enforced by the service's workers, which stop a job that "
