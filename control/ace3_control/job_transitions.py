@@ -30,6 +30,7 @@ def claim(job_id: str, worker_id: str, lease_seconds: float, now: datetime | Non
             heartbeat_at=now,
             exit_code=None,
             error=None,
+            phase=None,
             updated_at=now,
         )
         .returning(Job.attempt)
@@ -40,7 +41,26 @@ def mark_running(job_id: str, attempt: int) -> Update:
     return (
         update(Job)
         .where(Job.id == job_id, Job.attempt == attempt, Job.state == JobState.STARTING)
-        .values(state=JobState.RUNNING, started_at=utcnow(), updated_at=utcnow())
+        .values(state=JobState.RUNNING, phase=None, started_at=utcnow(), updated_at=utcnow())
+    )
+
+
+def set_phase(job_id: str, attempt: int, phase: str | None) -> Update:
+    """What a ``starting`` attempt is doing before its processes run (``"preparing_environment"``),
+    or None once it is done; only while ``attempt`` owns the job."""
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
+        .values(phase=phase, updated_at=utcnow())
+    )
+
+
+def record_environment(job_id: str, attempt: int, environment_hash: str) -> Update:
+    """The environment ``attempt`` prepared for the job (ace3_control.models.Environment)."""
+    return (
+        update(Job)
+        .where(Job.id == job_id, Job.attempt == attempt, Job.state.in_(ACTIVE_STATES))
+        .values(environment_hash=environment_hash, phase=None, updated_at=utcnow())
     )
 
 
@@ -101,6 +121,7 @@ def finish(
             final_metrics=final_metrics,
             finished_at=now,
             lease_expires_at=None,
+            phase=None,
             updated_at=now,
         )
     )
@@ -126,6 +147,7 @@ def _requeue(job_id: str, attempt: int, reason: str, *conditions: Any, **values:
             enqueued_at=now,
             queued_at=now,
             error=reason,
+            phase=None,
             updated_at=now,
             **values,
         )

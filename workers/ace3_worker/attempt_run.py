@@ -18,6 +18,7 @@ from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.attempt_dirs import hold_attempt, sweep_attempts, warn_if_copies
 from ace3_worker.device import worker_device
+from ace3_worker.environments.uv_commands import EnvironmentRefusedError
 from ace3_worker.gpu_sets import DeviceSet
 from ace3_worker.ingest import Ingest, JobOutput, service_line
 from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
@@ -89,8 +90,11 @@ class AttemptRunner:
         root: Path,
     ) -> None:
         job_id, attempt = membership.job_id, membership.attempt
+        directory: JobDirectory | None = None
         try:
             try:
+                # (the lease is renewed meanwhile: building an environment may take minutes, and
+                # none of it counts against max_runtime_seconds, whose clock starts at launch)
                 with membership.keep_alive():
                     job, directory = self.workspace.prepare(
                         job_id,
@@ -100,6 +104,11 @@ class AttemptRunner:
                         skeleton=self.warm.skeleton_for(warm),
                     )
                     device = worker_device(self.settings.worker_device)
+            except EnvironmentRefusedError as exc:
+                # (not retried: the same requirements would fail again)
+                logger.warning("job %s: its environment cannot be built: %s", job_id, exc)
+                membership.failed_outside_torchrun(f"the job's environment cannot be built: {exc}")
+                return
             except Exception as exc:
                 logger.exception("job %s: could not prepare %s", job_id, membership.name)
                 membership.failed_outside_torchrun(f"could not prepare the job: {exc}")
@@ -113,6 +122,8 @@ class AttemptRunner:
             if warm is not None:
                 self.warm.discard(warm, keep_identity=True)
             remove_attempt_directory(root)
+            if directory is not None and directory.environment_pin is not None:
+                directory.environment_pin.release()
 
     def _launch_and_watch(
         self,

@@ -9,6 +9,8 @@ belong to its uid. The layout is documented in docs/runtime.md::
 
     <work_dir>/<job id>/attempt-<n>[-node-<k>]/   root, mode 0750, group: the job's gid
         job.json  code/  data/  resume/  init/  teacher/   read-only copies
+        env/                                        the job's environment: hard links of the
+                                                    worker's cached tree (ace3_worker.environments)
         data/<split>/shards/                        a streamed dataset's shards, linked in
                                                     while the job runs (shard_streams)
         etc/passwd  etc/group                       the job's /etc/passwd and /etc/group
@@ -29,6 +31,7 @@ from typing import Any
 from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
 from ace3_control.storage import ArtifactStore, StoredDigestError, is_tree_key
 from ace3_control.stored_weights import StoredWeights
+from ace3_worker.environments.cache import Pin, link_tree
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
 from ace3_worker.shard_streams import (
     Readers,
@@ -69,6 +72,8 @@ class JobDirectory:
     streams: tuple[ShardStream, ...] = field(default=())
     # Their readers: the request files the feeder reads, the attempt's share of the cache.
     readers: Readers | None = None
+    # The cached environment linked in as env/, pinned until the attempt is over.
+    environment_pin: Pin | None = None
 
     @property
     def job_file(self) -> Path:
@@ -238,6 +243,7 @@ def prepare_job_directory(
     skeleton: Path | None = None,
     dataset_cache_bytes: int | None = None,
     worker_slots: int = 1,
+    environment: Path | None = None,
 ) -> JobDirectory:
     """``<work_dir>/<job>/attempt-<n>``; one node of a multi-node job gets ``attempt-<n>-node-<k>``
     (workers on one machine may share a work directory). ``visible_root``: where the job sees
@@ -250,7 +256,9 @@ def prepare_job_directory(
     a new one. A streamed dataset's shards are not copied: its directory starts empty
     (:mod:`ace3_worker.shard_streams`), none of its shards larger than
     ``dataset_cache_bytes``, its readers' current shards within ``dataset_cache_bytes /
-    worker_slots`` (:func:`~ace3_worker.shard_streams.plan_readers`)."""
+    worker_slots`` (:func:`~ace3_worker.shard_streams.plan_readers`). ``environment``: the
+    job's environment in the worker's cache, linked in as ``env/`` (job.json's
+    ``environment``: the runtime adds it to ``sys.path`` after the worker's packages)."""
     traversable_dir(work_dir)
     traversable_dir(work_dir / job.id)
     root = attempt_path(work_dir, job.id, attempt, node_rank)
@@ -304,6 +312,9 @@ def prepare_job_directory(
         # Halved once for every earlier attempt that ran out of memory inside a step.
         "micro_batch_split": 2 ** (job.micro_batch_halvings or 0),
     }
+    if environment is not None:
+        link_tree(environment, root / "env")
+        spec["environment"] = str(directory.visible(root / "env"))
     if directory.streams and dataset_cache_bytes is not None:
         directory.readers = plan_readers(
             job.config,

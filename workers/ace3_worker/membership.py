@@ -2,7 +2,8 @@
 watch loop and the outcome go through, whatever the job's number of nodes.
 
 A single-node job is a gang of one: :class:`SingleNode` is its whole gang, and it leads. It
-renews the job's lease (no ``job_nodes`` row: what is stored and what the API shows is what a
+renews the job's lease (from a thread of its own while the attempt is prepared, when the watch
+loop does not run yet; no ``job_nodes`` row: what is stored and what the API shows is what a
 single-node job always had), marks the job ``running`` once torchrun started and records the
 outcome from its own exit. A node of a multi-node job is :class:`ace3_worker.gang_node.GangNode`.
 The supervisor chooses one of the two once, when it takes the job.
@@ -11,7 +12,9 @@ The supervisor chooses one of the two once, when it takes the job.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import logging
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +31,8 @@ from ace3_worker.launch import LaunchSpec
 from ace3_worker.launcher import torchrun_command, warm_torchrun_args
 from ace3_worker.outcome import Outcomes
 from ace3_worker.watch import AttemptWatch, Watcher
+
+logger = logging.getLogger(__name__)
 
 
 class Membership(Protocol):
@@ -101,8 +106,26 @@ class SingleNode:
     def name(self) -> str:
         return f"attempt {self.attempt}"
 
-    def keep_alive(self) -> AbstractContextManager[None]:
-        return contextlib.nullcontext()  # (no node row; the loop renews the lease)
+    @contextlib.contextmanager
+    def keep_alive(self) -> Iterator[None]:
+        """Renew the job's lease from a thread meanwhile (the watch loop renews it while
+        torchrun runs): preparing the directory may build an environment for minutes."""
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(self.settings.heartbeat_seconds):
+                try:
+                    self.beat()
+                except Exception:
+                    logger.warning("job %s: lease renewal failed; retrying", self.job_id)
+
+        thread = threading.Thread(target=renew, name="ace3-lease-keep-alive", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=self.settings.heartbeat_seconds + 10)
 
     def launch_spec(self, job_file: str, nproc: int) -> LaunchSpec:
         grace = shutdown_timeout(self.settings)

@@ -96,7 +96,7 @@ class Supervisor:
         self.worker_id = worker_identity()
         self.limits = JobLimits.from_settings(settings)
         self.admission = Admission(settings, self.sessions)
-        self.workspace = Workspace(settings, self.sessions, self.store)
+        self.workspace = Workspace(settings, self.sessions, self.store, self.worker_id)
         self.ingest = Ingest(settings, self.sessions, self.store)
         self.watcher = Watcher(settings, self.ingest)
         self.outcomes = Outcomes(settings, self.sessions, self.limits)

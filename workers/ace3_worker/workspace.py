@@ -1,6 +1,6 @@
 """An attempt's workspace on this worker: the uid it runs as, its job directory (inputs copied
-out of the store, the checkpoint it resumes from) and its artifacts restored for a re-queued
-attempt.
+out of the store, the checkpoint it resumes from, the environment of the packages it asked for)
+and its artifacts restored for a re-queued attempt.
 
 The directory itself is built by :mod:`ace3_worker.job_dir`; the artifact sync is
 :mod:`ace3_worker.artifact_sync`. This module decides what goes in (which checkpoint, which
@@ -20,6 +20,8 @@ from ace3_control.storage import ArtifactStore
 from ace3_control.stored_weights import StoredWeights, required_weights
 from ace3_worker import checkpoints
 from ace3_worker.artifact_sync import ArtifactSync
+from ace3_worker.environments.prepare import EnvironmentPreparer, PreparedEnvironment
+from ace3_worker.environments.service_log import ServiceLog
 from ace3_worker.job_dir import (
     JobDirectory,
     JobOwner,
@@ -72,11 +74,19 @@ class Workspace:
     """Prepares attempts' directories under the worker's work dir."""
 
     def __init__(
-        self, settings: Settings, sessions: sessionmaker[Session], store: ArtifactStore
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        store: ArtifactStore,
+        worker_id: str = "",
     ) -> None:
+        """``worker_id``: this worker process, as an environment's build row names it."""
         self.settings = settings
         self.sessions = sessions
         self.store = store
+        self.environments = EnvironmentPreparer(
+            settings, sessions, store, lambda: self.plan, worker_id
+        )
 
     @property
     def plan(self) -> SandboxPlan:
@@ -106,7 +116,46 @@ class Workspace:
         skeleton: Path | None = None,
     ) -> tuple[Job, JobDirectory]:
         """The attempt's job and its directory (made of ``skeleton``, a warm sandbox's, when
-        given: :func:`ace3_worker.job_dir.prepare_job_directory`)."""
+        given: :func:`ace3_worker.job_dir.prepare_job_directory`), with the environment of the
+        packages the job asked for linked in, pinned in the cache (``directory.environment_pin``,
+        released by the caller once the attempt is over)."""
+        environment = self.prepare_environment(job_id, attempt)
+        try:
+            job, directory = self._prepare(
+                job_id, attempt, identity, node_rank, skeleton, environment
+            )
+        except BaseException:
+            if environment is not None:
+                environment.release()
+            raise
+        directory.environment_pin = environment.pin if environment is not None else None
+        return job, directory
+
+    def prepare_environment(self, job_id: str, attempt: int) -> PreparedEnvironment | None:
+        """The environment of the packages the job asks for (``jobs.requirements``), built,
+        fetched or found in the cache (:mod:`ace3_worker.environments`); None: it asks for
+        none. Raises :class:`~ace3_worker.environments.uv_commands.EnvironmentRefusedError`
+        naming what cannot be installed."""
+        with self.sessions() as session:
+            job = session.get(Job, job_id)
+            requirements = list(job.requirements or []) if job is not None else []
+        if not requirements:
+            return None
+        log = ServiceLog(self.sessions, job_id, attempt)
+        try:
+            return self.environments.prepare(job_id, attempt, requirements, log)
+        finally:
+            log.flush()
+
+    def _prepare(
+        self,
+        job_id: str,
+        attempt: int,
+        identity: JobIdentity | None,
+        node_rank: int | None,
+        skeleton: Path | None,
+        environment: PreparedEnvironment | None,
+    ) -> tuple[Job, JobDirectory]:
         with self.sessions() as session:
             job = session.get(Job, job_id)
             assert job is not None
@@ -141,6 +190,7 @@ class Workspace:
                 skeleton=skeleton,
                 dataset_cache_bytes=self.settings.dataset_cache_bytes,
                 worker_slots=self.settings.worker_slots,
+                environment=environment.path if environment is not None else None,
             )
             if resume_from is not None:
                 logger.info("job %s attempt %d resumes from %s", job_id, attempt, resume_from.name)

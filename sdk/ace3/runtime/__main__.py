@@ -55,6 +55,7 @@ def _train(job_path: str) -> None:
     from ace3.runtime.process.distributed import init_distributed
 
     job = load_job_spec(job_path)
+    add_environment(job.environment)
     ctx = init_distributed(job.config)
     ENGINE.info(f"ready: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}")
     memory = PeakMemoryMeter(ctx.device)
@@ -75,6 +76,17 @@ def _train(job_path: str) -> None:
             TrainingLoop(place, ctx, parts, engine_hooks(job.config, ctx), memory=memory).run()
     finally:
         memory.stop()
+
+
+def add_environment(path: str | None) -> None:
+    """The job's own packages (job.json's ``environment``): appended to ``sys.path`` after the
+    worker's, so they add modules and never replace torch or the engine; ``.pth`` files in it
+    are read as in any site directory. A forked rank of a warm launcher reaches this too (it
+    runs :func:`main`), before the user's code is imported."""
+    if path:
+        import site
+
+        site.addsitedir(path)
 
 
 def main(argv: list[str] | None = None) -> int:

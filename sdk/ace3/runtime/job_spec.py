@@ -105,6 +105,11 @@ class JobSpec(_Strict):
         description="Run each loader batch as this many micro-batches (the worker doubles it "
         "for the attempt after one that ran out of memory; the effective batch is unchanged).",
     )
+    environment: str | None = Field(
+        None,
+        description="The directory of the packages the job asked for (its requirements), "
+        "read-only; added to sys.path after the worker's own packages, never ahead of them.",
+    )
 
 
 def load_job_spec(path: str | Path) -> JobSpec:

@@ -87,7 +87,8 @@ def runtime_paths() -> tuple[Path, ...]:
 def protected_paths(settings: Settings) -> tuple[Path, ...]:
     """What a job must never see: the service's data, store, work and broker directories,
     the lock directory, the dataset shard cache (a job sees its own shards through their links
-    alone) and the SQLite database with its journal files."""
+    alone), the environment cache (likewise: a job sees its own environment's links) and the
+    SQLite database with its journal files."""
     paths = [
         settings.data_dir.resolve(),
         settings.resolved_storage_dir,
@@ -95,6 +96,7 @@ def protected_paths(settings: Settings) -> tuple[Path, ...]:
         settings.broker_dir,
         settings.sandbox_lock_dir,
         settings.resolved_dataset_cache_dir,
+        settings.resolved_env_cache_dir,
     ]
     database = settings.resolved_database_url
     if database.startswith("sqlite:///"):
@@ -220,8 +222,8 @@ def _check_prerequisites(mode: str, settings: Settings) -> None:
 
 def harden_service_paths(settings: Settings) -> None:
     """Keep the service's files away from job uids by their permissions too (what holds them
-    back without namespaces): the store, the broker, the lock directory and the dataset shard
-    cache are the worker's alone, the data and work directories can be passed through but not listed, the SQLite
+    back without namespaces): the store, the broker, the lock directory, the dataset shard
+    cache and the environment cache are the worker's alone, the data and work directories can be passed through but not listed, the SQLite
     database is private."""
     modes = [
         (settings.data_dir.resolve(), 0o711),
@@ -230,6 +232,7 @@ def harden_service_paths(settings: Settings) -> None:
         (settings.broker_dir, 0o700),
         (settings.sandbox_lock_dir, 0o700),
         (settings.resolved_dataset_cache_dir, 0o700),
+        (settings.resolved_env_cache_dir, 0o700),
     ]
     for path in protected_paths(settings):
         if path.is_file():

@@ -1,0 +1,278 @@
+"""Preparing an attempt's environment: from this machine's cache when it holds it, else fetched
+from the artifact store when another worker built it, else built here (once for the whole
+cluster: :mod:`.registry`), and pinned in the cache until the attempt is over.
+
+What happened goes to the job's log, as the service's lines (``ace3: environment <hash>: built in
+2.1 s (3 packages: ...)``, ``... fetched from the store in 0.2 s``, ``... reused from the
+cache``), uv's own output with them. While an environment is built or fetched the job's
+``phase`` is ``preparing_environment`` (it stays ``starting``); the attempt's lease is renewed by
+its membership meanwhile (:meth:`ace3_worker.membership.Membership.keep_alive`). A requirement that
+cannot be met raises :class:`~.uv_commands.EnvironmentRefusedError` naming it; a worker that
+waited for another's build and saw it fail raises the same message, while a job that finds a
+failed build it did not wait for builds again (the wheelhouse may have changed since).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ace3_control import job_transitions
+from ace3_control.models import EnvironmentState
+from ace3_control.settings import Settings
+from ace3_control.storage import ArtifactStore
+from ace3_worker.environments import registry
+from ace3_worker.environments.archive import pack, storage_key, unpack
+from ace3_worker.environments.build import EnvironmentBuilder, take_ownership
+from ace3_worker.environments.cache import EnvironmentCache, Pin, remove_tree
+from ace3_worker.environments.identity import EnvironmentIdentity, environment_identity
+from ace3_worker.environments.uv_commands import EnvironmentRefusedError
+from ace3_worker.sandbox.plan import SandboxPlan
+
+logger = logging.getLogger(__name__)
+
+PHASE = "preparing_environment"
+# How a worker waiting for another's build polls its row: soon at first, then less often.
+WAIT_FIRST_SECONDS = 0.05
+WAIT_MAX_SECONDS = 1.0
+# Past the build's own timeout and two leases, a waiter gives up on the build it waits for.
+WAIT_SLACK_SECONDS = 60.0
+PIN_TRIES = 3
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class PreparedEnvironment:
+    """An attempt's environment, pinned in the cache until :meth:`release`."""
+
+    identity: EnvironmentIdentity
+    pin: Pin
+    how: str  # "built", "fetched" or "reused"
+
+    @property
+    def path(self) -> Path:
+        return self.pin.path
+
+    def release(self) -> None:
+        self.pin.release()
+
+
+class EnvironmentPreparer:
+    """Prepares the environments of one worker process's attempts."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        store: ArtifactStore,
+        plan: Callable[[], SandboxPlan],
+        builder_id: str,
+    ) -> None:
+        """``plan``: the worker's sandbox (the build runs in it); ``builder_id``: this worker
+        process, as the environments row names its builder (default: host:pid)."""
+        self.settings = settings
+        self.sessions = sessions
+        self.store = store
+        self.plan = plan
+        self.builder_id = builder_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.cache = EnvironmentCache(settings.resolved_env_cache_dir, settings.env_cache_bytes)
+
+    def prepare(
+        self, job_id: str, attempt: int, requirements: Sequence[str], log: Log
+    ) -> PreparedEnvironment:
+        """The attempt's environment, in the cache and pinned; the job row names it."""
+        identity = environment_identity(requirements)
+        name = f"ace3: environment {identity.short}"
+        how = "reused"
+        for _ in range(PIN_TRIES):
+            pin = self.cache.pin_if_present(identity.hash)
+            if pin is not None:
+                break
+            self._set_phase(job_id, attempt, PHASE)
+            with self.cache.installing(identity.hash) as present:
+                if not present:
+                    how = self._obtain(identity, log)
+        else:
+            raise RuntimeError(f"{name} was evicted from the cache as soon as it was installed")
+        try:
+            if how == "reused":
+                log(f"{name}: reused from the cache")
+            with self.sessions() as session:
+                registry.touch(session, identity.hash)
+                session.execute(job_transitions.record_environment(job_id, attempt, identity.hash))
+                session.commit()
+        except BaseException:
+            pin.release()
+            raise
+        return PreparedEnvironment(identity, pin, how)
+
+    def _set_phase(self, job_id: str, attempt: int, phase: str | None) -> None:
+        with self.sessions() as session:
+            session.execute(job_transitions.set_phase(job_id, attempt, phase))
+            session.commit()
+
+    # -- who makes it: this worker, another one (then fetched), or nobody (refused) -------------
+    def _obtain(self, identity: EnvironmentIdentity, log: Log) -> str:
+        """Build or fetch the environment into the cache (under its installing lock): which."""
+        lease = self.settings.lease_seconds
+        deadline = (
+            time.monotonic()
+            + self.settings.env_build_timeout_seconds
+            + 2 * lease
+            + WAIT_SLACK_SECONDS
+        )
+        name = f"ace3: environment {identity.short}"
+        waited = False
+        delay = WAIT_FIRST_SECONDS
+        while True:
+            with self.sessions() as session:
+                if registry.insert_building(session, identity, self.builder_id, lease):
+                    return self._build(identity, log)
+                row = registry.read(session, identity.hash)
+            if row is None:
+                continue  # (removed meanwhile: insert it again)
+            if row.state == EnvironmentState.READY and row.storage_key and row.sha256:
+                try:
+                    return self._fetch(identity, row.storage_key, row.sha256, log)
+                except FileNotFoundError:
+                    log(f"{name}: its archive is missing from the store; building it again")
+                    if self._take_over(identity, EnvironmentState.READY):
+                        return self._build(identity, log)
+                    continue
+            if row.state == EnvironmentState.FAILED:
+                error = row.error or "its build failed"
+                if waited:
+                    raise EnvironmentRefusedError(error)
+                if self._take_over(identity, EnvironmentState.FAILED):
+                    log(f"{name}: an earlier build failed ({error[:200]}); building it again")
+                    return self._build(identity, log)
+                continue
+            if row.state == EnvironmentState.BUILDING and not row.lease_live:
+                if self._take_over(identity, EnvironmentState.BUILDING):
+                    log(f"{name}: the build by {row.builder} stopped renewing; building it here")
+                    return self._build(identity, log)
+                continue
+            if not waited:
+                log(f"{name}: waiting for its build by {row.builder}")
+                waited = True
+            if time.monotonic() > deadline:
+                raise EnvironmentRefusedError(
+                    f"waited longer than ACE3_ENV_BUILD_TIMEOUT_SECONDS and two leases for the "
+                    f"build by {row.builder}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, WAIT_MAX_SECONDS)
+
+    def _take_over(self, identity: EnvironmentIdentity, from_state: str) -> bool:
+        with self.sessions() as session:
+            return registry.take_over(
+                session,
+                identity.hash,
+                self.builder_id,
+                self.settings.lease_seconds,
+                from_state=from_state,
+            )
+
+    # -- building -----------------------------------------------------------------------------
+    def _build(self, identity: EnvironmentIdentity, log: Log) -> str:
+        """Build it here (this worker holds the row), store its archive, mark it ready, and
+        install it in the cache; on any failure the row is marked failed with the reason."""
+        scratch = Path(tempfile.mkdtemp(prefix="ace3-env-build-"))
+        stop = threading.Event()
+        renewer = threading.Thread(
+            target=self._renew_while, args=(identity.hash, stop), daemon=True
+        )
+        renewer.start()
+        try:
+            builder = EnvironmentBuilder(self.settings, self.plan(), log)
+            built = builder.build(identity.requirements, scratch)
+            archive = scratch / "environment.tar.gz"
+            sha256, archive_bytes = pack(built.path, archive)
+            key = storage_key(identity.hash)
+            self.store.put_file(key, archive)
+            self._install(identity, archive)
+            with self.sessions() as session:
+                registry.mark_ready(
+                    session,
+                    identity.hash,
+                    self.builder_id,
+                    storage_key=key,
+                    sha256=sha256,
+                    archive_bytes=archive_bytes,
+                    size_bytes=built.size_bytes,
+                    packages=built.pins,
+                    build_seconds=built.seconds,
+                )
+        except BaseException as exc:
+            reason = (
+                str(exc)
+                if isinstance(exc, EnvironmentRefusedError)
+                else f"the worker could not build it: {exc}"
+            )
+            self._mark_failed(identity, reason)
+            raise
+        finally:
+            stop.set()
+            renewer.join(timeout=10)
+            remove_tree(scratch)
+        added = ", ".join(pin.requirement for pin in built.pins) or "nothing to add"
+        log(
+            f"ace3: environment {identity.short}: built in {built.seconds:.1f} s "
+            f"({len(built.pins)} packages: {added})"
+        )
+        return "built"
+
+    def _renew_while(self, environment_hash: str, stop: threading.Event) -> None:
+        every = min(self.settings.heartbeat_seconds, self.settings.lease_seconds / 3)
+        while not stop.wait(every):
+            try:
+                with self.sessions() as session:
+                    if not registry.renew(
+                        session, environment_hash, self.builder_id, self.settings.lease_seconds
+                    ):
+                        logger.warning("environment %s: its build lease was lost", environment_hash)
+            except Exception:
+                logger.warning("environment %s: could not renew its build lease", environment_hash)
+
+    def _mark_failed(self, identity: EnvironmentIdentity, reason: str) -> None:
+        try:
+            with self.sessions() as session:
+                registry.mark_failed(session, identity.hash, self.builder_id, reason)
+        except Exception:
+            logger.exception("environment %s: could not record its failure", identity.hash)
+
+    # -- fetching and installing ------------------------------------------------------------
+    def _fetch(self, identity: EnvironmentIdentity, key: str, sha256: str, log: Log) -> str:
+        started = time.monotonic()
+        archive = self.cache.scratch(identity.hash).with_suffix(".tar.gz")
+        try:
+            self.store.fetch(key, archive, sha256)  # (verified against the row's sha256)
+            size = self._install(identity, archive)
+        finally:
+            archive.unlink(missing_ok=True)
+        log(
+            f"ace3: environment {identity.short}: fetched from the store in "
+            f"{time.monotonic() - started:.1f} s ({size} bytes)"
+        )
+        return "fetched"
+
+    def _install(self, identity: EnvironmentIdentity, archive: Path) -> int:
+        """Unpack a verified archive into the cache (the caller holds its installing lock)."""
+        unpacked = self.cache.scratch(identity.hash)
+        try:
+            size = unpack(archive, unpacked, self.settings.env_max_bytes)
+            take_ownership(unpacked)
+            self.cache.install(identity.hash, unpacked, size)
+        finally:
+            remove_tree(unpacked)
+        return size

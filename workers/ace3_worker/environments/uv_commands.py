@@ -1,0 +1,156 @@
+"""What the worker asks ``uv`` to do, and how it reads the answers.
+
+Two steps, both with the wheel-only rule (``--no-build``, unless ``ACE3_PIP_ALLOW_SOURCE_BUILDS``):
+
+1. **Resolve** against the worker's own Python: ``uv pip install --dry-run --python <worker
+   python> -c <installed set>``, so every package the worker has counts as installed and pinned
+   to its version; the JSON report lists what would be added. Anything but an addition (a
+   package uv would replace, reinstall or remove) is refused naming it: an environment only
+   adds packages. A requirement that needs another version of an installed package (another
+   torch) is uv's own "No solution found" error, which names it.
+2. **Install** only the new pins, without dependencies (all resolved in step 1), into a target
+   directory of their own: ``uv pip install --target <dir> --no-deps ...``.
+
+Where wheels come from (``ACE3_PIP_*``) reaches uv through its environment variables, never its
+command line (an index URL may carry credentials, and command lines are visible to every user
+of the machine). uv gets a clean environment: no ``ACE3_*`` setting, no database or broker URL,
+no cloud credentials; its configuration files are ignored (``UV_NO_CONFIG``) and it never
+downloads a Python.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ace3_control.environment_settings import EnvironmentSettings
+
+# What one step's JSON report may hold at most (a resolution of a few hundred packages is tens
+# of kilobytes).
+MAX_REPORT_BYTES = 4 << 20
+ADDED = "installed"  # the one action of the dry-run's report an environment accepts
+
+
+class EnvironmentRefusedError(RuntimeError):
+    """The job's requirements cannot become an environment here; the message says why and
+    names the package (the resolver's own explanation where it gave one)."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One package the resolver added: installed as ``name==version``."""
+
+    name: str
+    version: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+def constraints_text(installed: dict[str, str]) -> str:
+    """The worker's installed set as a constraints file: one ``name==version`` a line."""
+    return "".join(f"{name}=={version}\n" for name, version in sorted(installed.items()))
+
+
+def _wheel_rule(settings: EnvironmentSettings) -> list[str]:
+    return [] if settings.pip_allow_source_builds else ["--no-build"]
+
+
+def _where_from(settings: EnvironmentSettings) -> list[str]:
+    # (flags without secrets only: the locations themselves go through the environment)
+    return ["--no-index", "--offline"] if settings.pip_offline else []
+
+
+def resolve_argv(
+    uv: str,
+    python: str,
+    constraints: PurePosixPath,
+    requirements: Sequence[str],
+    settings: EnvironmentSettings,
+) -> list[str]:
+    """Step 1: what the requirements add to the worker's Python (nothing is installed)."""
+    return [
+        uv, "pip", "install", "--dry-run", "--output-format", "json", "--python", python,
+        "--no-config", *_wheel_rule(settings), *_where_from(settings),
+        "-c", str(constraints), "--", *requirements,
+    ]  # fmt: skip
+
+
+def install_argv(
+    uv: str,
+    python: str,
+    target: PurePosixPath,
+    pins: Sequence[Pin],
+    settings: EnvironmentSettings,
+) -> list[str]:
+    """Step 2: the pins alone (no dependencies: step 1 resolved them) into ``target``."""
+    return [
+        uv, "pip", "install", "--target", str(target), "--no-deps", "--python", python,
+        "--no-config", *_wheel_rule(settings), *_where_from(settings),
+        "--link-mode", "copy", "--compile-bytecode",
+        "--", *(pin.requirement for pin in pins),
+    ]  # fmt: skip
+
+
+def uv_environment(
+    settings: EnvironmentSettings, *, home: PurePosixPath, cache: PurePosixPath
+) -> dict[str, str]:
+    """uv's whole environment: where wheels come from, its own home and cache, nothing else of
+    the worker's."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "UV_CACHE_DIR": str(cache),
+        "UV_NO_CONFIG": "1",
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_NO_PROGRESS": "1",
+        "NO_COLOR": "1",
+        "LANG": "C.UTF-8",
+    }
+    if settings.pip_index_url:
+        env["UV_INDEX_URL"] = settings.pip_index_url
+    if settings.pip_extra_index_url:
+        env["UV_EXTRA_INDEX_URL"] = settings.pip_extra_index_url
+    if settings.pip_find_links:
+        env["UV_FIND_LINKS"] = settings.pip_find_links
+    return env
+
+
+def parse_resolution(stdout: str) -> list[Pin]:
+    """The packages step 1 adds (sorted by name); a change that is not an addition is refused
+    naming the package."""
+    try:
+        report = json.loads(stdout)
+        changes = report["changes"]
+        assert isinstance(changes, list)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise EnvironmentRefusedError(
+            f"uv's resolution report is not what the worker reads: {stdout[:300]!r}"
+        ) from None
+    pins: dict[str, Pin] = {}
+    for change in changes:
+        name, version, action = change.get("name"), change.get("version"), change.get("action")
+        if not isinstance(name, str) or not isinstance(version, str):
+            raise EnvironmentRefusedError(f"uv's resolution names no package: {change!r}")
+        if action != ADDED:
+            raise EnvironmentRefusedError(
+                f"{name} {version} would change the worker's own installation (uv: {action}); "
+                "an environment may only add packages to it"
+            )
+        pins[name] = Pin(name, version)
+    return [pins[name] for name in sorted(pins)]
+
+
+def uv_failure(stderr_tail: Sequence[str], returncode: int) -> str:
+    """uv's explanation of a failed step: its output from its first ``error:`` line (the
+    resolver's "No solution found ... Because you require ..."), as one string."""
+    lines = [line.rstrip() for line in stderr_tail if line.strip()]
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith("error:"):
+            lines = lines[index:]
+            break
+    text = " ".join(" ".join(lines).split())
+    return text.removeprefix("error: ") if text else f"uv exited with {returncode}"
