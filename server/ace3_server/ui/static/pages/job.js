@@ -1,5 +1,6 @@
-// One job: its state, live curves, live logs (by rank), config, attempts and records,
-// checkpoints and artifacts (downloads), Cancel and "Train again from this checkpoint".
+// One job: its state (and phase), live curves, live logs (by rank), its Python environment,
+// config, attempts and records, checkpoints and artifacts (downloads), Cancel and "Train again
+// from this checkpoint".
 // Existing points come from GET /metrics; the page then follows the job's event stream
 // (metrics_after = the newest metric id it holds) until the job ends or the user leaves.
 
@@ -17,6 +18,7 @@ import {
   stateBadge,
   table,
 } from "../util.js";
+import { environmentPanel, phaseText } from "./job_environment.js";
 import { logPanel } from "./job_logs.js";
 import { jobLabel, TERMINAL } from "./jobs.js";
 
@@ -89,13 +91,18 @@ export async function render(root, { api, params, navigate }) {
     const queuedFor = durationBetween(job.created_at, job.started_at || job.finished_at);
     const cardList = [
       card("State", stateBadge(job.state), { id: "job-state", "data-state": job.state }),
+    ];
+    if (job.phase && !TERMINAL.has(job.state)) {
+      cardList.push(card("Phase", phaseText(job), { id: "job-phase", "data-phase": job.phase }));
+    }
+    cardList.push(
       card("Attempt", String(job.attempt)),
       card("Processes", `${job.num_processes}${job.config?.num_nodes > 1 ? ` on ${job.config.num_nodes} nodes` : ""}`),
       card("Queued for", formatDuration(queuedFor)),
       card("Run time", formatDuration(durationBetween(job.started_at, job.finished_at))),
       card("Created", formatTime(job.created_at)),
       card("Progress", lastStep ? (job.plan?.total_steps ? `step ${lastStep}/${job.plan.total_steps}` : `step ${lastStep}`) : ""),
-    ];
+    );
     if (typeof job.final_metrics?.best_val_accuracy === "number") {
       cardList.push(card("Best val_accuracy", formatNumber(job.final_metrics.best_val_accuracy)));
     }
@@ -105,6 +112,7 @@ export async function render(root, { api, params, navigate }) {
     );
     cards.replaceChildren(...cardList);
     jobError.replaceChildren(...(job.error ? [el("p", { class: "error", id: "job-error" }, job.error)] : []));
+    environment.show(job);
     showAttempts();
   }
 
@@ -171,6 +179,7 @@ export async function render(root, { api, params, navigate }) {
   const records = el("div", { id: "job-records" });
   const checkpoints = el("div", { id: "job-checkpoints" });
   const artifacts = el("div", { id: "job-artifacts" });
+  const environment = environmentPanel();
 
   async function trainAgain(checkpoint) {
     const answer = window.prompt(`Train again from ${checkpoint.name} (step ${checkpoint.step}): epochs in all?`, String(job.config.epochs + 1));
@@ -274,6 +283,8 @@ export async function render(root, { api, params, navigate }) {
     chartGrid,
     el("h2", {}, "Logs"),
     logs.node,
+    el("h2", {}, "Environment"),
+    environment.node,
     el("h2", {}, "Attempts"),
     attempts,
     el("h3", {}, "Records"),
