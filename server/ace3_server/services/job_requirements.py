@@ -25,7 +25,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion
+from packaging.version import InvalidVersion, Version
 
 from ace3.config.requirements import (
     RequirementError,
@@ -114,10 +114,11 @@ def replaced_package(requirement: Requirement, advertised: Sequence[dict[str, st
         if version is None:
             return None  # this worker's environment would add it
         try:
-            if requirement.specifier.contains(version, prereleases=True):
-                return None
+            parsed = Version(version)
         except InvalidVersion:
             return None  # a version packaging cannot read: the worker's resolver decides
+        if requirement.specifier.contains(parsed, prereleases=True):
+            return None
         installed.add(version)
     versions = ", ".join(sorted(installed))
     return (
