@@ -5,6 +5,7 @@ reconciler once it waited too long."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -93,6 +94,22 @@ def test_nccl_without_a_cuda_worker_is_refused_on_backend(
     [problem] = response.json()["detail"]
     assert problem["loc"] == ["body", "config", "backend"]
     assert "backend='nccl' needs a CUDA worker" in problem["msg"]
+
+
+def test_a_requirement_that_would_replace_the_workers_torch_is_refused(
+    owner: httpx.Client, uploaded: dict[str, str], workers: list[dict[str, Any]]
+) -> None:
+    """The worker advertises its installed packages when it registers (workers.packages): an
+    environment only adds packages, so asking for another torch is refused at submission."""
+    installed = importlib.metadata.version("torch")  # (the worker runs this venv's Python)
+    response = owner.post(
+        "/v1/jobs", json={**uploaded, "config": {"requirements": ["einops", "torch==0.0.1"]}}
+    )
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "config", "requirements", 1]
+    assert "'torch==0.0.1'" in problem["msg"] and installed in problem["msg"]
+    assert "never replaces the worker's torch" in problem["msg"]
 
 
 def test_a_search_whose_base_config_no_worker_can_run_is_refused(
