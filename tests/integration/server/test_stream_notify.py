@@ -175,6 +175,12 @@ def test_the_migration_notifies_only_for_streamed_changes(
         assert [n.payload for n in listener.notifies(timeout=0.3)] == []
         _insert_metric(session_factory, job_id, 7)
         assert [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)] == [job_id]
+        for phase, environment in (("preparing_environment", None), (None, "e" * 64)):
+            with session_factory() as session:  # (revision 0019: the state event carries both)
+                job = session.get(Job, job_id)
+                job.phase, job.environment_hash = phase, environment
+                session.commit()
+            assert [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)] == [job_id]
 
 
 def test_with_stream_wake_poll_the_streams_poll_as_before(
