@@ -19,9 +19,10 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+if TYPE_CHECKING:  # (packaging is imported where an entry is read: `import ace3` stays light)
+    from packaging.requirements import Requirement
 
 MAX_REQUIREMENTS = 200
 MAX_ENTRY_CHARS = 300
@@ -71,6 +72,8 @@ def parse_requirement(entry: str, *, source: str = "requirements") -> Requiremen
             "version; publish your own package to the index the service uses",
             source=source,
         )
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         requirement = Requirement(text)
     except InvalidRequirement as exc:
@@ -92,6 +95,8 @@ class _Named:
 
 
 def _canonical(requirement: Requirement, extras: Iterable[str]) -> str:
+    from packaging.utils import canonicalize_name
+
     name = canonicalize_name(requirement.name)
     extra = f"[{','.join(sorted(set(extras)))}]" if extras else ""
     specifier = ",".join(sorted(str(s) for s in requirement.specifier))
@@ -102,6 +107,8 @@ def _canonical(requirement: Requirement, extras: Iterable[str]) -> str:
 def normalized_requirements(*sources: tuple[str, Iterable[str]]) -> list[str]:
     """Every entry of every ``(source name, entries)``, in one canonical, sorted spelling; the
     same package with two different specifiers or markers is refused naming both entries."""
+    from packaging.utils import canonicalize_name
+
     by_name: dict[str, _Named] = {}
     extras: dict[str, set[str]] = {}
     count = 0
