@@ -11,6 +11,7 @@ attempt a worker process runs first removes those that a dead worker left.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from ace3_control.models import Job
@@ -18,7 +19,7 @@ from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.attempt_dirs import hold_attempt, sweep_attempts, warn_if_copies
 from ace3_worker.device import worker_device
-from ace3_worker.environments.uv_commands import EnvironmentRefusedError
+from ace3_worker.environments.uv_commands import EnvironmentRefusedError, PreparationInterrupted
 from ace3_worker.gpu_sets import DeviceSet
 from ace3_worker.ingest import Ingest, JobOutput, service_line
 from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
@@ -91,19 +92,25 @@ class AttemptRunner:
     ) -> None:
         job_id, attempt = membership.job_id, membership.attempt
         directory: JobDirectory | None = None
+        interrupt = threading.Event()  # (a cancel stops an environment's build at once)
         try:
             try:
                 # (the lease is renewed meanwhile: building an environment may take minutes, and
                 # none of it counts against max_runtime_seconds, whose clock starts at launch)
-                with membership.keep_alive():
+                with membership.keep_alive(interrupt):
                     job, directory = self.workspace.prepare(
                         job_id,
                         attempt,
                         identity,
                         node_rank=membership.node_rank,
                         skeleton=self.warm.skeleton_for(warm),
+                        interrupt=interrupt,
                     )
                     device = worker_device(self.settings.worker_device)
+            except PreparationInterrupted:
+                logger.info("job %s: cancelled while its environment was prepared", job_id)
+                membership.interrupted_outside_torchrun()
+                return
             except EnvironmentRefusedError as exc:
                 # (not retried: the same requirements would fail again)
                 logger.warning("job %s: its environment cannot be built: %s", job_id, exc)

@@ -109,10 +109,11 @@ class GangNode:
         return job_nodes.touch(seat.job_id, seat.attempt, seat.node_rank, self.member.worker_id)
 
     @contextlib.contextmanager
-    def keep_alive(self) -> Iterator[None]:
+    def keep_alive(self, interrupt: threading.Event | None = None) -> Iterator[None]:
         """Heartbeat this node from a thread meanwhile (while its directory is prepared, and
         after torchrun exited, while the last artifacts and checkpoints are stored and the exit
-        reported, which may take longer than the other nodes' patience)."""
+        reported, which may take longer than the other nodes' patience). ``interrupt`` is never
+        set: a gang learns of a cancel once its nodes run (the leader's watch loop stops them)."""
         seat = self.seat
         stop = threading.Event()
 
@@ -201,6 +202,10 @@ class GangNode:
             )
             return
         self.outcomes.apply_verdict(seat.job_id, seat.attempt, verdict)
+
+    def interrupted_outside_torchrun(self) -> None:
+        """(Never called: this node's keep-alive never sets its interrupt.)"""
+        self.failed_outside_torchrun("preparing the node was interrupted")
 
     def failed_outside_torchrun(self, error: str) -> None:
         """This node cannot run: report it (the other nodes stop), and as the leader decide."""

@@ -58,8 +58,10 @@ class Membership(Protocol):
         """Whether this node surely hosts global rank 0 before torchrun says so (it then syncs
         the artifacts from the start; otherwise once a rank 0 line comes through)."""
 
-    def keep_alive(self) -> AbstractContextManager[None]:
-        """Heartbeat from a thread meanwhile (a slow step outside the watch loop)."""
+    def keep_alive(self, interrupt: threading.Event | None = None) -> AbstractContextManager[None]:
+        """Heartbeat from a thread meanwhile (a slow step outside the watch loop); set
+        ``interrupt`` if a heartbeat finds the job cancelled or the attempt no longer its, for
+        a step that can stop early (building an environment)."""
 
     def launch_spec(self, job_file: str, nproc: int) -> LaunchSpec:
         """This node's torchrun command line and sandbox."""
@@ -86,6 +88,9 @@ class Membership(Protocol):
     def failed_outside_torchrun(self, error: str) -> None:
         """This worker cannot run its part (preparing failed, or the supervisor itself)."""
 
+    def interrupted_outside_torchrun(self) -> None:
+        """Preparing stopped because the keep-alive's ``interrupt`` was set: record why."""
+
 
 @dataclass
 class SingleNode:
@@ -107,17 +112,21 @@ class SingleNode:
         return f"attempt {self.attempt}"
 
     @contextlib.contextmanager
-    def keep_alive(self) -> Iterator[None]:
+    def keep_alive(self, interrupt: threading.Event | None = None) -> Iterator[None]:
         """Renew the job's lease from a thread meanwhile (the watch loop renews it while
-        torchrun runs): preparing the directory may build an environment for minutes."""
+        torchrun runs): preparing the directory may build an environment for minutes. A
+        heartbeat that finds the job cancelled, or no longer this attempt's, sets ``interrupt``."""
         stop = threading.Event()
 
         def renew() -> None:
             while not stop.wait(self.settings.heartbeat_seconds):
                 try:
-                    self.beat()
+                    beat = self.beat()
                 except Exception:
                     logger.warning("job %s: lease renewal failed; retrying", self.job_id)
+                    continue
+                if interrupt is not None and (beat.cancel_requested or not beat.owned):
+                    interrupt.set()
 
         thread = threading.Thread(target=renew, name="ace3-lease-keep-alive", daemon=True)
         thread.start()
@@ -164,3 +173,7 @@ class SingleNode:
         self.outcomes.record_surviving_outage(
             self.job_id, self.attempt, JobState.FAILED, error=error
         )
+
+    def interrupted_outside_torchrun(self) -> None:
+        """Cancelled while it prepared (a lost lease: the job is no longer ours; nothing)."""
+        self.outcomes.record_surviving_outage(self.job_id, self.attempt, JobState.CANCELLED)

@@ -10,6 +10,7 @@ owner) and reads the rows it needs.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -114,12 +115,15 @@ class Workspace:
         identity: JobIdentity | None = None,
         node_rank: int | None = None,
         skeleton: Path | None = None,
+        interrupt: threading.Event | None = None,
     ) -> tuple[Job, JobDirectory]:
         """The attempt's job and its directory (made of ``skeleton``, a warm sandbox's, when
         given: :func:`ace3_worker.job_dir.prepare_job_directory`), with the environment of the
         packages the job asked for linked in, pinned in the cache (``directory.environment_pin``,
-        released by the caller once the attempt is over)."""
-        environment = self.prepare_environment(job_id, attempt)
+        released by the caller once the attempt is over). ``interrupt``: set, it stops the
+        environment's build or the wait for another's
+        (:class:`~ace3_worker.environments.uv_commands.PreparationInterrupted`)."""
+        environment = self.prepare_environment(job_id, attempt, interrupt)
         try:
             job, directory = self._prepare(
                 job_id, attempt, identity, node_rank, skeleton, environment
@@ -131,7 +135,9 @@ class Workspace:
         directory.environment_pin = environment.pin if environment is not None else None
         return job, directory
 
-    def prepare_environment(self, job_id: str, attempt: int) -> PreparedEnvironment | None:
+    def prepare_environment(
+        self, job_id: str, attempt: int, interrupt: threading.Event | None = None
+    ) -> PreparedEnvironment | None:
         """The environment of the packages the job asks for (``jobs.requirements``), built,
         fetched or found in the cache (:mod:`ace3_worker.environments`); None: it asks for
         none. Raises :class:`~ace3_worker.environments.uv_commands.EnvironmentRefusedError`
@@ -143,7 +149,7 @@ class Workspace:
             return None
         log = ServiceLog(self.sessions, job_id, attempt)
         try:
-            return self.environments.prepare(job_id, attempt, requirements, log)
+            return self.environments.prepare(job_id, attempt, requirements, log, interrupt)
         finally:
             log.flush()
 

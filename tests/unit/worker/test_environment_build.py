@@ -126,3 +126,26 @@ def test_the_identity_ignores_spelling_and_follows_the_installation() -> None:
     )
     other_python = environment_identity(["einops"], installed=installed, python="cpython-3.12")
     assert len({one.hash, other_torch.hash, other_python.hash}) == 3
+
+
+def test_an_interrupt_kills_uv_at_once(
+    tmp_path: Path, wheelhouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job was cancelled while its environment was built: uv (here a stand-in that would
+    take a minute) is killed within a poll, and the build raises PreparationInterrupted."""
+    import threading
+    import time
+
+    from ace3_worker.environments import build as build_module
+    from ace3_worker.environments.uv_commands import PreparationInterrupted
+
+    slow = tmp_path / "slow-uv"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(build_module, "find_uv", lambda: str(slow))
+    builder = _builder(tmp_path, wheelhouse)
+    threading.Timer(0.3, builder.interrupt.set).start()
+    started = time.monotonic()
+    with pytest.raises(PreparationInterrupted):
+        builder.build(["tinyext"], _scratch(tmp_path))
+    assert time.monotonic() - started < 5

@@ -146,3 +146,54 @@ def test_the_runtime_appends_the_environment_after_the_workers_packages(tmp_path
         assert sys.path[: len(before)] == before and sys.path[-1] == str(tmp_path)
     finally:
         sys.path[:] = before
+
+
+def test_a_cancelled_build_gives_its_row_up_to_the_next_builder(
+    sessions: sessionmaker[Session],
+) -> None:
+    identity = _identity()
+    digest = identity.hash
+    with sessions() as session:
+        assert registry.insert_building(session, identity, "a", 60)
+        assert not registry.release(session, digest, "b"), "only the builder gives it up"
+        assert registry.release(session, digest, "a")
+        assert registry.read(session, digest) is None
+        assert registry.insert_building(session, identity, "b", 60), "the next one builds"
+        assert registry.mark_ready(
+            session, digest, "b", storage_key="k", sha256="0" * 64, archive_bytes=1,
+            size_bytes=2, packages=(), build_seconds=0.5,
+        )  # fmt: skip
+        assert not registry.release(session, digest, "b"), "a ready row stays"
+
+
+def test_a_cancel_stops_the_wait_for_another_workers_build(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A job waiting for another worker's build of its environment stops as soon as its
+    keep-alive sets the interrupt (the job was cancelled), leaving the build alone."""
+    import threading
+
+    from ace3_control.settings import Settings
+    from ace3_control.storage import ArtifactStore
+    from ace3_worker.environments.prepare import EnvironmentPreparer
+    from ace3_worker.environments.uv_commands import PreparationInterrupted
+    from ace3_worker.sandbox.plan import SandboxPlan
+
+    identity = _identity()
+    with sessions() as session:
+        assert registry.insert_building(session, identity, "elsewhere", 600)
+    settings = Settings(data_dir=tmp_path)
+    plan = SandboxPlan(mode="none", dedicated_uids=False, runtime_paths=(), hidden=())
+    store: ArtifactStore = None  # type: ignore[assignment]  # (never reached: it only waits)
+    preparer = EnvironmentPreparer(settings, sessions, store, lambda: plan, "here")
+    interrupt = threading.Event()
+    threading.Timer(0.3, interrupt.set).start()
+    lines: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(PreparationInterrupted):
+        preparer._obtain(identity, lines.append, interrupt)
+    assert time.monotonic() - started < 3
+    assert any("waiting for its build by elsewhere" in line for line in lines), lines
+    with sessions() as session:
+        view = registry.read(session, identity.hash)
+        assert view is not None and (view.state, view.builder) == ("building", "elsewhere")

@@ -33,6 +33,7 @@ from ace3_worker.environments.uv_commands import (
     MAX_REPORT_BYTES,
     EnvironmentRefusedError,
     Pin,
+    PreparationInterrupted,
     constraints_text,
     install_argv,
     parse_resolution,
@@ -114,6 +115,8 @@ class EnvironmentBuilder:
         self.settings = settings
         self.plan = plan
         self.log = log or (lambda text: None)
+        # Set by the attempt's keep-alive when the job is cancelled: uv is killed at once.
+        self.interrupt = threading.Event()
         # (ACE3_SANDBOX=none: no isolation anywhere, the build runs as the worker like its jobs)
         unprivileged = os.geteuid() == 0 and plan.mode != "none"
         self.build_uid = settings.env_build_uid if unprivileged else None
@@ -241,6 +244,8 @@ class EnvironmentBuilder:
 
     def _wait(self, process: subprocess.Popen[bytes], deadline: float, grows: Path | None) -> None:
         while True:
+            if self.interrupt.is_set():
+                raise PreparationInterrupted("the environment's build was stopped")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EnvironmentRefusedError(

@@ -35,7 +35,7 @@ from ace3_worker.environments.archive import pack, storage_key, unpack
 from ace3_worker.environments.build import EnvironmentBuilder, take_ownership
 from ace3_worker.environments.cache import EnvironmentCache, Pin, remove_tree
 from ace3_worker.environments.identity import EnvironmentIdentity, environment_identity
-from ace3_worker.environments.uv_commands import EnvironmentRefusedError
+from ace3_worker.environments.uv_commands import EnvironmentRefusedError, PreparationInterrupted
 from ace3_worker.sandbox.plan import SandboxPlan
 
 logger = logging.getLogger(__name__)
@@ -88,9 +88,17 @@ class EnvironmentPreparer:
         self.cache = EnvironmentCache(settings.resolved_env_cache_dir, settings.env_cache_bytes)
 
     def prepare(
-        self, job_id: str, attempt: int, requirements: Sequence[str], log: Log
+        self,
+        job_id: str,
+        attempt: int,
+        requirements: Sequence[str],
+        log: Log,
+        interrupt: threading.Event | None = None,
     ) -> PreparedEnvironment:
-        """The attempt's environment, in the cache and pinned; the job row names it."""
+        """The attempt's environment, in the cache and pinned; the job row names it. Raises
+        :class:`~.uv_commands.PreparationInterrupted` when ``interrupt`` is set while it waits
+        for another worker's build or builds (uv killed, the row left for another builder)."""
+        interrupt = interrupt if interrupt is not None else threading.Event()
         identity = environment_identity(requirements)
         name = f"ace3: environment {identity.short}"
         how = "reused"
@@ -101,7 +109,7 @@ class EnvironmentPreparer:
             self._set_phase(job_id, attempt, PHASE)
             with self.cache.installing(identity.hash) as present:
                 if not present:
-                    how = self._obtain(identity, log)
+                    how = self._obtain(identity, log, interrupt)
         else:
             raise RuntimeError(f"{name} was evicted from the cache as soon as it was installed")
         try:
@@ -122,7 +130,7 @@ class EnvironmentPreparer:
             session.commit()
 
     # -- who makes it: this worker, another one (then fetched), or nobody (refused) -------------
-    def _obtain(self, identity: EnvironmentIdentity, log: Log) -> str:
+    def _obtain(self, identity: EnvironmentIdentity, log: Log, interrupt: threading.Event) -> str:
         """Build or fetch the environment into the cache (under its installing lock): which."""
         lease = self.settings.lease_seconds
         deadline = (
@@ -137,7 +145,7 @@ class EnvironmentPreparer:
         while True:
             with self.sessions() as session:
                 if registry.insert_building(session, identity, self.builder_id, lease):
-                    return self._build(identity, log)
+                    return self._build(identity, log, interrupt)
                 row = registry.read(session, identity.hash)
             if row is None:
                 continue  # (removed meanwhile: insert it again)
@@ -147,7 +155,7 @@ class EnvironmentPreparer:
                 except FileNotFoundError:
                     log(f"{name}: its archive is missing from the store; building it again")
                     if self._take_over(identity, EnvironmentState.READY):
-                        return self._build(identity, log)
+                        return self._build(identity, log, interrupt)
                     continue
             if row.state == EnvironmentState.FAILED:
                 error = row.error or "its build failed"
@@ -155,12 +163,12 @@ class EnvironmentPreparer:
                     raise EnvironmentRefusedError(error)
                 if self._take_over(identity, EnvironmentState.FAILED):
                     log(f"{name}: an earlier build failed ({error[:200]}); building it again")
-                    return self._build(identity, log)
+                    return self._build(identity, log, interrupt)
                 continue
             if row.state == EnvironmentState.BUILDING and not row.lease_live:
                 if self._take_over(identity, EnvironmentState.BUILDING):
                     log(f"{name}: the build by {row.builder} stopped renewing; building it here")
-                    return self._build(identity, log)
+                    return self._build(identity, log, interrupt)
                 continue
             if not waited:
                 log(f"{name}: waiting for its build by {row.builder}")
@@ -170,7 +178,8 @@ class EnvironmentPreparer:
                     f"waited longer than ACE3_ENV_BUILD_TIMEOUT_SECONDS and two leases for the "
                     f"build by {row.builder}"
                 )
-            time.sleep(delay)
+            if interrupt.wait(delay):
+                raise PreparationInterrupted(f"{name}: stopped waiting for its build")
             delay = min(delay * 1.5, WAIT_MAX_SECONDS)
 
     def _take_over(self, identity: EnvironmentIdentity, from_state: str) -> bool:
@@ -184,9 +193,11 @@ class EnvironmentPreparer:
             )
 
     # -- building -----------------------------------------------------------------------------
-    def _build(self, identity: EnvironmentIdentity, log: Log) -> str:
+    def _build(self, identity: EnvironmentIdentity, log: Log, interrupt: threading.Event) -> str:
         """Build it here (this worker holds the row), store its archive, mark it ready, and
-        install it in the cache; on any failure the row is marked failed with the reason."""
+        install it in the cache; on any failure the row is marked failed with the reason,
+        except when ``interrupt`` stopped it: then the row is given up (deleted), so that a job
+        waiting for the same environment builds it instead of failing."""
         scratch = Path(tempfile.mkdtemp(prefix="ace3-env-build-"))
         stop = threading.Event()
         renewer = threading.Thread(
@@ -195,6 +206,7 @@ class EnvironmentPreparer:
         renewer.start()
         try:
             builder = EnvironmentBuilder(self.settings, self.plan(), log)
+            builder.interrupt = interrupt
             built = builder.build(identity.requirements, scratch)
             archive = scratch / "environment.tar.gz"
             sha256, archive_bytes = pack(built.path, archive)
@@ -213,6 +225,10 @@ class EnvironmentPreparer:
                     packages=built.pins,
                     build_seconds=built.seconds,
                 )
+        except PreparationInterrupted:
+            self._give_up(identity)
+            log(f"ace3: environment {identity.short}: its build was stopped")
+            raise
         except BaseException as exc:
             reason = (
                 str(exc)
@@ -243,6 +259,13 @@ class EnvironmentPreparer:
                         logger.warning("environment %s: its build lease was lost", environment_hash)
             except Exception:
                 logger.warning("environment %s: could not renew its build lease", environment_hash)
+
+    def _give_up(self, identity: EnvironmentIdentity) -> None:
+        try:
+            with self.sessions() as session:
+                registry.release(session, identity.hash, self.builder_id)
+        except Exception:  # (its lease then expires, and a waiter takes it over)
+            logger.exception("environment %s: could not give up its build", identity.hash)
 
     def _mark_failed(self, identity: EnvironmentIdentity, reason: str) -> None:
         try:

@@ -9,7 +9,8 @@ same on SQLite and Postgres.
 - A ``failed`` row, and a ``ready`` row whose archive went missing, are taken over the same way
   when a job needs the environment again (the wheelhouse may have changed since).
 - The builder renews its lease while it builds, and ends the row ``ready`` (the archive's key,
-  sha256, sizes, what it added) or ``failed`` (the reason); each of these is fenced by the
+  sha256, sizes, what it added) or ``failed`` (the reason), or deletes it when its job was
+  cancelled meanwhile (whoever needs it next builds it); each of these is fenced by the
   builder's name, so a builder that lost its lease changes nothing.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -163,6 +164,22 @@ def mark_failed(session: Session, environment_hash: str, builder: str, error: st
         _own(environment_hash, builder).values(
             state=EnvironmentState.FAILED, error=error[:4000], lease_expires_at=None
         )
+    )
+    session.commit()
+    return _changed(result)
+
+
+def release(session: Session, environment_hash: str, builder: str) -> bool:
+    """``builder`` gives its build up (its job was cancelled): the row goes (committed), so that
+    the next worker that needs the environment inserts it again and builds."""
+    result = session.execute(
+        delete(Environment)
+        .where(
+            Environment.hash == environment_hash,
+            Environment.state == EnvironmentState.BUILDING,
+            Environment.builder == builder,
+        )
+        .execution_options(synchronize_session=False)
     )
     session.commit()
     return _changed(result)

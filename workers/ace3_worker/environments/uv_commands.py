@@ -38,6 +38,11 @@ class EnvironmentRefusedError(RuntimeError):
     names the package (the resolver's own explanation where it gave one)."""
 
 
+class PreparationInterrupted(RuntimeError):
+    """The attempt stopped waiting for or building its environment: the job was cancelled, or
+    the attempt lost its lease, meanwhile (the attempt's keep-alive said so)."""
+
+
 @dataclass(frozen=True)
 class Pin:
     """One package the resolver added: installed as ``name==version``."""
