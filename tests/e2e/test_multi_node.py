@@ -27,6 +27,7 @@ from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from tests.conftest import DigitsFiles, Stack
 from tests.e2e.conftest import processes_of_job, wait_for
+from tests.wheelhouse import make_wheel
 
 pytestmark = pytest.mark.slow
 
@@ -104,16 +105,20 @@ def _nodes(database_url: str, job_id: str) -> list[JobNode]:
 
 def test_a_two_node_job_trains_digits_on_two_workers(
     client: ace3.Client,
+    stack: Stack,
     second_worker: subprocess.Popen[bytes],
     inputs: dict[str, object],
     digits_files: DigitsFiles,
     database_url: str,
 ) -> None:
+    # Both nodes need the job's environment (docs/environments.md): built once, by one of them.
+    package = f"gangpkg-{secrets.token_hex(3)}"
+    make_wheel(stack.root / "wheelhouse", package, "1.0", {"gangpkg/__init__.py": ""})
     config = ace3.DistributedConfig(
         num_gpus=1, num_nodes=2, node_rank=0, master_addr="10.0.0.1", master_port=29500
     ).to_training_config(
         batch_size=64, learning_rate=3e-3, weight_decay=0.01, seed=0, save_interval=40,
-        log_interval=5,
+        log_interval=5, requirements=[f"{package}==1.0"],
     )  # fmt: skip
     epochs = 8
     with pytest.warns(UserWarning, match="only apply to local launches"):
@@ -131,6 +136,11 @@ def test_a_two_node_job_trains_digits_on_two_workers(
     assert nodes[0].endpoint is not None and nodes[0].endpoint.startswith(nodes[0].host + ":")
 
     logs = client.jobs.logs(result.job_id, limit=5000).data
+    assert job.environment is not None and [p.name for p in job.environment.packages] == [package]
+    prepared = [
+        line.line for line in logs if f"environment {job.environment.hash[:12]}:" in line.line
+    ]
+    assert sum(": built in" in line for line in prepared) == 1, prepared
     ready = {line.rank: line.line for line in logs if line.line.startswith("ready:")}
     assert set(ready) == {0, 1}, "every rank of both nodes reached the job's logs"
     assert all("world_size=2" in line for line in ready.values())
