@@ -19,7 +19,11 @@ from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.attempt_dirs import hold_attempt, sweep_attempts, warn_if_copies
 from ace3_worker.device import worker_device
-from ace3_worker.environments.uv_commands import EnvironmentRefusedError, PreparationInterrupted
+from ace3_worker.environments.uv_commands import (
+    EnvironmentBuildError,
+    EnvironmentRefusedError,
+    PreparationInterrupted,
+)
 from ace3_worker.gpu_sets import DeviceSet
 from ace3_worker.ingest import Ingest, JobOutput, service_line
 from ace3_worker.job_dir import JobDirectory, remove_attempt_directory
@@ -110,6 +114,12 @@ class AttemptRunner:
             except PreparationInterrupted:
                 logger.info("job %s: cancelled while its environment was prepared", job_id)
                 membership.interrupted_outside_torchrun()
+                return
+            except EnvironmentBuildError as exc:
+                logger.warning("job %s: its environment could not be built: %s", job_id, exc)
+                membership.retry_outside_torchrun(
+                    f"the job's environment could not be built: {exc}"
+                )
                 return
             except EnvironmentRefusedError as exc:
                 # (not retried: the same requirements would fail again)

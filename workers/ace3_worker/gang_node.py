@@ -203,6 +203,10 @@ class GangNode:
             return
         self.outcomes.apply_verdict(seat.job_id, seat.attempt, verdict)
 
+    def retry_outside_torchrun(self, reason: str) -> None:
+        """A node that cannot run reports it; the leader's verdict retries the gang or not."""
+        self.failed_outside_torchrun(reason)
+
     def interrupted_outside_torchrun(self) -> None:
         """(Never called: this node's keep-alive never sets its interrupt.)"""
         self.failed_outside_torchrun("preparing the node was interrupted")

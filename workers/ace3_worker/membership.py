@@ -91,6 +91,9 @@ class Membership(Protocol):
     def interrupted_outside_torchrun(self) -> None:
         """Preparing stopped because the keep-alive's ``interrupt`` was set: record why."""
 
+    def retry_outside_torchrun(self, reason: str) -> None:
+        """Preparing failed for a reason that may pass: retry within the job's budget."""
+
 
 @dataclass
 class SingleNode:
@@ -177,3 +180,8 @@ class SingleNode:
     def interrupted_outside_torchrun(self) -> None:
         """Cancelled while it prepared (a lost lease: the job is no longer ours; nothing)."""
         self.outcomes.record_surviving_outage(self.job_id, self.attempt, JobState.CANCELLED)
+
+    def retry_outside_torchrun(self, reason: str) -> None:
+        """The next attempt, while the retry budget lasts; past it the job fails saying why."""
+        if not self.outcomes.retry(self.job_id, self.attempt, reason):
+            self.failed_outside_torchrun(reason)

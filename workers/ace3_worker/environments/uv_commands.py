@@ -38,6 +38,13 @@ class EnvironmentRefusedError(RuntimeError):
     names the package (the resolver's own explanation where it gave one)."""
 
 
+class EnvironmentBuildError(RuntimeError):
+    """The environment could not be built for a reason that may pass (the index unreachable, a
+    download cut, the disk full, the store unavailable): the attempt is retried like one whose
+    rank died, within the job's retry budget, and the environment's row is given up so that
+    the next worker that needs it builds it. The message says what failed."""
+
+
 class PreparationInterrupted(RuntimeError):
     """The attempt stopped waiting for or building its environment: the job was cancelled, or
     the attempt lost its lease, meanwhile (the attempt's keep-alive said so)."""
