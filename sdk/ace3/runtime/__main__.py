@@ -80,13 +80,22 @@ def _train(job_path: str) -> None:
 
 def add_environment(path: str | None) -> None:
     """The job's own packages (job.json's ``environment``): appended to ``sys.path`` after the
-    worker's, so they add modules and never replace torch or the engine; ``.pth`` files in it
-    are read as in any site directory. A forked rank of a warm launcher reaches this too (it
-    runs :func:`main`), before the user's code is imported."""
-    if path:
-        import site
+    worker's, so they add modules and never replace torch, the engine or any package the
+    worker has. ``.pth`` files in it are read as in any site directory, but whatever they do to
+    ``sys.path`` ends up after the worker's entries (a ``.pth`` that inserts a directory first
+    is put back behind them), and torch is imported from the worker's packages before any of
+    them runs. A forked rank of a warm launcher reaches this too (it runs :func:`main`), before
+    the user's code is imported."""
+    if not path:
+        return
+    import site
 
-        site.addsitedir(path)
+    import torch  # noqa: F401  (the worker's, before any .pth of the environment runs)
+
+    worker_entries = list(sys.path)
+    site.addsitedir(path)
+    added = [entry for entry in sys.path if entry not in worker_entries]
+    sys.path[:] = [*worker_entries, *dict.fromkeys(added)]
 
 
 def main(argv: list[str] | None = None) -> int:
