@@ -12,7 +12,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from ace3_control.environment_settings import EnvironmentSettings
@@ -148,6 +148,18 @@ class WorkerSettings(EnvironmentSettings):
             return ",".join(parse_device_list(value))
         except ValueError as exc:
             raise ValueError(f"ACE3_WORKER_GPUS={value!r}: {exc}") from None
+
+    @model_validator(mode="after")
+    def _build_uid_is_no_job_uid(self) -> WorkerSettings:
+        """The environment builds' uid must not be one a job runs as: a job could otherwise
+        reach a build's scratch directory and the processes unpacking other owners' wheels."""
+        first, last = self.sandbox_uid_base, self.sandbox_uid_base + self.sandbox_uid_count - 1
+        if first <= self.env_build_uid <= last:
+            raise ValueError(
+                f"ACE3_ENV_BUILD_UID={self.env_build_uid} is one of the job uids "
+                f"(ACE3_SANDBOX_UID_BASE..+COUNT: {first}-{last}); choose a uid outside them"
+            )
+        return self
 
     @property
     def resolved_worker_gpus(self) -> tuple[str, ...] | None:
