@@ -58,6 +58,14 @@ def parse_requirement(entry: str, *, source: str = "requirements") -> Requiremen
             "packages come from is the service's setting (ACE3_PIP_INDEX_URL and others)",
             source=source,
         )
+    if " --" in text or "\t--" in text:
+        raise RequirementError(
+            entry,
+            "per-requirement options (--hash, --config-settings, ...) are not accepted: list "
+            "the pins alone (pip-compile or uv pip compile without hashes); the service builds "
+            "from wheels of its own index only",
+            source=source,
+        )
     if "://" in text or text.startswith(("git+", "hg+", "svn+", "bzr+")):
         raise RequirementError(
             entry,
