@@ -7,6 +7,7 @@ never interrupted."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ import ace3
 from tests.conftest import DigitsFiles, Stack
 from tests.e2e.conftest import process_table, processes_of_job, wait_for
 from tests.model_files import OOM_ON_RANK_1_MODEL_FILE, SLOW_STEP_MODEL_FILE
+from tests.wheelhouse import make_wheel
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +82,7 @@ def _rank_pid(job_id: str, rank: int) -> int | None:
 
 
 def test_a_rank_killed_by_sigkill_is_retried_and_ends_with_the_same_weights(
-    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path
+    client: ace3.Client, digits_files: DigitsFiles, tmp_path: Path, stack: Stack
 ) -> None:
     import torch
 
@@ -94,7 +96,14 @@ def test_a_rank_killed_by_sigkill_is_retried_and_ends_with_the_same_weights(
     trainer = ace3.DistributedTrainer(config)
     kwargs = {"delay": 0.03}
     reference = trainer.train(model, train_data, epochs=5, wait=False, model_kwargs=kwargs)
-    handle = trainer.train(model, train_data, epochs=5, wait=False, model_kwargs=kwargs)
+    # The retried job asks for a package (docs/environments.md): its second attempt finds the
+    # environment its first one built in the worker's cache.
+    package = f"retrypkg-{secrets.token_hex(3)}"
+    make_wheel(stack.root / "wheelhouse", package, "1.0", {"retrypkg/__init__.py": ""})
+    with_package = config.model_copy(update={"requirements": [package]})
+    handle = ace3.DistributedTrainer(with_package).train(
+        model, train_data, epochs=5, wait=False, model_kwargs=kwargs
+    )
     wait_for(lambda: len(client.jobs.checkpoints(handle.id)) >= 2, 120, "two checkpoints")
     victim = _rank_pid(handle.id, 1)
     assert victim is not None, "rank 1 of the job runs"
@@ -108,6 +117,11 @@ def test_a_rank_killed_by_sigkill_is_retried_and_ends_with_the_same_weights(
         line.attempt == 2 and "resumed from" in line.line
         for line in client.jobs.iter_logs(handle.id)
     )
+    prepared = [
+        (n.attempt, n.line) for n in client.jobs.iter_logs(handle.id) if "environment " in n.line
+    ]
+    assert [attempt for attempt, line in prepared if ": built in" in line] == [1], prepared
+    assert [a for a, line in prepared if "reused from the cache" in line] == [2], prepared
     steps = [m.step for m in client.jobs.metrics(handle.id, name="train_loss")]
     assert max(Counter(steps).values()) == 1, "no step is recorded twice"
 
