@@ -5,7 +5,8 @@ is left of its output stored (:mod:`ace3_worker.ingest`), and its exit reported 
 membership (:mod:`ace3_worker.membership`). The directory goes on every path, and torchrun's
 sandbox is dead before the attempt is recorded. The directory is held in use
 (:mod:`ace3_worker.attempt_dirs`) from before it is prepared until it is gone; the first
-attempt a worker process runs first removes those that a dead worker left.
+attempt a worker process runs first removes those that a dead worker left, and what a dead
+worker left of its environment installs and builds (:meth:`AttemptRunner.sweep`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from ace3_control.settings import Settings
 from ace3_worker import reports
 from ace3_worker.attempt_dirs import hold_attempt, sweep_attempts, warn_if_copies
 from ace3_worker.device import worker_device
+from ace3_worker.environments.cache import EnvironmentCache
+from ace3_worker.environments.scratch import sweep_build_scratch
 from ace3_worker.environments.uv_commands import (
     EnvironmentBuildError,
     EnvironmentRefusedError,
@@ -62,13 +65,22 @@ class AttemptRunner:
 
     def sweep(self) -> None:
         """Once per worker process: remove the attempt directories no live worker holds (a
-        crashed one's, whose shard links would pin cache entries), and say when shards will be
+        crashed one's, whose shard links would pin cache entries), the environment cache's
+        half-done installs and the environment build scratch directories no live process holds
+        (a killed one's, uncounted and never removed otherwise), and say when shards will be
         copied into jobs rather than linked."""
         if self._swept:
             return
         self._swept = True
         work_dir = self.settings.resolved_work_dir
         sweep_attempts(work_dir)
+        try:
+            EnvironmentCache(
+                self.settings.resolved_env_cache_dir, self.settings.env_cache_bytes
+            ).sweep()
+            sweep_build_scratch(work_dir)
+        except Exception:  # (a sweep never stops an attempt: the next process sweeps again)
+            logger.exception("could not sweep the environment cache and build directories")
         warn_if_copies(self.settings.resolved_dataset_cache_dir, work_dir)
 
     def run(

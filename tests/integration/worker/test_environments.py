@@ -2,8 +2,9 @@
 the worker's real sandbox when it has one), from a wheelhouse the test writes: a job imports a
 package of its environment, which is read-only and after the worker's packages on its
 ``sys.path``; a second job reuses the cached environment (no resolve); a second worker with its
-own data directory fetches it from the store instead of building; two concurrent preparations
-build once; a package the wheelhouse lacks fails the job with the resolver's message, not
+own data directory fetches it from the store (a content-addressed archive) instead of building;
+builds run on the work filesystem and leave nothing there; two concurrent preparations build
+once; a package the wheelhouse lacks fails the job with the resolver's message, not
 retried. The job rows carry ``requirements`` directly (what the API stores)."""
 
 from __future__ import annotations
@@ -179,12 +180,15 @@ def test_a_job_imports_its_package_and_the_next_reuses_the_environment(
     with other.sessions() as session:
         [environment] = session.scalars(select(Environment)).all()
         assert environment.state == EnvironmentState.READY
+        assert environment.storage_key == f"environments/{digest}/{environment.sha256}.tar.gz"
         assert environment.packages == [
             {"name": "tinydep", "version": "0.2"},
             {"name": "tinyext", "version": "1.0"},
         ]
     cache = cluster.settings("a").resolved_env_cache_dir
     assert (cache.stat().st_mode & 0o777) == 0o700, "the cache is the worker's alone"
+    builds = cluster.settings("a").resolved_work_dir / ".env-builds"
+    assert builds.is_dir() and not any(builds.iterdir()), "built on the work filesystem, gone"
 
 
 def test_a_package_the_wheelhouse_lacks_fails_the_job_naming_it_without_a_retry(

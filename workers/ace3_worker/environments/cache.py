@@ -4,13 +4,18 @@
 
 Layout: ``<cache>/<hash>/`` a complete tree (read-only, the worker's), ``<cache>/.<hash>.bytes``
 its size, ``<cache>/.<hash>.lock`` its lock, and ``.space.lock``. A tree appears whole: it is
-unpacked into ``.<hash>.tmp-*`` and renamed into place. Locks are ``flock`` (per open file, so
-threads exclude each other too): an entry's lock is held exclusively while it is installed or
-evicted, and shared by every attempt that uses it (:class:`Pin`), from before its tree is linked
-into the attempt's directory until the attempt is over; ``.space.lock`` is held while the cache
-is summed and entries evicted. Eviction removes the least recently used trees nobody pins
-(the tree's mtime is its last use) until the cache fits its bound; a pinned one is never
-removed. The whole directory is the worker's alone (0700) and hidden from jobs
+unpacked into ``.<hash>.tmp-*`` (a fetched archive beside it, ``.<hash>.tmp-*.tar.gz``) and
+renamed into place. Locks are ``flock`` (per open file, so threads exclude each other too): an
+entry's lock is held exclusively while it is installed or evicted, and shared by every attempt
+that uses it (:class:`Pin`), from before its tree is linked into the attempt's directory until
+the attempt is over; ``.space.lock`` is held while the cache is summed and entries evicted. A
+preparation waiting for an entry's lock polls it, so that the attempt's interrupt (its job
+cancelled) stops the wait (:class:`~.uv_commands.PreparationInterrupted`). Eviction removes the
+least recently used trees nobody pins (the tree's mtime is its last use) until the cache fits
+its bound; a pinned one is never removed. What a killed process left half done (an unpack, an
+archive, an eviction) is removed by :meth:`EnvironmentCache.sweep`, once per worker process,
+under the entry's lock: another live process's install is never touched. The whole directory
+is the worker's alone (0700) and hidden from jobs
 (:func:`ace3_worker.sandbox.plan.protected_paths`): a job sees its environment through the
 links in its own directory.
 """
@@ -25,35 +30,114 @@ import os
 import re
 import secrets
 import shutil
-import time
+import stat
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from ace3_worker.environments.uv_commands import PreparationInterrupted
 
 logger = logging.getLogger(__name__)
 
 CACHE_DIR_MODE = 0o700
 READ_ONLY_DIR = 0o555
 SPACE_LOCK = ".space.lock"
+# How a preparation waiting for an entry's lock polls it: soon at first, then less often.
+LOCK_FIRST_SECONDS = 0.01
+LOCK_MAX_SECONDS = 0.25
 _HASH = re.compile(r"^[0-9a-f]{64}$")
+# What a process leaves beside the trees while it works: an unpack, a fetched archive, an
+# eviction (and an earlier version's fetched archive, .<hash>.tar.gz), and a size.
+_LEFTOVER = re.compile(
+    r"^\.(?P<hash>[0-9a-f]{64})\."
+    r"(?:(?:tmp|evicted)-[0-9a-f]+(?:\.tar\.gz)?|tar\.gz|(?P<bytes>bytes))$"
+)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _open_lock(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a read-only tree (its directories made writable first, links never followed)."""
-    if not path.exists() and not path.is_symlink():
+def _lock_within(fd: int, operation: int, interrupt: threading.Event | None, what: str) -> None:
+    """``flock(fd, operation)``, waiting for it; with ``interrupt``, polled (a short backoff)
+    so that setting it stops the wait: :class:`PreparationInterrupted`."""
+    if interrupt is None:
+        fcntl.flock(fd, operation)
         return
-    for directory, subdirectories, _ in os.walk(path):
-        for name in subdirectories:
-            entry = Path(directory) / name
-            if not entry.is_symlink():
-                entry.chmod(0o700)
-    if not path.is_symlink():
-        path.chmod(0o700)
+    delay = LOCK_FIRST_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if interrupt.wait(delay):
+            raise PreparationInterrupted(f"stopped waiting for {what}")
+        delay = min(delay * 2, LOCK_MAX_SECONDS)
+
+
+def _open_directory(name: str | Path, dir_fd: int | None) -> int | None:
+    """An fd of the directory ``name`` (never through a link), made readable first when it is
+    not; None when it is no directory (a link, a file, gone)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        with contextlib.suppress(OSError, NotImplementedError):
+            os.chmod(name, 0o700, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+def _make_removable(fd: int) -> None:
+    """Give the directory ``fd`` and every directory under it u+rwx (their entries can then be
+    removed), through fds opened without following a link."""
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) | 0o700)
+    try:
+        with os.scandir(fd) as entries:
+            names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for name in names:
+        child = _open_directory(name, fd)
+        if child is None:
+            continue
+        try:
+            _make_removable(child)
+        finally:
+            os.close(child)
+
+
+def remove_tree(path: Path) -> bool:
+    """Remove ``path`` whole, a read-only tree (0555 directories, another uid's files) too:
+    its directories are made writable first, links never followed (a link planted in the tree
+    never makes the worker change anything outside it), then it goes (``shutil.rmtree``, which
+    follows no link either). A link or a file at ``path`` is unlinked. Whether it is gone."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISDIR(info.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return True
+    fd = _open_directory(path, None)
+    if fd is not None:
+        try:
+            _make_removable(fd)
+        finally:
+            os.close(fd)
     shutil.rmtree(path, ignore_errors=True)
+    gone = not os.path.lexists(path)
+    if not gone:
+        logger.warning("could not remove %s whole", path)
+    return gone
 
 
 @dataclass
@@ -97,12 +181,15 @@ class EnvironmentCache:
             raise ValueError(f"not an environment hash: {environment_hash!r}")
         return self.root / f".{environment_hash}.lock"
 
-    def pin_if_present(self, environment_hash: str) -> Pin | None:
-        """A pin of the cached tree (its last use now), or None when it is not cached."""
+    def pin_if_present(
+        self, environment_hash: str, interrupt: threading.Event | None = None
+    ) -> Pin | None:
+        """A pin of the cached tree (its last use now), or None when it is not cached; waits
+        while another process installs or evicts it, until ``interrupt`` is set."""
         self._ready_root()
         fd = _open_lock(self._lock_path(environment_hash))
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            _lock_within(fd, fcntl.LOCK_SH, interrupt, f"environment {environment_hash[:12]}")
             tree = self.tree(environment_hash)
             if not tree.is_dir():
                 os.close(fd)
@@ -115,13 +202,17 @@ class EnvironmentCache:
         return Pin(tree, fd)
 
     @contextlib.contextmanager
-    def installing(self, environment_hash: str) -> Iterator[bool]:
-        """Hold the entry's lock exclusively (waiting for another process installing it): the
-        caller installs the tree (:meth:`install`) unless the value is True (it is there)."""
+    def installing(
+        self, environment_hash: str, interrupt: threading.Event | None = None
+    ) -> Iterator[bool]:
+        """Hold the entry's lock exclusively (waiting for another process installing it, until
+        ``interrupt`` is set: :class:`PreparationInterrupted`): the caller installs the tree
+        (:meth:`install`) unless the value is True (it is there)."""
         self._ready_root()
         fd = _open_lock(self._lock_path(environment_hash))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            what = f"another process's install of environment {environment_hash[:12]}"
+            _lock_within(fd, fcntl.LOCK_EX, interrupt, what)
             yield self.tree(environment_hash).is_dir()
         finally:
             os.close(fd)
@@ -130,6 +221,12 @@ class EnvironmentCache:
         """A new path to unpack an entry's tree into, beside where it goes."""
         self._ready_root()
         return self.root / f".{environment_hash}.tmp-{secrets.token_hex(4)}"
+
+    def scratch_archive(self, environment_hash: str) -> Path:
+        """A new path to fetch an entry's archive to, beside where its tree goes."""
+        return self.scratch(environment_hash).with_name(
+            f".{environment_hash}.tmp-{secrets.token_hex(4)}.tar.gz"
+        )
 
     def install(self, environment_hash: str, unpacked: Path, size: int) -> None:
         """Move the read-only tree ``unpacked`` (from :meth:`scratch`) into place, under the
@@ -194,15 +291,40 @@ class EnvironmentCache:
         finally:
             os.close(fd)
 
-    def sweep(self, min_age: float = 3600.0) -> None:
-        """Remove unpacks and evictions a dead process left half done."""
-        now = time.time()
+    def sweep(self) -> list[Path]:
+        """Remove what dead processes left half done (unpacks, fetched archives, evictions, the
+        size of a tree gone); the paths removed. Each entry's leftovers go under its lock, taken
+        without waiting: those of an entry another live process installs, evicts or pins are
+        left for a later sweep."""
+        found: dict[str, list[Path]] = {}
         with contextlib.suppress(FileNotFoundError):
             for path in self.root.iterdir():
-                if (".tmp-" in path.name or ".evicted-" in path.name) and (
-                    now - path.lstat().st_mtime > min_age
-                ):
-                    remove_tree(path)
+                match = _LEFTOVER.match(path.name)
+                if match and not (match["bytes"] and self.tree(match["hash"]).is_dir()):
+                    found.setdefault(match["hash"], []).append(path)
+        removed: list[Path] = []
+        for environment_hash, paths in sorted(found.items()):
+            fd = _open_lock(self._lock_path(environment_hash))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # (a live process's)
+            try:
+                for path in paths:
+                    if path.name.endswith(".bytes") and self.tree(environment_hash).is_dir():
+                        continue
+                    if remove_tree(path):
+                        removed.append(path)
+            finally:
+                os.close(fd)
+        if removed:
+            logger.warning(
+                "environment cache: removed %d leftover(s) of a worker that ended mid-install: %s",
+                len(removed),
+                ", ".join(path.name for path in removed[:10]),
+            )
+        return removed
 
 
 def link_tree(source: Path, target: Path) -> int:

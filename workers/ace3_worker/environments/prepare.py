@@ -7,9 +7,23 @@ What happened goes to the job's log, as the service's lines (``ace3: environment
 cache``), uv's own output with them. While an environment is built or fetched the job's
 ``phase`` is ``preparing_environment`` (it stays ``starting``); the attempt's lease is renewed by
 its membership meanwhile (:meth:`ace3_worker.membership.Membership.keep_alive`). A requirement that
-cannot be met raises :class:`~.uv_commands.EnvironmentRefusedError` naming it; a worker that
-waited for another's build and saw it fail raises the same message, while a job that finds a
-failed build it did not wait for builds again (the wheelhouse may have changed since).
+cannot be met raises :class:`~.uv_commands.EnvironmentRefusedError` naming it (the row is marked
+``failed``); a worker that waited for another's build and saw it fail raises the same message,
+while a job that finds a failed build it did not wait for builds again (the wheelhouse may have
+changed since). A build that failed for a reason that may pass (the index unreachable, the disk
+full, the store down, the worker stopping) gives the row up (deleted: the next worker that needs
+it builds it) and raises :class:`~.uv_commands.EnvironmentBuildError` (the attempt is retried).
+
+A waiter waits as long as the builder's lease is live (renewed through the build, packing,
+upload and unpack) and takes the build over once it expires; a row that disappears means "build
+it yourself". A builder checks its lease right before uploading and stores its archive under a
+content-addressed key (:func:`~.archive.storage_key`), so a builder that lost its lease never
+changes the archive the row names; it keeps the tree it built in this machine's cache (the same
+requirements over the same installed set and sources: the same packages) and leaves the row to
+the worker that took it over. A ``ready`` row whose archive is missing, does not match its
+sha256 or cannot be unpacked is taken over and built again. Builds run in scratch directories
+on the work filesystem (:mod:`.scratch`), local waits for another process's install stop on the
+attempt's interrupt like the waits for another worker's build.
 """
 
 from __future__ import annotations
@@ -17,7 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,13 +42,24 @@ from sqlalchemy.orm import Session, sessionmaker
 from ace3_control import job_transitions
 from ace3_control.models import EnvironmentState
 from ace3_control.settings import Settings
-from ace3_control.storage import ArtifactStore
+from ace3_control.storage import ArtifactStore, StoredDigestError
 from ace3_worker.environments import registry
-from ace3_worker.environments.archive import pack, storage_key, unpack
-from ace3_worker.environments.build import EnvironmentBuilder, take_ownership
+from ace3_worker.environments.archive import (
+    ArchiveTooLargeError,
+    BrokenArchiveError,
+    pack,
+    storage_key,
+    unpack,
+)
+from ace3_worker.environments.build import BuiltTree, EnvironmentBuilder, take_ownership
 from ace3_worker.environments.cache import EnvironmentCache, Pin, remove_tree
 from ace3_worker.environments.identity import EnvironmentIdentity, environment_identity
-from ace3_worker.environments.uv_commands import EnvironmentRefusedError, PreparationInterrupted
+from ace3_worker.environments.scratch import build_scratch
+from ace3_worker.environments.uv_commands import (
+    EnvironmentBuildError,
+    EnvironmentRefusedError,
+    PreparationInterrupted,
+)
 from ace3_worker.sandbox.plan import SandboxPlan
 
 logger = logging.getLogger(__name__)
@@ -44,9 +68,9 @@ PHASE = "preparing_environment"
 # How a worker waiting for another's build polls its row: soon at first, then less often.
 WAIT_FIRST_SECONDS = 0.05
 WAIT_MAX_SECONDS = 1.0
-# Past the build's own timeout and two leases, a waiter gives up on the build it waits for.
-WAIT_SLACK_SECONDS = 60.0
 PIN_TRIES = 3
+# A stored archive a worker cannot use: the row's environment is built again.
+UNUSABLE_ARCHIVE = (FileNotFoundError, StoredDigestError, BrokenArchiveError)
 
 Log = Callable[[str], None]
 
@@ -97,17 +121,18 @@ class EnvironmentPreparer:
     ) -> PreparedEnvironment:
         """The attempt's environment, in the cache and pinned; the job row names it. Raises
         :class:`~.uv_commands.PreparationInterrupted` when ``interrupt`` is set while it waits
-        for another worker's build or builds (uv killed, the row left for another builder)."""
+        for another worker's build or another local process's install, or builds (uv killed,
+        the row left for another builder)."""
         interrupt = interrupt if interrupt is not None else threading.Event()
-        identity = environment_identity(requirements)
+        identity = environment_identity(requirements, settings=self.settings)
         name = f"ace3: environment {identity.short}"
         how = "reused"
         for _ in range(PIN_TRIES):
-            pin = self.cache.pin_if_present(identity.hash)
+            pin = self.cache.pin_if_present(identity.hash, interrupt)
             if pin is not None:
                 break
             self._set_phase(job_id, attempt, PHASE)
-            with self.cache.installing(identity.hash) as present:
+            with self.cache.installing(identity.hash, interrupt) as present:
                 if not present:
                     how = self._obtain(identity, log, interrupt)
         else:
@@ -131,30 +156,28 @@ class EnvironmentPreparer:
 
     # -- who makes it: this worker, another one (then fetched), or nobody (refused) -------------
     def _obtain(self, identity: EnvironmentIdentity, log: Log, interrupt: threading.Event) -> str:
-        """Build or fetch the environment into the cache (under its installing lock): which."""
-        lease = self.settings.lease_seconds
-        deadline = (
-            time.monotonic()
-            + self.settings.env_build_timeout_seconds
-            + 2 * lease
-            + WAIT_SLACK_SECONDS
-        )
+        """Build or fetch the environment into the cache (under its installing lock): which.
+        Waits for another worker's build as long as its lease is live (no deadline of its own:
+        the builder's timeout and lease bound it), fails only on a ``failed`` row."""
         name = f"ace3: environment {identity.short}"
         waited = False
         delay = WAIT_FIRST_SECONDS
         while True:
             with self.sessions() as session:
-                if registry.insert_building(session, identity, self.builder_id, lease):
+                if registry.insert_building(
+                    session, identity, self.builder_id, self.settings.lease_seconds
+                ):
                     return self._build(identity, log, interrupt)
                 row = registry.read(session, identity.hash)
             if row is None:
-                continue  # (removed meanwhile: insert it again)
+                continue  # (given up meanwhile: insert it again and build it here)
             if row.state == EnvironmentState.READY and row.storage_key and row.sha256:
                 try:
                     return self._fetch(identity, row.storage_key, row.sha256, log)
-                except FileNotFoundError:
-                    log(f"{name}: its archive is missing from the store; building it again")
-                    if self._take_over(identity, EnvironmentState.READY):
+                except UNUSABLE_ARCHIVE as exc:
+                    log(f"{name}: its stored archive cannot be used ({exc}); building it again")
+                    if self._take_over(identity, EnvironmentState.READY, row.storage_key):
+                        self._forget(row.storage_key)
                         return self._build(identity, log, interrupt)
                     continue
             if row.state == EnvironmentState.FAILED:
@@ -173,16 +196,13 @@ class EnvironmentPreparer:
             if not waited:
                 log(f"{name}: waiting for its build by {row.builder}")
                 waited = True
-            if time.monotonic() > deadline:
-                raise EnvironmentRefusedError(
-                    f"waited longer than ACE3_ENV_BUILD_TIMEOUT_SECONDS and two leases for the "
-                    f"build by {row.builder}"
-                )
             if interrupt.wait(delay):
                 raise PreparationInterrupted(f"{name}: stopped waiting for its build")
             delay = min(delay * 1.5, WAIT_MAX_SECONDS)
 
-    def _take_over(self, identity: EnvironmentIdentity, from_state: str) -> bool:
+    def _take_over(
+        self, identity: EnvironmentIdentity, from_state: str, storage_key: str | None = None
+    ) -> bool:
         with self.sessions() as session:
             return registry.take_over(
                 session,
@@ -190,31 +210,75 @@ class EnvironmentPreparer:
                 self.builder_id,
                 self.settings.lease_seconds,
                 from_state=from_state,
+                storage_key=storage_key,
             )
+
+    def _forget(self, key: str) -> None:
+        """Delete an archive no row names any more (best effort: an orphan costs only space)."""
+        try:
+            self.store.delete(key)
+        except Exception:
+            logger.warning("could not delete the unused environment archive %s", key)
 
     # -- building -----------------------------------------------------------------------------
     def _build(self, identity: EnvironmentIdentity, log: Log, interrupt: threading.Event) -> str:
         """Build it here (this worker holds the row), store its archive, mark it ready, and
-        install it in the cache; on any failure the row is marked failed with the reason,
-        except when ``interrupt`` stopped it: then the row is given up (deleted), so that a job
-        waiting for the same environment builds it instead of failing."""
-        scratch = Path(tempfile.mkdtemp(prefix="ace3-env-build-"))
+        install it in the cache. A refusal marks the row failed (waiters fail with it); an
+        interrupt, or any other failure (which may pass: raised as
+        :class:`~.uv_commands.EnvironmentBuildError`), gives the row up (deleted), so that the
+        next job needing the environment builds it instead of failing."""
+        name = f"ace3: environment {identity.short}"
         stop = threading.Event()
         renewer = threading.Thread(
             target=self._renew_while, args=(identity.hash, stop), daemon=True
         )
         renewer.start()
         try:
-            builder = EnvironmentBuilder(self.settings, self.plan(), log)
-            builder.interrupt = interrupt
-            built = builder.build(identity.requirements, scratch)
-            archive = scratch / "environment.tar.gz"
-            sha256, archive_bytes = pack(built.path, archive)
-            key = storage_key(identity.hash)
+            try:
+                with build_scratch(self.settings.resolved_work_dir) as scratch:
+                    built = self._build_in(identity, scratch, log, interrupt)
+            finally:
+                stop.set()
+                renewer.join(timeout=10)
+        except PreparationInterrupted:
+            self._give_up(identity)
+            log(f"{name}: its build was stopped")
+            raise
+        except EnvironmentRefusedError as exc:
+            self._mark_failed(identity, str(exc))
+            raise
+        except EnvironmentBuildError:
+            self._give_up(identity)
+            raise
+        except Exception as exc:
+            self._give_up(identity)
+            raise EnvironmentBuildError(f"the worker could not build it: {exc}") from exc
+        except BaseException:  # (the worker stopping: the row goes to the next builder)
+            self._give_up(identity)
+            raise
+        added = ", ".join(pin.requirement for pin in built.pins) or "nothing to add"
+        log(f"{name}: built in {built.seconds:.1f} s ({len(built.pins)} packages: {added})")
+        return "built"
+
+    def _build_in(
+        self, identity: EnvironmentIdentity, scratch: Path, log: Log, interrupt: threading.Event
+    ) -> BuiltTree:
+        """Build, pack and (while the row is still this worker's) store and record the
+        environment, then install it in the cache."""
+        builder = EnvironmentBuilder(self.settings, self.plan(), log)
+        builder.interrupt = interrupt
+        built = builder.build(identity.requirements, scratch)
+        archive = scratch / "environment.tar.gz"
+        sha256, archive_bytes = pack(built.path, archive)
+        key = storage_key(identity.hash, sha256)
+        with self.sessions() as session:  # (right before uploading: still this worker's?)
+            mine = registry.renew(
+                session, identity.hash, self.builder_id, self.settings.lease_seconds
+            )
+        if mine:
             self.store.put_file(key, archive)
-            self._install(identity, archive)
             with self.sessions() as session:
-                registry.mark_ready(
+                mine = registry.mark_ready(
                     session,
                     identity.hash,
                     self.builder_id,
@@ -225,28 +289,30 @@ class EnvironmentPreparer:
                     packages=built.pins,
                     build_seconds=built.seconds,
                 )
-        except PreparationInterrupted:
-            self._give_up(identity)
-            log(f"ace3: environment {identity.short}: its build was stopped")
-            raise
-        except BaseException as exc:
-            reason = (
-                str(exc)
-                if isinstance(exc, EnvironmentRefusedError)
-                else f"the worker could not build it: {exc}"
+            if not mine:
+                self._drop_late_upload(identity, key)
+        if not mine:
+            logger.warning("environment %s: its build lease was lost meanwhile", identity.hash)
+            log(
+                f"ace3: environment {identity.short}: another worker took its build over "
+                "meanwhile; this job uses the tree built here, the cluster keeps that worker's"
             )
-            self._mark_failed(identity, reason)
-            raise
-        finally:
-            stop.set()
-            renewer.join(timeout=10)
-            remove_tree(scratch)
-        added = ", ".join(pin.requirement for pin in built.pins) or "nothing to add"
-        log(
-            f"ace3: environment {identity.short}: built in {built.seconds:.1f} s "
-            f"({len(built.pins)} packages: {added})"
-        )
-        return "built"
+        # (kept even when lost: the same requirements over the same installed set and sources,
+        # so the same packages as the row's archive; fetching that would only cost time)
+        self._install(identity, archive)
+        return built
+
+    def _drop_late_upload(self, identity: EnvironmentIdentity, key: str) -> None:
+        """The archive uploaded after the lease was lost is no row's: delete it, unless the
+        row names the same key (two byte-identical builds)."""
+        try:
+            with self.sessions() as session:
+                row = registry.read(session, identity.hash)
+        except Exception:
+            logger.warning("environment %s: could not read its row", identity.hash)
+            return
+        if row is None or row.storage_key != key:
+            self._forget(key)
 
     def _renew_while(self, environment_hash: str, stop: threading.Event) -> None:
         every = min(self.settings.heartbeat_seconds, self.settings.lease_seconds / 3)
@@ -276,11 +342,21 @@ class EnvironmentPreparer:
 
     # -- fetching and installing ------------------------------------------------------------
     def _fetch(self, identity: EnvironmentIdentity, key: str, sha256: str, log: Log) -> str:
+        """Fetch the row's archive and install it. An archive that cannot be used raises one of
+        :data:`UNUSABLE_ARCHIVE` (the caller builds it again); one larger than this worker
+        allows, :class:`~.uv_commands.EnvironmentRefusedError`; anything else (the store
+        unreachable, the disk full), :class:`~.uv_commands.EnvironmentBuildError`."""
         started = time.monotonic()
-        archive = self.cache.scratch(identity.hash).with_suffix(".tar.gz")
+        archive = self.cache.scratch_archive(identity.hash)
         try:
             self.store.fetch(key, archive, sha256)  # (verified against the row's sha256)
             size = self._install(identity, archive)
+        except UNUSABLE_ARCHIVE:
+            raise
+        except ArchiveTooLargeError as exc:
+            raise EnvironmentRefusedError(str(exc)) from exc
+        except Exception as exc:
+            raise EnvironmentBuildError(f"could not fetch it from the store: {exc}") from exc
         finally:
             archive.unlink(missing_ok=True)
         log(

@@ -6,12 +6,16 @@ same on SQLite and Postgres.
   worker, a lease): an insert that fails on the primary key means someone else has it.
 - A ``building`` row whose lease expired (its builder died) is taken over by one ``UPDATE ...
   WHERE state = 'building' AND lease_expires_at < now``: one taker wins.
-- A ``failed`` row, and a ``ready`` row whose archive went missing, are taken over the same way
-  when a job needs the environment again (the wheelhouse may have changed since).
-- The builder renews its lease while it builds, and ends the row ``ready`` (the archive's key,
-  sha256, sizes, what it added) or ``failed`` (the reason), or deletes it when its job was
-  cancelled meanwhile (whoever needs it next builds it); each of these is fenced by the
-  builder's name, so a builder that lost its lease changes nothing.
+- A ``failed`` row, and a ``ready`` row whose archive cannot be used (missing, not matching its
+  sha256, broken), are taken over the same way when a job needs the environment again (the
+  wheelhouse may have changed since); a ``ready`` row only while it still names the archive the
+  taker found unusable, so a row another worker has just rebuilt is left alone.
+- The builder renews its lease while it builds (and once more right before it uploads), and ends
+  the row ``ready`` (the archive's key, sha256, sizes, what it added), ``failed`` (a definitive
+  refusal, with the reason), or deletes it when its build stopped for a reason that may pass or
+  its job was cancelled (whoever needs it next builds it); each of these is fenced by the
+  builder's name, so a builder that lost its lease changes nothing (``mark_ready`` returning
+  False says so).
 """
 
 from __future__ import annotations
@@ -91,9 +95,11 @@ def take_over(
     lease_seconds: float,
     *,
     from_state: str,
+    storage_key: str | None = None,
 ) -> bool:
     """Make the row ``builder``'s build when it is in ``from_state`` (``building``: only once
-    its lease expired); committed. Whether this call won it."""
+    its lease expired; with ``storage_key``: only while it names that archive); committed.
+    Whether this call won it."""
     now = utcnow()
     conditions: list[Any] = [
         Environment.hash == environment_hash,
@@ -101,6 +107,8 @@ def take_over(
     ]
     if from_state == EnvironmentState.BUILDING:
         conditions.append(Environment.lease_expires_at < now)
+    if storage_key is not None:
+        conditions.append(Environment.storage_key == storage_key)
     result = session.execute(
         update(Environment)
         .where(*conditions)
@@ -170,8 +178,9 @@ def mark_failed(session: Session, environment_hash: str, builder: str, error: st
 
 
 def release(session: Session, environment_hash: str, builder: str) -> bool:
-    """``builder`` gives its build up (its job was cancelled): the row goes (committed), so that
-    the next worker that needs the environment inserts it again and builds."""
+    """``builder`` gives its build up (its job was cancelled, or the build failed for a reason
+    that may pass): the row goes (committed), so that the next worker that needs the
+    environment inserts it again and builds."""
     result = session.execute(
         delete(Environment)
         .where(
