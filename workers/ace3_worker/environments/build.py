@@ -1,16 +1,21 @@
 """Building an environment: uv resolves the job's requirements against the worker's Python and
 installs the new wheels into a directory of their own (:mod:`.uv_commands` says what it is
-asked), and the worker makes the result its own and read-only.
+asked), and the worker makes the result its own and read-only (:mod:`.tree`).
 
 uv runs in the worker's job sandbox (the same bubblewrap view a job gets: the worker's Python
 read-only, the service's directories hidden; the host's network only when wheels come from an
 index), as ``ACE3_ENV_BUILD_UID`` when the worker is root (wheels are untrusted archives: they
 are unpacked by a uid that can write nothing but the build's scratch directory), in a process
-group of its own. Without bubblewrap (``ACE3_SANDBOX=uid``) it runs as that uid directly; a
-worker that is not root, or runs jobs without a sandbox (``ACE3_SANDBOX=none``), builds as
-itself. The build is killed past
-``ACE3_ENV_BUILD_TIMEOUT_SECONDS`` and as soon as its tree grows past ``ACE3_ENV_MAX_BYTES``;
-either way the message names the setting. uv's output goes to the job's log line by line.
+group of its own. The index settings, which may hold credentials, reach uv through bubblewrap's
+``--args`` pipe, never a command line. Without bubblewrap (``ACE3_SANDBOX=uid``) uv runs as that
+uid directly, and never builds from source there (a package's build would run its code as that
+uid with no namespace to end it); a worker that is not root, or runs jobs without a sandbox
+(``ACE3_SANDBOX=none``), builds as itself. The build is killed past
+``ACE3_ENV_BUILD_TIMEOUT_SECONDS`` and as soon as its disk use passes the limits of
+:mod:`.build_limits`; either way the message names the setting. A failure that may pass (the
+index unreachable, the disk full) raises :class:`EnvironmentBuildError`, one that would fail
+again :class:`EnvironmentRefusedError` (:func:`.uv_commands.uv_error`). uv's output goes to the
+job's log line by line.
 """
 
 from __future__ import annotations
@@ -29,8 +34,18 @@ from pathlib import Path, PurePosixPath
 
 from ace3_control.installed_packages import installed_packages
 from ace3_control.settings import Settings
+from ace3_worker.environments.build_limits import (
+    POLL_SECONDS,
+    DiskWatch,
+    check_tree,
+    rlimit_prefix,
+    wait_gone,
+)
+from ace3_worker.environments.tree import measure
+from ace3_worker.environments.tree import take_ownership as take_ownership
 from ace3_worker.environments.uv_commands import (
     MAX_REPORT_BYTES,
+    SECRET_VARIABLES,
     EnvironmentRefusedError,
     Pin,
     PreparationInterrupted,
@@ -39,15 +54,17 @@ from ace3_worker.environments.uv_commands import (
     parse_resolution,
     resolve_argv,
     uv_environment,
-    uv_failure,
+    uv_error,
 )
-from ace3_worker.sandbox.bubblewrap import SandboxView, UidSwitch, bubblewrap_argv
+from ace3_worker.sandbox.bubblewrap import (
+    SandboxView,
+    UidSwitch,
+    bubblewrap_argv,
+    secret_arguments,
+)
 from ace3_worker.sandbox.plan import SandboxPlan
 from ace3_worker.sandbox.seccomp import filter_program
 
-READ_ONLY_FILE = 0o444
-READ_ONLY_DIR = 0o555
-SIZE_POLL_SECONDS = 0.5
 ERROR_TAIL_LINES = 40
 INSIDE_INPUTS = PurePosixPath("/job")  # the build's read-only inputs, as the sandbox shows them
 INSIDE_WORK = PurePosixPath("/build")  # its writable scratch
@@ -68,35 +85,6 @@ def find_uv() -> str:
     import uv
 
     return str(uv.find_uv_bin())
-
-
-def tree_bytes(path: Path) -> int:
-    """The bytes of every file under ``path`` (links not followed)."""
-    total = 0
-    for directory, _, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(directory, name)).st_size
-    return total
-
-
-def take_ownership(path: Path) -> None:
-    """Make the tree the worker's and read-only (files 0444, directories 0555), never following
-    a link; anything but a file, a directory or a link (a FIFO, a socket) is removed."""
-    uid, gid = os.geteuid(), os.getegid()
-    for directory, subdirectories, names in os.walk(path, topdown=False):
-        for name in [*names, *subdirectories]:
-            entry = os.path.join(directory, name)
-            info = os.lstat(entry)
-            kind = info.st_mode & 0o170000
-            if kind not in (0o100000, 0o040000, 0o120000):  # (regular, directory, link)
-                os.unlink(entry)
-                continue
-            os.chown(entry, uid, gid, follow_symlinks=False)
-            if kind != 0o120000:
-                os.chmod(entry, READ_ONLY_DIR if kind == 0o040000 else READ_ONLY_FILE)
-    os.chown(path, uid, gid, follow_symlinks=False)
-    os.chmod(path, READ_ONLY_DIR)
 
 
 @dataclass
@@ -159,13 +147,13 @@ class EnvironmentBuilder:
 
     def _command(
         self, scratch: Path, argv: list[str], env: dict[str, str]
-    ) -> tuple[list[str], dict[str, str], int | None]:
-        """The command line that runs ``argv`` (sandboxed), its environment, a seccomp fd."""
+    ) -> tuple[list[str], dict[str, str], tuple[int, ...]]:
+        """The command line that runs ``argv`` (sandboxed, under ``RLIMIT_FSIZE``), the
+        environment to start it with, the pipes it reads (seccomp filter, secret variables)."""
+        limits = rlimit_prefix(self.settings.env_max_bytes)
         if self.plan.mode != "bwrap":
-            return argv, env, None
-        read_fd, write_fd = os.pipe()
-        os.write(write_fd, filter_program())
-        os.close(write_fd)
+            return limits + argv, env, ()
+        public = {k: v for k, v in env.items() if k not in SECRET_VARIABLES}
         view = SandboxView(
             job_root=scratch / "in",
             writable=((scratch / "work", INSIDE_WORK),),
@@ -174,23 +162,24 @@ class EnvironmentBuilder:
             hidden=self.plan.hidden,
             share_network=not self.settings.pip_offline,
             shm_bytes=64 << 20,
-            env=env,
+            env=public,
             switch=None if self.build_uid is None else UidSwitch(self.build_uid, self.build_uid),
+            secret_env={k: v for k, v in env.items() if k in SECRET_VARIABLES},
         )
-        return bubblewrap_argv(view, argv, seccomp_fd=read_fd, info_fd=None), {}, read_fd
+        secrets = secret_arguments(view) if view.secret_env else None
+        seccomp_fd = _pipe_holding(filter_program())
+        args_fd = None if secrets is None else _pipe_holding(secrets)
+        command = bubblewrap_argv(view, argv, seccomp_fd=seccomp_fd, info_fd=None, args_fd=args_fd)
+        # (bubblewrap starts with an environment of its own that holds no secret: --clearenv)
+        fds = (seccomp_fd,) if args_fd is None else (seccomp_fd, args_fd)
+        return limits + command, {"PATH": public["PATH"]}, fds
 
     # -- running one step ---------------------------------------------------------------------
-    def _run(
-        self,
-        scratch: Path,
-        argv: list[str],
-        env: dict[str, str],
-        deadline: float,
-        grows: Path | None = None,
-    ) -> _Step:
+    def _run(self, scratch: Path, argv: list[str], env: dict[str, str], deadline: float) -> _Step:
         """Run one uv step to its end, its stderr to the log; killed (process group) past the
-        deadline or once ``grows`` holds more than ``ACE3_ENV_MAX_BYTES``."""
-        command, command_env, seccomp_fd = self._command(scratch, argv, env)
+        deadline or once the build's disk use passes the limits (:class:`DiskWatch`); nothing
+        of it runs any more when it returns."""
+        command, command_env, fds = self._command(scratch, argv, env)
         as_uid = self.build_uid if self.plan.mode != "bwrap" else None  # (bwrap: setpriv)
         try:
             process = subprocess.Popen(
@@ -198,17 +187,17 @@ class EnvironmentBuilder:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=command_env or env,
+                env=command_env,
                 cwd=scratch,
                 start_new_session=True,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                pass_fds=fds,
                 user=as_uid,
                 group=as_uid,
                 extra_groups=None if as_uid is None else [],
             )
         finally:
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            for fd in fds:
+                os.close(fd)
         stdout: list[bytes] = []
         tail: deque[str] = deque(maxlen=ERROR_TAIL_LINES)
         assert process.stdout is not None and process.stderr is not None
@@ -231,18 +220,24 @@ class EnvironmentBuilder:
         readers = [threading.Thread(target=f, daemon=True) for f in (read_stdout, read_stderr)]
         for reader in readers:
             reader.start()
+        work = scratch / "work"
         try:
-            self._wait(process, deadline, grows)
+            self._wait(process, deadline, DiskWatch(work, work / "target", self._max_bytes))
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            wait_gone(process.pid)
             for reader in readers:
                 reader.join(timeout=5)
         text = b"".join(stdout).decode("utf-8", "replace")
         return _Step(process.returncode, text, tail)
 
-    def _wait(self, process: subprocess.Popen[bytes], deadline: float, grows: Path | None) -> None:
+    @property
+    def _max_bytes(self) -> int:
+        return self.settings.env_max_bytes
+
+    def _wait(self, process: subprocess.Popen[bytes], deadline: float, watch: DiskWatch) -> None:
         while True:
             if self.interrupt.is_set():
                 raise PreparationInterrupted("the environment's build was stopped")
@@ -253,52 +248,66 @@ class EnvironmentBuilder:
                     f"({self.settings.env_build_timeout_seconds:g} s)"
                 )
             try:
-                process.wait(timeout=min(left, SIZE_POLL_SECONDS))
+                process.wait(timeout=min(left, POLL_SECONDS))
                 return
             except subprocess.TimeoutExpired:
                 pass
-            if grows is not None and grows.exists():
-                self._check_size(tree_bytes(grows))
-
-    def _check_size(self, size: int) -> None:
-        if size > self.settings.env_max_bytes:
-            raise EnvironmentRefusedError(
-                f"the environment is larger than ACE3_ENV_MAX_BYTES "
-                f"({self.settings.env_max_bytes} bytes): {size} bytes or more"
-            )
+            if watch.due():
+                watch.check()
 
     # -- the build ----------------------------------------------------------------------------
+    def _uv_settings(self) -> Settings:
+        """The settings uv's command lines follow: never a source build as the build uid
+        without bubblewrap (a package's build code would run with no namespace around it, and
+        could leave a process of the build uid running past the build)."""
+        if self.plan.mode == "bwrap" or self.build_uid is None:
+            return self.settings
+        if self.settings.pip_allow_source_builds:
+            self.log(
+                "ace3: ACE3_PIP_ALLOW_SOURCE_BUILDS is ignored with ACE3_SANDBOX=uid: wheels only"
+            )
+        return self.settings.model_copy(update={"pip_allow_source_builds": False})
+
+    def _step(self, scratch: Path, argv: list[str], env: dict[str, str], deadline: float) -> _Step:
+        step = self._run(scratch, argv, env, deadline)
+        if step.returncode != 0:
+            raise uv_error(step.stderr_tail, step.returncode, self._max_bytes)
+        return step
+
     def build(self, requirements: Sequence[str], scratch: Path) -> BuiltTree:
         """Resolve and install ``requirements`` under the empty directory ``scratch``; the tree
-        is ``scratch/work/target``. Raises :class:`EnvironmentRefusedError` naming what failed."""
+        is ``scratch/work/target``. Raises :class:`EnvironmentRefusedError` (it would fail
+        again) or :class:`EnvironmentBuildError` (it may pass), naming what failed."""
         started = time.monotonic()
         deadline = started + self.settings.env_build_timeout_seconds
         inputs, work = self._prepare_scratch(scratch)
-        uv, python = find_uv(), sys.executable
+        uv, python, settings = find_uv(), sys.executable, self._uv_settings()
         env = uv_environment(
-            self.settings,
+            settings,
             home=self._inside(scratch, work / "home"),
             cache=self._inside(scratch, work / "cache"),
         )
         constraints = self._inside(scratch, inputs / "constraints.txt")
-        resolved = self._run(
-            scratch, resolve_argv(uv, python, constraints, requirements, self.settings), env,
-            deadline,
-        )  # fmt: skip
-        if resolved.returncode != 0:
-            raise EnvironmentRefusedError(uv_failure(resolved.stderr_tail, resolved.returncode))
-        pins = parse_resolution(resolved.stdout)
+        resolve = resolve_argv(uv, python, constraints, requirements, settings)
+        pins = parse_resolution(self._step(scratch, resolve, env, deadline).stdout)
         target = work / "target"
         if pins:
-            argv = install_argv(uv, python, self._inside(scratch, target), pins, self.settings)
-            installed = self._run(scratch, argv, env, deadline, grows=target)
-            if installed.returncode != 0:
-                raise EnvironmentRefusedError(
-                    uv_failure(installed.stderr_tail, installed.returncode)
-                )
+            argv = install_argv(uv, python, self._inside(scratch, target), pins, settings)
+            self._step(scratch, argv, env, deadline)
         target.mkdir(exist_ok=True)
         (target / ".lock").unlink(missing_ok=True)  # (uv's lock of the target, not a package)
         take_ownership(target)
-        size = tree_bytes(target)
-        self._check_size(size)
-        return BuiltTree(target, tuple(pins), size, time.monotonic() - started)
+        usage = measure(target)
+        check_tree(usage.bytes, usage.entries, self._max_bytes)
+        return BuiltTree(target, tuple(pins), usage.bytes, time.monotonic() - started)
+
+
+def _pipe_holding(data: bytes) -> int:
+    """The read end of a pipe that holds ``data`` and is closed for writing (a pipe holds 64
+    KiB: the seccomp filter and the secret variables are far smaller)."""
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, data)
+    finally:
+        os.close(write_fd)
+    return read_fd

@@ -15,12 +15,19 @@ Where wheels come from (``ACE3_PIP_*``) reaches uv through its environment varia
 command line (an index URL may carry credentials, and command lines are visible to every user
 of the machine). uv gets a clean environment: no ``ACE3_*`` setting, no database or broker URL,
 no cloud credentials; its configuration files are ignored (``UV_NO_CONFIG``) and it never
-downloads a Python.
+downloads a Python. In the sandbox, the variables of :data:`SECRET_VARIABLES` do not even reach
+bubblewrap's command line (:func:`ace3_worker.sandbox.bubblewrap.secret_arguments`).
+
+A failed step is either refused for good (:class:`EnvironmentRefusedError`: the resolver's
+"No solution found", a malformed wheel, a limit) or may pass when tried again
+(:class:`EnvironmentBuildError`: the index unreachable, a download cut, the disk full, uv
+killed): :func:`uv_error` reads which from uv's own words.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -31,6 +38,34 @@ from ace3_control.environment_settings import EnvironmentSettings
 # of kilobytes).
 MAX_REPORT_BYTES = 4 << 20
 ADDED = "installed"  # the one action of the dry-run's report an environment accepts
+# uv's variables that may hold credentials (``https://user:token@host/simple``).
+SECRET_VARIABLES = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
+# What uv says (0.13) when a step failed for a reason that may pass, as seen on real failures:
+# the index unreachable, refused, slow or failing (uv retries, then says "Request failed
+# after N retries"), a download cut, the index refusing the worker's credentials (a hint under
+# "No solution found"), the wheelhouse missing, the disk full or failing. Anything else (the
+# resolver's refusal, a malformed wheel, no wheel for this platform) fails again.
+_MAY_PASS = (
+    "Request failed after",
+    "Failed to fetch",
+    "error sending request",
+    "error decoding response body",
+    "error reading a body",
+    "end of file before message length",
+    "operation timed out",
+    "Connection refused",
+    "Connection reset",
+    "dns error",
+    "could not be queried due to",  # (401/403 from the index: the worker's credentials)
+    "Failed to read `--find-links` directory",
+    "No space left on device",
+    "Disk quota exceeded",
+    "Input/output error",
+    "Too many open files",
+    "Cannot allocate memory",
+)
+_SANDBOX_TOOLS = ("bwrap:", "setpriv:", "prlimit:")  # (the worker's sandbox failed, not uv)
+_TOO_LARGE = "File too large (os error 27)"  # (RLIMIT_FSIZE, were SIGXFSZ ignored)
 
 
 class EnvironmentRefusedError(RuntimeError):
@@ -166,3 +201,40 @@ def uv_failure(stderr_tail: Sequence[str], returncode: int) -> str:
             break
     text = " ".join(" ".join(lines).split())
     return text.removeprefix("error: ") if text else f"uv exited with {returncode}"
+
+
+def killed_by(returncode: int) -> int | None:
+    """The signal that ended the step: a negative return code (uv itself), or 128 + N
+    (bubblewrap reports its command killed so; uv's own codes are small)."""
+    if returncode < 0:
+        return -returncode
+    if 128 < returncode < 128 + signal.NSIG:
+        return returncode - 128
+    return None
+
+
+def uv_error(
+    stderr_tail: Sequence[str], returncode: int, max_bytes: int
+) -> EnvironmentRefusedError | EnvironmentBuildError:
+    """What a failed step raises: refused for good (the resolver's refusal, a malformed wheel,
+    a file past ``RLIMIT_FSIZE``, i.e. ``ACE3_ENV_MAX_BYTES``), or a build error that may pass
+    (the index unreachable, a download cut, the disk full, uv killed by another signal, the
+    sandbox failing to start) -- see :data:`_MAY_PASS`."""
+    text = uv_failure(stderr_tail, returncode)
+    signum = killed_by(returncode)
+    if signum == signal.SIGXFSZ or _TOO_LARGE in text:
+        return EnvironmentRefusedError(
+            f"the environment is larger than ACE3_ENV_MAX_BYTES ({max_bytes} bytes): a file "
+            "of it reached that size"
+        )
+    if signum is not None:
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
+        return EnvironmentBuildError(f"uv was killed by {name}: {text}")
+    lines = [line.strip() for line in stderr_tail]
+    if any(marker in text for marker in _MAY_PASS) or any(
+        line.startswith(_SANDBOX_TOOLS) for line in lines
+    ):
+        return EnvironmentBuildError(text)
+    if not any(line.startswith("error:") for line in lines):
+        return EnvironmentBuildError(text)  # (uv said nothing of why: nothing says it is final)
+    return EnvironmentRefusedError(text)

@@ -82,6 +82,10 @@ class SandboxView:
     shm_bytes: int = 1 << 30
     env: dict[str, str] = field(default_factory=dict)
     switch: UidSwitch | None = None  # root: switch to this uid inside; None: a user namespace
+    # Variables that must never be on a command line (an index URL with its credentials: every
+    # local user reads /proc/<pid>/cmdline): bubblewrap reads them from ``args_fd``
+    # (:func:`secret_arguments`), after ``--clearenv`` like the others.
+    secret_env: dict[str, str] = field(default_factory=dict)
 
 
 def _ancestors(path: PurePosixPath) -> list[PurePosixPath]:
@@ -98,12 +102,16 @@ def bubblewrap_argv(
     *,
     seccomp_fd: int | None,
     info_fd: int | None,
+    args_fd: int | None = None,
     bwrap: str = "bwrap",
     root: Path = Path("/"),
 ) -> list[str]:
     """The whole command line: ``bwrap <options> -- [setpriv ... --] <command>``.
 
-    ``root`` is where the system directories are looked up (tests pass a fake one)."""
+    ``args_fd``: a pipe holding :func:`secret_arguments` (required when ``view.secret_env`` is
+    not empty). ``root`` is where the system directories are looked up (tests pass a fake one)."""
+    if view.secret_env and args_fd is None:
+        raise ValueError("secret variables need an args_fd: never on the command line")
     argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try"]
     if not view.share_network:  # (on the host's network, the host's name stays: peers use it)
@@ -168,6 +176,8 @@ def bubblewrap_argv(
     argv += ["--clearenv"]
     for key, value in sorted(view.env.items()):
         argv += ["--setenv", key, value]
+    if view.secret_env:
+        argv += ["--args", str(args_fd)]  # (parsed in place: after --clearenv)
     argv += ["--chdir", str(JOB_ROOT)]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -177,6 +187,17 @@ def bubblewrap_argv(
     if view.switch is not None:
         argv += setpriv_prefix(view.switch.uid, view.switch.gid)
     return argv + list(command)
+
+
+def secret_arguments(view: SandboxView) -> bytes:
+    """``--setenv KEY VALUE`` for each of ``view.secret_env``, NUL-separated: what bubblewrap's
+    ``--args FD`` reads from a pipe, so that the values never appear in any process's argv."""
+    parts: list[str] = []
+    for key, value in sorted(view.secret_env.items()):
+        if "\0" in key or "\0" in value or key in view.env:
+            raise ValueError(f"{key}: not a variable bubblewrap can pass")
+        parts += ["--setenv", key, value]
+    return b"".join(part.encode() + b"\0" for part in parts)
 
 
 def setpriv_prefix(uid: int, gid: int, *, no_new_privs: bool = False) -> list[str]:
