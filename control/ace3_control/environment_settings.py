@@ -39,8 +39,9 @@ class EnvironmentSettings(BaseSettings):
         False,
         description="false (the default): wheels only, so no package's setup.py or build "
         "backend ever runs on a worker. true: a package published only as an sdist is built, "
-        "by uv, as the build's unprivileged uid; its build code then runs outside any job "
-        "sandbox (docs/environments.md says what that means).",
+        "by uv, as the build's unprivileged uid in the build's sandbox, with the host's network "
+        "when an index is used and the index settings in its environment "
+        "(docs/environments.md says what that means); ignored under ACE3_SANDBOX=uid.",
     )
     env_cache_dir: Path | None = Field(
         None,
