@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ace3_worker.job_dir import unfreeze_and_retry
+
 logger = logging.getLogger(__name__)
 
 LOCK_DIR = ".attempt-locks"
@@ -101,7 +103,7 @@ def sweep_attempts(work_dir: Path, *, min_age: float = SWEEP_MIN_AGE_SECONDS) ->
             if fd is None:
                 continue  # (a live attempt's)
             try:
-                shutil.rmtree(root, ignore_errors=True)
+                shutil.rmtree(root, onerror=unfreeze_and_retry)  # (read-only inputs too)
                 removed.append(root)
             finally:
                 _release(fd, path)

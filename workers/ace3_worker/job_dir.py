@@ -346,7 +346,7 @@ def attempt_path(work_dir: Path, job_id: str, attempt: int, node_rank: int | Non
     return work_dir / job_id / name
 
 
-def _unfreeze_and_retry(function: Any, path: str, _error: Any) -> None:
+def unfreeze_and_retry(function: Any, path: str, _error: Any) -> None:
     """rmtree's error handler: a worker that is not root cannot remove what its read-only
     (0555) input directories hold (``code/``, ``data/``, the environment's ``env/``, whose
     files are hard links to its cache: left behind, they would keep evicted environments on
@@ -359,7 +359,7 @@ def _unfreeze_and_retry(function: Any, path: str, _error: Any) -> None:
 def remove_attempt_directory(root: Path) -> None:
     """Remove an attempt's directory (whatever the job left in it: rmtree never follows a
     link), and the job's directory once no attempt of it is left on this worker."""
-    shutil.rmtree(root, onerror=_unfreeze_and_retry)
+    shutil.rmtree(root, onerror=unfreeze_and_retry)
     with contextlib.suppress(OSError):
         root.parent.rmdir()  # (only when empty: another node or attempt may still be there)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ace3_worker.attempt_dirs import sweep_attempts
 from ace3_worker.job_dir import remove_attempt_directory
 
 
@@ -24,10 +25,7 @@ def _writable(dir_fd: int | None, path: str) -> bool:
     return bool(mode & stat.S_IWUSR)
 
 
-def test_read_only_inputs_are_removed_as_a_non_root_owner_would(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    root = tmp_path / "job" / "attempt-1"
+def _attempt(root: Path) -> None:
     for part in ("env/pkg", "code", "output"):
         (root / part).mkdir(parents=True)
     (root / "env" / "pkg" / "mod.py").write_text("x = 1\n")
@@ -36,6 +34,8 @@ def test_read_only_inputs_are_removed_as_a_non_root_owner_would(
     for frozen in (root / "env" / "pkg", root / "env", root / "code"):
         frozen.chmod(0o555)
 
+
+def _as_non_root_owner(monkeypatch: pytest.MonkeyPatch) -> None:
     real_unlink, real_rmdir = os.unlink, os.rmdir
 
     def as_owner(real: Any) -> Any:
@@ -48,5 +48,23 @@ def test_read_only_inputs_are_removed_as_a_non_root_owner_would(
 
     monkeypatch.setattr(os, "unlink", as_owner(real_unlink))
     monkeypatch.setattr(os, "rmdir", as_owner(real_rmdir))
+
+
+def test_read_only_inputs_are_removed_as_a_non_root_owner_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "job" / "attempt-1"
+    _attempt(root)
+    _as_non_root_owner(monkeypatch)
     remove_attempt_directory(root)
     assert not root.exists() and not root.parent.exists()
+
+
+def test_a_dead_workers_attempt_is_swept_whole_as_a_non_root_owner_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "work" / "job" / "attempt-2"
+    _attempt(root)
+    _as_non_root_owner(monkeypatch)
+    assert sweep_attempts(tmp_path / "work", min_age=0) == [root]
+    assert not root.exists()
