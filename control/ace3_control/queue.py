@@ -52,12 +52,42 @@ def make_celery(settings: Settings, main: str = "ace3") -> Celery:
     return app
 
 
+def publisher_config(settings: Settings) -> dict[str, Any]:
+    """What a publisher adds to :func:`celery_config`: bounded waits on the broker.
+
+    Without them a publish to a frozen Redis (a network partition, a stopped process) waits
+    for as long as the freeze lasts. With them it fails after a few ``broker_timeout_seconds``
+    and the caller leaves the job to the reconciler. Only publishers get them: a worker's
+    consumer blocks on Redis on purpose, and its connection's timeouts stay Celery's."""
+    timeout = settings.broker_timeout_seconds
+    config: dict[str, Any] = {
+        "broker_connection_timeout": timeout,
+        "task_publish_retry_policy": {
+            "max_retries": settings.broker_publish_retries,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.2,
+        },
+    }
+    if settings.resolved_broker_url.startswith(("redis://", "rediss://")):
+        config["broker_transport_options"] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry_on_timeout": False,
+        }
+    return config
+
+
 class JobPublisher:
-    """Publishes "job <id> has work" messages; the database row is the truth."""
+    """Publishes "job <id> has work" messages; the database row is the truth.
+
+    A publish blocks its thread for at most a few ``broker_timeout_seconds`` (then raises):
+    the API publishes on a thread of its own (``ace3_server.services.publishing``)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._app = make_celery(settings, main="ace3-publisher")
+        self._app.conf.update(publisher_config(settings))
 
     def publish(self, job_id: str, countdown: float | None = None) -> None:
         """Send the message now; with ``countdown`` (seconds) it is not run before then."""

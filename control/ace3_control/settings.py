@@ -43,6 +43,25 @@ class Settings(WorkerSettings):
         None, description="redis://...; default: a filesystem broker under data_dir."
     )
     queue_name: str = Field("ace3.jobs", description="Celery queue the jobs are published on.")
+    broker_timeout_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="Socket and connect timeout of a publish to a Redis broker: a frozen or "
+        "unreachable broker fails the publish after this long (logged; the reconciler "
+        "re-publishes the job).",
+    )
+    broker_publish_retries: int = Field(
+        1,
+        ge=0,
+        description="Times a failed publish is tried again (0.2 s apart) before it is left to "
+        "the reconciler.",
+    )
+    publish_backlog: int = Field(
+        1000,
+        ge=1,
+        description="Messages an API process holds for its publishing thread; past it a "
+        "publish is dropped and left to the reconciler.",
+    )
     storage_dir: Path | None = Field(
         None,
         description="Artifact store root; default data_dir/storage. With storage_url set, only "

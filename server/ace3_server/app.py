@@ -11,7 +11,6 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from ace3_control.db import async_session_factory, make_async_engine
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings, get_settings
 from ace3_control.storage import open_store
 from ace3_server import __version__
@@ -36,6 +35,7 @@ from ace3_server.reconciler import run_reconciler
 from ace3_server.retention import run_retention
 from ace3_server.searches.driver import DriverWakes, run_search_driver
 from ace3_server.services import events
+from ace3_server.services.publishing import PublishQueue
 from ace3_server.services.stream_listener import run_stream_listener
 from ace3_server.services.stream_wake import StreamHub
 from ace3_server.ui import install_ui
@@ -67,7 +67,8 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
         app.state.settings = settings
         app.state.session_factory = async_session_factory(engine)
         app.state.store = open_store(settings)
-        app.state.publisher = JobPublisher(settings)
+        # Publishes never wait on the broker in a request (services/publishing.py).
+        app.state.publisher = PublishQueue.from_settings(settings)
         app.state.key_cache = KeyCache(settings.api_key_cache_seconds)
         hub = _stream_hub(settings)
         app.state.stream_wakes = events.Wakes(hub, settings.stream_safety_poll_seconds)

@@ -18,12 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.models import ApiKey
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
 from ace3_server.auth import hash_key, key_matches, parse_lookup_prefix
 from ace3_server.key_cache import KeyCache
 from ace3_server.searches.wakes import DriverWakes
+from ace3_server.services.publishing import Publisher
 
 _bearer = HTTPBearer(
     auto_error=False, description="An ACE3 API key: `ace3 keys create --name NAME`."
@@ -49,7 +49,7 @@ def get_store(request: Request) -> ArtifactStore:
     return request.app.state.store
 
 
-def get_publisher(request: Request) -> JobPublisher:
+def get_publisher(request: Request) -> Publisher:
     return request.app.state.publisher
 
 
@@ -60,7 +60,7 @@ def get_search_driver(request: Request) -> DriverWakes:
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
-PublisherDep = Annotated[JobPublisher, Depends(get_publisher)]
+PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 SearchDriverDep = Annotated[DriverWakes, Depends(get_search_driver)]
 
 

@@ -30,11 +30,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ace3_control.db import rows_changed
 from ace3_control.models import ACTIVE_SEARCH_STATES, Search, SearchTrial, TrialState, utcnow
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_server.searches.advance import advance
 from ace3_server.searches.wakes import DriverWakes
 from ace3_server.services.jobs import publish_safely
+from ace3_server.services.publishing import Publisher
 
 __all__ = ["DriverWakes", "drive_once", "driver_identity", "run_search_driver"]
 
@@ -67,7 +67,7 @@ async def _claim(
 
 async def drive_once(
     session_factory: async_sessionmaker[AsyncSession],
-    publisher: JobPublisher,
+    publisher: Publisher,
     settings: Settings,
     driver_id: str,
 ) -> set[str]:
@@ -119,7 +119,7 @@ async def drive_once(
 
 async def run_search_driver(
     session_factory: async_sessionmaker[AsyncSession],
-    publisher: JobPublisher,
+    publisher: Publisher,
     settings: Settings,
     wakes: DriverWakes,
 ) -> None:

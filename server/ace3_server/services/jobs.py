@@ -9,7 +9,6 @@ from fastapi import HTTPException
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from starlette.concurrency import run_in_threadpool
 
 from ace3.config import unsupported_settings
 from ace3.locations import url_scheme
@@ -22,7 +21,6 @@ from ace3_control.models import (
     StoredDataset,
     StoredModel,
 )
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_control.stored_weights import find_owned_weights
 from ace3_control.worker_registry import advertised_packages, live_workers
@@ -31,6 +29,7 @@ from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
 from ace3_server.services.dataset_registry import stream_problems
 from ace3_server.services.job_requirements import RequirementsCheck, check_requirements
+from ace3_server.services.publishing import Publisher
 from ace3_server.services.submissions import create_once, get_owned_run
 
 logger = logging.getLogger(__name__)
@@ -287,7 +286,7 @@ async def quota_problems(
 
 async def create_job(
     session: AsyncSession,
-    publisher: JobPublisher,
+    publisher: Publisher,
     *,
     owner_id: str,
     body: JobCreate,
@@ -353,10 +352,13 @@ async def create_job(
     return job, created
 
 
-async def publish_safely(publisher: JobPublisher, job_id: str) -> None:
-    """Publish after the commit; if the broker is down the reconciler re-publishes later."""
+async def publish_safely(publisher: Publisher, job_id: str) -> None:
+    """Publish after the commit, without waiting on the broker: the API's publisher
+    (``services.publishing.PublishQueue``) hands the message to a thread of its own and
+    returns at once. A publish that fails is logged, and the reconciler re-publishes the job
+    later. (A coroutine only so that its callers need not change if it ever awaits.)"""
     try:
-        await run_in_threadpool(publisher.publish, job_id)
+        publisher.publish(job_id)
     except Exception:
         logger.exception("could not publish job %s; the reconciler will re-publish it", job_id)
 

@@ -31,8 +31,8 @@ from ace3_control.models import (
     WebhookDelivery,
     utcnow,
 )
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
+from ace3_server.services.publishing import Publisher
 from ace3_server.webhooks.outbox import BATCH, fan_out, prune
 from ace3_server.webhooks.sender import Claimed, Outcome, delivery_client, encode, post
 
@@ -239,7 +239,7 @@ class DeliveryLoop:
 
 
 async def run_webhook_deliveries(
-    session_factory: async_sessionmaker[AsyncSession], publisher: JobPublisher, settings: Settings
+    session_factory: async_sessionmaker[AsyncSession], publisher: Publisher, settings: Settings
 ) -> None:
     """The API's background loop (``publisher`` is unused: the signature of every loop)."""
     del publisher
