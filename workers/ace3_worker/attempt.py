@@ -28,6 +28,9 @@ MAX_GUARD_NOTICES_PER_ATTEMPT = 200
 # Typed records (job_records: instability, preempted) stored per attempt; past this they are
 # only counted (a job that writes them without end cannot flood the database).
 MAX_TYPED_RECORDS_PER_ATTEMPT = 1000
+# rank_failure records kept per attempt (the earliest; one a failing rank, so a bound only a
+# job that writes its own ever reaches).
+MAX_RANK_FAILURES_PER_ATTEMPT = 64
 
 
 @dataclass(frozen=True)

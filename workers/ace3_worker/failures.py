@@ -6,15 +6,23 @@ signal). A rank killed by a signal (the kernel's OOM killer, a stray ``kill -9``
 node) is retried from the last verified checkpoint while the job's retry budget lasts, like
 Determined's ``max_restarts``; a rank that raised an exception fails the job (its code would
 raise it again), and so does one that passed its CPU-time or file-size limit.
+
+Which rank failed first is told by the ranks' own ``rank_failure`` records (each written with a
+nanosecond time by the rank that raised, :class:`ace3.config.events.RankFailureRecord`): the
+earliest is the headline and the later ones its consequences (a peer waiting in a collective
+fails on the closed connection, and may well be the last to write to stderr). Without a record
+(a rank killed by a signal writes none, and a job may fail before its first), the rank that
+wrote to stderr last is named, as before.
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ace3.config.events import RankFailureRecord
 from ace3_control.job_nodes import echoes_a_peer
 from ace3_worker.sandbox.limits import JobLimits
 
@@ -134,19 +142,56 @@ def limit_hint(exception: str, limits: JobLimits | None) -> str:
     return ""
 
 
+# Consequences named after the headline at most (each cut), so the message stays readable.
+MAX_CONSEQUENCES = 8
+_CONSEQUENCE_CHARS = 300
+
+
+def _error(record: RankFailureRecord) -> str:
+    """``ValueError: bad value`` (as a traceback's last line reads)."""
+    return f"{record.error_type}: {record.message}" if record.message else record.error_type
+
+
+def consequences(records: Sequence[RankFailureRecord]) -> list[str]:
+    """The lines naming the failures after the first (``records`` earliest first), with how
+    long after it each came."""
+    first = records[0]
+    lines = [
+        f"then rank {record.rank}, {(record.time_ns - first.time_ns) / 1e9:.3f} s later: "
+        + _error(record)[:_CONSEQUENCE_CHARS]
+        for record in records[1 : MAX_CONSEQUENCES + 1]
+    ]
+    if len(records) > MAX_CONSEQUENCES + 1:
+        lines.append(f"(and {len(records) - MAX_CONSEQUENCES - 1} more failures)")
+    return lines
+
+
 def failure_message(
     returncode: int,
     rank_stderr: Iterable[tuple[int, str]],
     launcher_stderr: Iterable[str],
     cause: RankFailure | None = None,
     limits: JobLimits | None = None,
+    rank_failures: Sequence[RankFailureRecord] = (),
 ) -> str:
-    """One line naming what failed (the exception a rank raised, or the signal that killed
-    it), then that rank's stderr (or torchrun's)."""
+    """One line naming what failed (the signal that killed a rank; else the earliest of the
+    ranks' failure records, followed by the later ones, its consequences; else the exception
+    of the rank that wrote to stderr last), then that rank's stderr (or torchrun's)."""
     rank_lines = list(rank_stderr)
+    records = sorted(rank_failures, key=lambda record: (record.time_ns, record.rank))
     if cause is not None and cause.signal is not None:
         lines = [line for rank, line in rank_lines if rank == cause.rank] or list(launcher_stderr)
         headline = f"training failed: {cause.headline()}"
+    elif records:
+        first = records[0]
+        exception = _error(first)
+        lines = consequences(records) + (
+            [line for rank, line in rank_lines if rank == first.rank] or list(launcher_stderr)
+        )
+        headline = (
+            f"training exited with code {returncode}: rank {first.rank}: {exception}"
+            + limit_hint(exception, limits)
+        )
     elif rank_lines:
         first_rank = rank_lines[-1][0]
         lines = [line for rank, line in rank_lines if rank == first_rank]

@@ -1,5 +1,6 @@
 """Storing what a running attempt produces: its log lines, its events records (metrics, the run
-plan, checkpoints, the typed instability and preempted records, refusals) and its artifacts.
+plan, checkpoints, the typed instability and preempted records, refusals; the ranks' failure
+records are kept for the failure's message) and its artifacts.
 
 Everything the job writes is untrusted: events are validated (:mod:`ace3.config.events`) and a refused
 one becomes a warning in the job's log (stream ``service``, which a job cannot write);
@@ -27,6 +28,7 @@ from ace3.config.events import (
     MetricsRecord,
     NonFiniteLossRecord,
     PreemptedRecord,
+    RankFailureRecord,
     RefusedRecord,
     RunPlan,
     StartRecord,
@@ -41,6 +43,7 @@ from ace3_worker.attempt import (
     ERROR_TAIL_LINES,
     MAX_GUARD_NOTICES_PER_ATTEMPT,
     MAX_NOTICES_PER_ATTEMPT,
+    MAX_RANK_FAILURES_PER_ATTEMPT,
     MAX_TYPED_RECORDS_PER_ATTEMPT,
     POLL_SECONDS,
 )
@@ -81,6 +84,8 @@ class JobOutput:
         default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES)
     )
     launcher_stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=ERROR_TAIL_LINES))
+    # The ranks' failure records, earliest first (at most MAX_RANK_FAILURES_PER_ATTEMPT).
+    rank_failures: list[RankFailureRecord] = field(default_factory=list)
     # Drained but not yet stored (the database was unreachable): retried on the next pass.
     pending_lines: list[reports.LogLine] = field(default_factory=list)
     pending_records: list[PendingRecord] = field(default_factory=list)
@@ -242,6 +247,10 @@ class Ingest:
         elif isinstance(record, InstabilityRecord | PreemptedRecord):
             self._take_typed(output, job, item, record)
             return item
+        elif isinstance(record, RankFailureRecord):
+            output.rank_failures = sorted(
+                [*output.rank_failures, record], key=lambda kept: (kept.time_ns, kept.rank)
+            )[:MAX_RANK_FAILURES_PER_ATTEMPT]
         elif isinstance(record, CheckpointRecord):
             outcome: str | checkpoints.StagedCheckpoint | None = checkpoints.checkpoint_problem(
                 record, directory.visible(directory.checkpoints_dir), events.plan
@@ -313,7 +322,7 @@ class Ingest:
             logger.exception("job %s: artifact sync failed; retrying", artifacts.job_id)
         finally:
             for notice in artifacts.take_notices():
-                lines.put(reports.LogLine("stdout", None, notice))
+                lines.put(service_line(notice))
 
     def final_artifact_sync(
         self, artifacts: ArtifactSync, lines: queue.Queue[reports.LogLine]

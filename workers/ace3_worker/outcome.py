@@ -150,6 +150,7 @@ class Outcomes:
             watch.output.launcher_stderr_tail,
             cause,
             self.limits,
+            watch.output.rank_failures,
         )
 
     def node_exit(

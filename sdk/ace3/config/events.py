@@ -9,9 +9,12 @@ One JSON object a line, each one of the records below, told apart by ``type``:
 - ``nonfinite_loss``: the training loss became NaN or infinite; the run then stops;
 - ``instability``: the instability guard found an unstable step (:class:`InstabilityRecord`);
 - ``preempted``: SIGTERM stopped the run after a checkpoint (:class:`PreemptedRecord`);
+- ``rank_failure``: a rank raised an exception and exits (:class:`RankFailureRecord`);
 - ``summary``: the final metrics, last (:class:`SummaryRecord`).
 
-The engine builds these models and writes :func:`encode_record`'s line (rank 0 only); an
+The engine builds these models and writes :func:`encode_record`'s line (rank 0 only, except a
+``rank_failure`` record: every rank that fails appends its own, one short line in one write to
+a file opened for appending, so lines of several ranks never mix); an
 in-process run's collector receives the same objects. The worker reads the file back with
 :func:`parse_record`: a job runs a stranger's code, and rank 0's events file is written by the
 same process as that code, so every line is untrusted input there. Unknown keys and types are
@@ -57,6 +60,15 @@ Scalar = float | int | bool | None | Annotated[str, StringConstraints(max_length
 # Text a record carries into the job's log, the API and a terminal: no control characters
 # (C0, DEL, C1) and no line or paragraph separators (U+2028, U+2029).
 PLAIN_TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\x{2028}\x{2029}]+$"
+PLAIN_TEXT_OR_EMPTY = r"^[^\x00-\x1f\x7f-\x9f\x{2028}\x{2029}]*$"
+MAX_FAILURE_MESSAGE_CHARS = 1000
+_NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def plain_text(text: str, limit: int) -> str:
+    """``text`` as a record may carry it: each run of control characters or line separators
+    becomes one space, cut to ``limit`` characters."""
+    return _NOT_PLAIN.sub(" ", text).strip()[:limit]
 
 
 def _finite_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +213,25 @@ class PreemptedRecord(_Record):
     ) = None
 
 
+class RankFailureRecord(_Record):
+    """Rank ``rank`` raised ``error_type`` (``message``: its text on one line, cut) at
+    ``time_ns`` (``time.time_ns()`` when the engine's entry point caught it). Every rank that
+    fails writes its own, so the worker names the earliest as the failure's root cause and the
+    later ones (a peer's closed connection...) as its consequences, which torchrun's error
+    summary cannot tell apart (it names the first rank whose exit its agent saw, in whole
+    seconds). A rank killed by a signal writes none."""
+
+    type: Literal["rank_failure"] = "rank_failure"
+    rank: Annotated[int, Field(ge=0, le=1 << 20, strict=True)]
+    error_type: Annotated[
+        str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z_][\w.]*$")
+    ]
+    message: Annotated[
+        str, StringConstraints(max_length=MAX_FAILURE_MESSAGE_CHARS, pattern=PLAIN_TEXT_OR_EMPTY)
+    ] = ""
+    time_ns: Annotated[int, Field(ge=0, le=(1 << 63) - 1, strict=True)]
+
+
 AnyRecord = (
     StartRecord
     | MetricsRecord
@@ -209,6 +240,7 @@ AnyRecord = (
     | NonFiniteLossRecord
     | InstabilityRecord
     | PreemptedRecord
+    | RankFailureRecord
 )
 EventRecord = Annotated[AnyRecord, Field(discriminator="type")]
 _RECORD: TypeAdapter[EventRecord] = TypeAdapter(EventRecord)

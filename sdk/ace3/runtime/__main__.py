@@ -5,7 +5,10 @@ failure the traceback goes to stderr and the exit status is 1; a rank that ran o
 inside a step of a multi-process job (:class:`ace3.errors.StepOutOfMemoryError`) exits with
 ``OUT_OF_MEMORY_EXIT_CODE`` (75) instead, which the worker answers with another attempt at half
 the micro-batch. A rank stopped by SIGTERM after its preemption checkpoint
-(:mod:`ace3.runtime.loop.preemption`) exits with ``PREEMPTED_EXIT_CODE`` (76).
+(:mod:`ace3.runtime.loop.preemption`) exits with ``PREEMPTED_EXIT_CODE`` (76). A rank that
+fails with an exception also appends a ``rank_failure`` record (its rank, the exception, the
+time in nanoseconds) to the events file, so the worker names the first failure as the cause
+and a peer's failure in the collective it was waiting in as a consequence.
 
 The process ends with ``os._exit`` after an orderly shutdown (group destroyed, atexit handlers
 run, streams flushed): Gloo's worker threads outlive ``destroy_process_group`` and can release
@@ -19,7 +22,10 @@ import argparse
 import atexit
 import os
 import sys
+import time
 import traceback
+from dataclasses import dataclass
+from pathlib import Path
 
 from ace3.errors import (
     OUT_OF_MEMORY_EXIT_CODE,
@@ -42,10 +48,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _train(job_path: str) -> None:
-    # Imported here so that a broken torch install is reported like any other failure.
-    from pathlib import Path
+@dataclass
+class _Attempt:
+    """What the entry point learns of the attempt as it starts: where its output goes (None
+    until job.json was read)."""
 
+    output_dir: Path | None = None
+
+
+def _train(job_path: str, attempt: _Attempt) -> None:
+    # Imported here so that a broken torch install is reported like any other failure.
     from ace3.runtime.build import build
     from ace3.runtime.job_spec import load_job_spec
     from ace3.runtime.loop.loop import RunPlace, TrainingLoop
@@ -55,6 +67,7 @@ def _train(job_path: str) -> None:
     from ace3.runtime.process.distributed import init_distributed
 
     job = load_job_spec(job_path)
+    attempt.output_dir = Path(job.output_dir)
     add_environment(job.environment)
     ctx = init_distributed(job.config)
     ENGINE.info(f"ready: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}")
@@ -106,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0") or 0)
     install_log_prefix(rank)
     set_rank(rank)  # (the rank in every engine log record)
+    attempt = _Attempt()
     try:
-        _train(args.job)
+        _train(args.job, attempt)
         return 0
     except StepOutOfMemoryError as exc:
         # No traceback: the worker reads the exit status and retries with smaller micro-batches.
@@ -119,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         keep_engine_log()
         ENGINE.error(f"TrainingPreemptedError: {exc}", extra=TO_STDERR)
         return PREEMPTED_EXIT_CODE
-    except Exception:
+    except Exception as exc:
+        failed_at = time.time_ns()  # (before the group is torn down, which fails the peers)
+        if attempt.output_dir is not None:
+            from ace3.runtime.observe.reporting import report_rank_failure
+
+            report_rank_failure(attempt.output_dir, rank, exc, failed_at)
         traceback.print_exc()
         return 1
     finally:

@@ -3,11 +3,14 @@
 The records are the typed models of :mod:`ace3.config.events` (``start``, ``metrics``,
 ``checkpoint``, ``nonfinite_loss``, ``instability``, ``preempted``, ``summary``), built and
 validated here, so the engine cannot write a record the worker would refuse. A non-finite float (a diverged loss) is written
-as ``null``. On other ranks the writer is a no-op.
+as ``null``. On other ranks the writer is a no-op, except for :func:`report_rank_failure`:
+every rank that fails appends its own ``rank_failure`` record.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -15,17 +18,22 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from ace3.config.events import (
+    MAX_FAILURE_MESSAGE_CHARS,
     AnyRecord,
     EventRecord,
     InstabilityRecord,
     MetricsRecord,
     NonFiniteLossRecord,
     PreemptedRecord,
+    RankFailureRecord,
     StartRecord,
     SummaryRecord,
     encode_record,
     finite_or_none,
+    plain_text,
 )
+
+_TYPE_NAME = re.compile(r"^[A-Za-z_][\w.]{0,199}$", re.ASCII)
 
 
 class EventRecordError(ValueError):
@@ -143,6 +151,19 @@ class EventWriter:
         """SIGTERM stopped the run after ``step``, with the checkpoint file ``checkpoint``."""
         self.emit(PreemptedRecord, step=step, epoch=epoch, checkpoint=checkpoint)
 
+    def rank_failure(self, rank: int, error: BaseException, time_ns: int) -> None:
+        """Rank ``rank`` raised ``error`` at ``time_ns`` (``time.time_ns()``)."""
+        kind = type(error)
+        module = kind.__module__
+        name = kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+        self.emit(
+            RankFailureRecord,
+            rank=rank,
+            error_type=name if _TYPE_NAME.match(name) else "Exception",
+            message=plain_text(str(error), MAX_FAILURE_MESSAGE_CHARS),
+            time_ns=time_ns,
+        )
+
     def summary(
         self,
         final_metrics: dict[str, Any],
@@ -162,3 +183,20 @@ class EventWriter:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+def report_rank_failure(output_dir: Path, rank: int, error: BaseException, time_ns: int) -> None:
+    """Append this rank's ``rank_failure`` record to ``output_dir/events.jsonl``, whatever the
+    rank (the record is one short line written at once to a file opened for appending, so
+    records of ranks failing together never mix). Best effort: a rank that cannot write it (a
+    full disk) still exits with its traceback, and the worker falls back on the ranks' stderr."""
+    writer: EventWriter | None = None
+    try:
+        writer = EventWriter(output_dir / "events.jsonl", enabled=True)
+        writer.rank_failure(rank, error, time_ns)
+    except (OSError, ValueError):
+        pass
+    finally:
+        if writer is not None:
+            with contextlib.suppress(OSError):
+                writer.close()
