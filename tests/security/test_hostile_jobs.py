@@ -54,7 +54,7 @@ def other_owner_marker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -
     marker = f"other-owner-secret-{secrets.token_hex(8)}"
     key, _ = stack.create_key("victim")
     path = tmp_path_factory.mktemp("victim") / "secret.csv"
-    path.write_text(f"feature,label\n{marker},1\n")
+    path.write_text(f"{marker},label\n1,1\n")  # (in the header: every cell is a number)
     with ace3.Client(api_key=key, base_url=stack.base_url) as victim:
         victim.load_dataset(path)
     return marker

@@ -6,7 +6,6 @@ existing record. Deleting keeps the row (old jobs still name it) but frees the s
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import re
 import shutil
@@ -42,6 +41,9 @@ from ace3_server.services.job_requirements import read_package_requirements
 from ace3_server.services.shard_store import delete_unshared_shards
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.storable import text_problem
+from ace3_server.upload_checks import UploadCheckError
+from ace3_server.upload_checks.datasets import check_dataset_file, check_dataset_tree
+from ace3_server.upload_checks.model_source import check_model_source
 
 DATASET_FILE_FORMATS = {".pt": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -65,18 +67,18 @@ def safe_display_name(filename: str | None, fallback: str) -> str:
     return name[:255] or fallback
 
 
-def _check_python_source(source: bytes, display: str) -> None:
-    """422 naming the file unless ``source`` parses as Python. Nesting deep enough to exhaust
-    the parser (RecursionError, or MemoryError from CPython's parser stack) is refused too."""
-    try:
-        ast.parse(source, filename=display)
-    except (SyntaxError, ValueError) as exc:
-        raise field_error(["body", "file"], f"{display} is not valid Python: {exc}") from exc
-    except (RecursionError, MemoryError) as exc:
-        raise field_error(
-            ["body", "file"],
-            f"{display} is not valid Python: it nests expressions too deeply for the parser",
-        ) from exc
+def _refuse(problem: UploadCheckError, prefix: str = "") -> HTTPException:
+    """A checker's problem as the API's 422 on the uploaded file."""
+    return field_error(["body", "file"], f"{prefix}{problem}")
+
+
+def _entry_module_file(tree: Path, entry_module: str) -> Path | None:
+    """The file Python imports for ``entry_module`` from ``tree`` (a package before a module)."""
+    relative = Path(*entry_module.split("."))
+    for candidate in (tree / relative / "__init__.py", (tree / relative).with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def _extract_staged(
@@ -115,7 +117,10 @@ def prepare_model(
     variant_digest = hashlib.sha256(variant.encode()).hexdigest()[:16]
     base_key = f"models/{owner_id}/{staged.sha256}-{variant_digest}"
     if display.endswith(".py"):
-        _check_python_source(staged.path.read_bytes(), display)
+        try:
+            check_model_source(staged.path.read_bytes(), display, factory)
+        except UploadCheckError as exc:
+            raise _refuse(exc) from None
         fields: dict[str, Any] = {
             "kind": "file",
             "entry_module": None,
@@ -136,14 +141,18 @@ def prepare_model(
         )
     tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
     relative = Path(*entry_module.split("."))
-    if not (
-        (tree / relative).with_suffix(".py").is_file()
-        or (tree / relative / "__init__.py").is_file()
-    ):
+    entry_file = _entry_module_file(tree, entry_module)
+    if entry_file is None:
         shutil.rmtree(tree, ignore_errors=True)
         raise field_error(
             ["body", "entry_module"], f"the archive has no module {entry_module!r} ({relative}.py)"
         )
+    try:
+        entry_name = entry_file.relative_to(tree).as_posix()
+        check_model_source(entry_file.read_bytes(), entry_name, factory)
+    except UploadCheckError as exc:
+        shutil.rmtree(tree, ignore_errors=True)
+        raise _refuse(exc, f"{display}: ") from None
     try:
         requirements = read_package_requirements(tree, entry_module)
     except ValueError as exc:  # (a RequirementError names the entry)
@@ -196,6 +205,10 @@ def prepare_dataset(
                 f"{display}: unsupported dataset format {suffix or '(none)'!r}; expected one of "
                 f"{expected}, or a directory (kind=directory)",
             )
+        try:
+            check_dataset_file(staged.path, data_format)
+        except UploadCheckError as exc:
+            raise _refuse(exc, f"{display}: ") from None
         key = f"{base_key}/data{suffix}"
         return PreparedArtifact(staged.path, key, common | {"kind": "file", "format": data_format})
     if kind != "directory":
@@ -211,6 +224,11 @@ def prepare_dataset(
         raise field_error(
             ["body", "file"], f"the directory holds no dataset.py and no data file ({expected})"
         )
+    try:
+        check_dataset_tree(tree)
+    except UploadCheckError as exc:
+        shutil.rmtree(tree, ignore_errors=True)
+        raise _refuse(exc, f"{display}: ") from None
     return PreparedArtifact(
         tree, f"{base_key}/tree", common | {"kind": "directory", "format": "directory"}
     )

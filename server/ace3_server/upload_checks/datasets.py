@@ -1,0 +1,45 @@
+"""Dispatch an uploaded dataset to its format's checker: a file by its format, a directory by
+the data files the engine would read from it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ace3_server.upload_checks.errors import UploadCheckError
+from ace3_server.upload_checks.npz import check_npz
+from ace3_server.upload_checks.text_data import check_csv, check_jsonl
+from ace3_server.upload_checks.torch_pickle import check_pt
+
+CHECKERS: dict[str, Callable[[Path], object]] = {
+    "pt": check_pt,
+    "npz": check_npz,
+    "csv": check_csv,
+    "jsonl": check_jsonl,
+}
+# The engine's suffixes for a directory's one data file (ace3.runtime.data.dataset_files).
+DIRECTORY_SUFFIXES = {".pt": "pt", ".pth": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
+
+
+def check_dataset_file(path: Path, data_format: str) -> None:
+    """Run the checker of ``data_format`` on ``path``; :class:`UploadCheckError` on a problem."""
+    CHECKERS[data_format](path)
+
+
+def check_dataset_tree(tree: Path) -> None:
+    """A directory without a ``dataset.py`` is read from its one top-level data file (the
+    engine's rule): check that file, naming it. With a ``dataset.py``, or any other number of
+    data files, nothing is certain here (the engine's own message says which)."""
+    if (tree / "dataset.py").is_file():
+        return
+    files = [
+        p
+        for p in tree.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in DIRECTORY_SUFFIXES
+    ]
+    if len(files) != 1:
+        return
+    try:
+        check_dataset_file(files[0], DIRECTORY_SUFFIXES[files[0].suffix.lower()])
+    except UploadCheckError as exc:
+        raise UploadCheckError(f"{files[0].name}: {exc}") from None
