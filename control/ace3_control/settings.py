@@ -165,7 +165,10 @@ class Settings(WorkerSettings):
         60.0, gt=0, description="A running job's lease; the worker renews it with every heartbeat."
     )
     heartbeat_seconds: float = Field(
-        5.0, gt=0, description="How often a worker renews its lease and reads the cancel flag."
+        2.0,
+        gt=0,
+        description="How often a worker renews its registry row, its jobs' leases and reads the "
+        "cancel flag; a worker silent for 3 of them is dead and its jobs are re-queued.",
     )
     cancel_grace_seconds: float = Field(
         10.0, ge=0, description="SIGTERM to SIGKILL delay when cancelling."
@@ -185,7 +188,10 @@ class Settings(WorkerSettings):
         "the next preemption fails the job.",
     )
     reconcile_interval_seconds: float = Field(
-        10.0, gt=0, description="How often the API re-publishes lost messages and expires leases."
+        2.0,
+        gt=0,
+        description="How often the API re-queues dead workers' jobs, re-publishes lost messages "
+        "and expires leases.",
     )
     republish_after_seconds: float = Field(
         30.0, gt=0, description="Re-publish a queued job nobody claimed after this long."

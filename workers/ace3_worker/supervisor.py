@@ -207,10 +207,13 @@ class Supervisor:
             self._keep_message(job_id, seat.job_id)
             return seat
         with self.sessions() as session:
+            # The job names this worker by its registry id (the gang's node id), so that the
+            # reconciler re-queues it as soon as that row goes stale (ace3_control.orphans); a
+            # supervisor without a registration names its process instead.
             claimed = scheduling.claim_next(
                 session,
                 capacity,
-                self.worker_id,
+                self.gang.worker_id,
                 self.settings.lease_seconds,
                 node_id=self.gang.worker_id,
                 message_job_id=job_id,
