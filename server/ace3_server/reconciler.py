@@ -35,16 +35,16 @@ from ace3_control.models import (
     utcnow,
 )
 from ace3_control.orphans import HeartbeatWatch, WorkerRow, is_registry_id, orphaned
-from ace3_control.queue import JobPublisher
 from ace3_control.settings import Settings
 from ace3_server.services.jobs import publish_safely
+from ace3_server.services.publishing import Publisher
 
 logger = logging.getLogger(__name__)
 
 
 async def reconcile_once(
     session_factory: async_sessionmaker[AsyncSession],
-    publisher: JobPublisher,
+    publisher: Publisher,
     settings: Settings,
     watch: HeartbeatWatch | None = None,
 ) -> None:
@@ -175,7 +175,7 @@ async def fail_unschedulable(session: AsyncSession, settings: Settings, now: dat
 
 
 async def run_reconciler(
-    session_factory: async_sessionmaker[AsyncSession], publisher: JobPublisher, settings: Settings
+    session_factory: async_sessionmaker[AsyncSession], publisher: Publisher, settings: Settings
 ) -> None:
     """Every ``ACE3_RECONCILE_INTERVAL_SECONDS``, with one :class:`HeartbeatWatch` for the life
     of the API process (forgotten after a failed pass: the database may have been down for the
