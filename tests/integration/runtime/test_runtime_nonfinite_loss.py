@@ -77,7 +77,11 @@ def test_nan_loss_on_one_rank_stops_both_with_the_step_where_it_began(tmp_path: 
         "type": "start", "total_steps": 16, "steps_per_epoch": 16, "epochs": 1,
         "world_size": 2, "resumed_from_step": 0,
     }  # fmt: skip
-    assert records[-1] == {
+    # (each rank that raised then appends its rank_failure record: the root cause's time)
+    failures = [r for r in records if r["type"] == "rank_failure"]
+    assert {r["rank"] for r in failures} <= {0, 1} and failures, records[-3:]
+    assert all(r["error_type"] == "ace3.errors.NonFiniteLossError" for r in failures), failures
+    assert [r for r in records if r["type"] != "rank_failure"][-1] == {
         "type": "nonfinite_loss", "step": 5, "reported_at_step": 8, "epoch": 1,
         "metric": "train_loss", "value": "nan",
     }  # fmt: skip
