@@ -17,11 +17,14 @@ import signal
 import socket
 import subprocess
 import threading
+import warnings
 from dataclasses import dataclass
 
 from ace3.config.warm_launch import WarmJob, parse_started, read_line, send_message
 from ace3.runtime.process.warm_launcher import COMMAND, WARM_RANK_ARGS
 
+# A rank's stack while it waits for the agent's store it never reached (see WarmRuns.run).
+STUCK_BEFORE_THE_STORE = "in _create_c10d_store"
 # What changes from test to test in pytest's environment and means nothing to a run.
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 
@@ -65,9 +68,36 @@ class WarmRuns:
         return spare if spare is not None else self._start(env)
 
     def run(
-        self, job_file: str, nproc: int, env: dict[str, str], timeout: float = 180
+        self, job_file: str, nproc: int, env: dict[str, str], timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        """``torchrun --standalone --nproc-per-node nproc`` of the engine on ``job_file``."""
+        """``torchrun --standalone --nproc-per-node nproc`` of the engine on ``job_file``.
+
+        A run whose ranks never all reached the agent's store is run once more, with a warning
+        that shows where each process was. That hang is a known defect of the warm path, not
+        of the code under test: now and then (about one full-suite run in three, always a run
+        of 4 or 8 forked ranks) one rank stays in ``TCPStore``'s client constructor
+        (``_create_c10d_store``) while its peers wait for it in gloo's full mesh. The likely
+        cause: the ranks are forked from the launcher while the agent's store thread runs in
+        it, so a rank forked at the wrong moment inherits a lock that thread held. Any other
+        timeout fails the test at once."""
+        outcome = self._run_once(job_file, nproc, env, timeout)
+        if isinstance(outcome, str) and STUCK_BEFORE_THE_STORE in outcome:
+            warnings.warn(
+                "a warm run's rank never reached the agent's store (the known fork hang); "
+                f"running it again. Where each process was:\n{outcome}",
+                stacklevel=2,
+            )
+            outcome = self._run_once(job_file, nproc, env, timeout)
+        if isinstance(outcome, str):
+            raise AssertionError(
+                f"the run did not end in {timeout:g} s; where each process was:\n{outcome}"
+            )
+        return outcome
+
+    def _run_once(
+        self, job_file: str, nproc: int, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str] | str:
+        """The run's result, or where each of its processes was when it timed out."""
         env = {key: value for key, value in env.items() if key not in VOLATILE}
         launcher = self._take(env)
         parse_started(read_line(launcher.control))
@@ -80,10 +110,7 @@ class WarmRuns:
         try:
             stdout, stderr = launcher.process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"the run did not end in {timeout:g} s; where each process was:\n"
-                + self._abort(launcher)
-            ) from None
+            return self._abort(launcher)
         finally:
             self._stop(launcher)
         return subprocess.CompletedProcess(
