@@ -1,40 +1,69 @@
-"""GET /v1/queue on the real stack: the caller's queued jobs in claim order (the fair queue:
-priority, then owners take turns) with their global position and why they wait; other owners'
-queued jobs are counted, never listed."""
+"""GET /v1/queue on the real API over Postgres: the caller's queued jobs in claim order (the fair
+queue: priority, then owners take turns) with their global position and why they wait; other
+owners' queued jobs are counted, never listed.
+
+The queue is global, so the test has an API and a database of its own: on the session's shared
+stack, other tests' jobs entering or leaving the queue between two reads moved every position
+(two full-suite runs failed so, one each way)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 import httpx
+import pytest
 from sqlalchemy import delete
 
 from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.models import Job, JobState, utcnow
-from tests.conftest import Stack, insert_job
+from ace3_control.models import Job, JobState, Owner, utcnow
+from ace3_control.settings import Settings
+from tests.conftest import fresh_database, insert_job
+from tests.integration.server.in_process_api import add_key, serve
+
+
+@pytest.fixture(scope="module")
+def database_url() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def base_url(
+    database_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("queue"), database_url=database_url, broker_url=redis_url
+    )
+    with serve(settings) as (_app, url):
+        yield url
 
 
 def test_the_queue_lists_only_the_callers_jobs_with_global_positions(
-    stack: Stack, database_url: str
+    base_url: str, database_url: str
 ) -> None:
-    key, owner_id = stack.create_key("queue-owner")
-    other_key, other_owner_id = stack.create_key("queue-other")
     engine = make_sync_engine(database_url)
     sessions = sync_session_factory(engine)
-    # Published "in the future": the reconciler never re-publishes them (their enqueued_at is
-    # not stale); too large for the stack's worker (8 processes), which never claims them; low
-    # priority: last in line.
+    with sessions() as session:
+        template = insert_job(session, state=JobState.CANCELLED)
+        owner_id, model_id, dataset_id = template.owner_id, template.model_id, template.dataset_id
+        other = Owner(name="queue-other")
+        session.add(other)
+        session.commit()
+        other_owner_id = other.id
+        key, _ = add_key(session, owner_id)
+        other_key, _ = add_key(session, other_owner_id)
+    # Too large for any worker (none runs here anyway), low priority: last in line.
     later = utcnow() + timedelta(hours=1)
     ids: list[str] = []
     try:
         with sessions() as session:
-            template = insert_job(session, state=JobState.CANCELLED)
             for index, owner in enumerate([owner_id, other_owner_id, owner_id]):
                 job = Job(
                     owner_id=owner,
                     name=f"queued-{index}",
-                    model_id=template.model_id,
-                    dataset_id=template.dataset_id,
+                    model_id=model_id,
+                    dataset_id=dataset_id,
                     config={"num_gpus": 64},
                     model_kwargs={},
                     num_processes=64,
@@ -48,9 +77,7 @@ def test_the_queue_lists_only_the_callers_jobs_with_global_positions(
                 ids.append(job.id)
             session.commit()
 
-        with httpx.Client(
-            base_url=stack.base_url, headers={"Authorization": f"Bearer {key}"}
-        ) as client:
+        with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}) as client:
             response = client.get("/v1/queue")
             assert response.status_code == 200, response.text
             body = response.json()
@@ -69,20 +96,17 @@ def test_the_queue_lists_only_the_callers_jobs_with_global_positions(
             job = client.get(f"/v1/jobs/{ids[2]}").json()
             assert (job["priority"], job["queue_position"]) == ("low", last["position"])
             assert job["waiting_reason"] == "priority"
-            # (ids, not positions: another test's job entering the shared stack's queue ahead
-            # of these between the two reads moves every position behind it)
-            first = client.get("/v1/queue", params={"limit": 1}).json()["data"]
-            assert [job["id"] for job in first] == [mine["id"]]
+            assert client.get("/v1/queue", params={"limit": 1}).json()["data"] == [mine]
             bad = client.get("/v1/queue", params={"limit": 0})
             assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "limit"]
 
         with httpx.Client(
-            base_url=stack.base_url, headers={"Authorization": f"Bearer {other_key}"}
+            base_url=base_url, headers={"Authorization": f"Bearer {other_key}"}
         ) as client:
             other = client.get("/v1/queue").json()
             assert [job["id"] for job in other["data"]] == [ids[1]]
             assert other["data"][0]["position"] == mine["position"] + 1
-        assert httpx.get(f"{stack.base_url}/v1/queue").status_code == 401
+        assert httpx.get(f"{base_url}/v1/queue").status_code == 401
     finally:
         with sessions() as session:
             session.execute(delete(Job).where(Job.id.in_(ids)))
