@@ -306,3 +306,26 @@ def test_no_source_build_as_the_build_uid_without_bubblewrap(tmp_path: Path) -> 
         assert not follows.pip_allow_source_builds and "ACE3_PIP_ALLOW_SOURCE_BUILDS" in lines[0]
     bwrap_plan = SandboxPlan(mode="bwrap", dedicated_uids=True, runtime_paths=(), hidden=())
     assert EnvironmentBuilder(settings, bwrap_plan)._uv_settings().pip_allow_source_builds
+
+
+def test_uvs_output_is_read_a_bounded_piece_at_a_time(
+    tmp_path: Path, wheelhouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line without end on uv's stderr (a build backend uv relays could write one) reaches
+    the job's log, and the worker's memory, in pieces of at most MAX_LINE_CHARS."""
+    from ace3_worker.environments import build as build_module
+    from ace3_worker.environments.uv_commands import EnvironmentBuildError
+    from ace3_worker.reports import MAX_LINE_CHARS
+
+    chatty = tmp_path / "chatty-uv"
+    chatty.write_text("#!/bin/sh\nhead -c 200000 /dev/zero | tr '\\0' x >&2\nexit 1\n")
+    chatty.chmod(0o755)
+    monkeypatch.setattr(build_module, "find_uv", lambda: str(chatty))
+    lines: list[str] = []
+    builder = _builder(tmp_path, wheelhouse)
+    builder.log = lines.append
+    with pytest.raises((EnvironmentRefusedError, EnvironmentBuildError)):
+        builder.build(["tinyext"], _scratch(tmp_path))
+    pieces = [line for line in lines if line.startswith("uv: x")]
+    assert len(pieces) >= 200000 // MAX_LINE_CHARS
+    assert max(len(line) for line in pieces) <= len("uv: ") + MAX_LINE_CHARS

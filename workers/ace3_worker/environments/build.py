@@ -56,6 +56,7 @@ from ace3_worker.environments.uv_commands import (
     uv_environment,
     uv_error,
 )
+from ace3_worker.reports import MAX_LINE_CHARS
 from ace3_worker.sandbox.bubblewrap import (
     SandboxView,
     UidSwitch,
@@ -211,7 +212,9 @@ class EnvironmentBuilder:
                     kept += len(chunk)
 
         def read_stderr() -> None:
-            for raw in err_pipe:
+            # (a line is read at most MAX_LINE_CHARS bytes at a time: a build backend that uv
+            # relays, ACE3_PIP_ALLOW_SOURCE_BUILDS, could write one line without end)
+            for raw in iter(lambda: err_pipe.readline(MAX_LINE_CHARS), b""):
                 line = raw.decode("utf-8", "replace").rstrip()
                 if line:
                     tail.append(line)
