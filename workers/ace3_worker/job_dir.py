@@ -206,13 +206,15 @@ def needs_initial_weights(job: Job, resume_from: JobCheckpoint | None) -> bool:
 
 
 def make_skeleton(
-    root: Path, owner: JobOwner | None, visible_root: PurePosixPath | None
+    root: Path, owner: JobOwner | None, visible_root: PurePosixPath | None, *, made: bool = False
 ) -> JobDirectory:
     """An attempt directory without its inputs: ``root`` (mode 0750, group: the job's gid),
     ``etc/`` and the job's own ``output/``, ``home/`` and ``tmp/``: what a sandbox is started
-    on. A warm sandbox's is made before its job is known (:mod:`ace3_worker.warm`)."""
+    on. A warm sandbox's is made before its job is known (:mod:`ace3_worker.warm`), in a
+    ``root`` its caller ``made`` (empty, and held: :func:`ace3_worker.held_dirs.make_held_dir`)."""
     directory = JobDirectory(root, visible_root or PurePosixPath(root))
-    root.mkdir(mode=0o750)
+    if not made:
+        root.mkdir(mode=0o750)
     if owner is not None:
         os.chown(root, os.geteuid(), owner.gid)
     root.chmod(0o750)

@@ -27,7 +27,6 @@ The sandbox itself and the conversation with its launcher are
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -45,6 +44,7 @@ from ace3.runtime.process.warm_launcher import COMMAND as LAUNCHER
 from ace3_control.settings import Settings
 from ace3_worker.device import worker_device
 from ace3_worker.drain import draining
+from ace3_worker.held_dirs import lock_if_unheld, make_held_dir
 from ace3_worker.job_dir import make_skeleton, traversable_dir
 from ace3_worker.launch import LaunchSpec, RunningTorchrun, job_environment
 from ace3_worker.sandbox.launch import launch
@@ -147,15 +147,17 @@ class WarmSlot:
 
     def _start(self) -> WarmSandbox:
         identity = self.workspace.lease_identity()
-        root = self.root / f"{os.getpid()}-{secrets.token_hex(6)}"
+        root: Path | None = None
         ours: socket.socket | None = None
         lock: int | None = None
         try:
             traversable_dir(self.settings.resolved_work_dir)
             traversable_dir(self.root)
             self._sweep()
-            directory = make_skeleton(root, job_owner(identity), self.workspace.plan.visible_root)
-            lock = _lock_directory(root)
+            root, lock = make_held_dir(self.root, _skeleton_name, 0o750)
+            directory = make_skeleton(
+                root, job_owner(identity), self.workspace.plan.visible_root, made=True
+            )
             ours, theirs = socket.socketpair()
             env = job_environment(
                 self.settings,
@@ -183,9 +185,10 @@ class WarmSlot:
         except BaseException:
             if ours is not None:
                 ours.close()
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
             if lock is not None:
                 os.close(lock)
-            shutil.rmtree(root, ignore_errors=True)
             if identity is not None:
                 identity.release()
             raise
@@ -310,26 +313,17 @@ class WarmSlot:
             return
         self._swept = True
         for entry in self.root.iterdir():
-            try:
-                lock = _lock_directory(entry)
-            except OSError:
-                continue  # (locked: a live sandbox's)
+            lock = lock_if_unheld(entry)
+            if lock is None:
+                continue  # (locked: a live sandbox's, or one being made)
             try:
                 shutil.rmtree(entry, ignore_errors=True)
             finally:
                 os.close(lock)
 
 
-def _lock_directory(path: Path) -> int:
-    """An exclusive ``flock`` on ``path`` (a directory), not waiting: its fd; OSError when
-    another holds it."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+def _skeleton_name() -> str:
+    return f"{os.getpid()}-{secrets.token_hex(6)}"
 
 
 def _share(pool: tuple[str, ...], slot: int, slots: int) -> str:

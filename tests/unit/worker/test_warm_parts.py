@@ -184,16 +184,64 @@ def test_a_service_path_that_appears_under_the_python_retires_a_prepared_sandbox
 
 
 def test_the_sweep_removes_only_skeletons_nobody_holds(tmp_path: Path) -> None:
-    from ace3_worker.warm import _lock_directory
+    from ace3_worker.held_dirs import lock_if_unheld
 
     slot = WarmSlot(Settings(data_dir=tmp_path), None, None, None)  # type: ignore[arg-type]
     slot.root.mkdir(parents=True)
     (slot.root / "dead").mkdir()
     (slot.root / "dead" / "etc").mkdir()
     (slot.root / "live").mkdir()
-    held = _lock_directory(slot.root / "live")
+    held = lock_if_unheld(slot.root / "live")
+    assert held is not None
     try:
         slot._sweep()
         assert sorted(p.name for p in slot.root.iterdir()) == ["live"]
     finally:
         os.close(held)
+
+
+def test_a_skeleton_another_workers_sweep_removed_before_its_lock_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh-clone run failed so ("No such file or directory: .../jobs/.warm/<pid>-<hex> ->
+    .../attempt-2-node-0"): a worker process starting up swept a skeleton another had made but
+    not yet locked, and that one's sandbox then held a removed directory."""
+    import ace3_worker.warm as warm_module
+
+    settings = Settings(data_dir=tmp_path)
+    starting = WarmSlot(settings, None, None, None)  # type: ignore[arg-type]  # (another process's)
+    workspace = SimpleNamespace(
+        lease_identity=lambda: None, plan=SimpleNamespace(visible_root=None)
+    )
+    slot = WarmSlot(settings, workspace, None, None)  # type: ignore[arg-type]
+    made: list[Path] = []
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_swept(self: Path, *args: Any, **kwargs: Any) -> None:
+        real_mkdir(self, *args, **kwargs)
+        if self.parent == slot.root and not made:
+            made.append(self)
+            starting._sweep()
+
+    launched: list[Path] = []
+
+    def launch(plan: Any, directory: Any, *args: Any, **kwargs: Any) -> SimpleNamespace:
+        launched.append(directory.root)
+        return SimpleNamespace()
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_swept)
+    monkeypatch.setattr(warm_module, "launch", launch)
+    monkeypatch.setattr(warm_module, "hidden_paths_present", lambda plan: frozenset())
+    sandbox = slot._start()
+    try:
+        assert made and not made[0].exists()  # (the sweep did remove the first one)
+        assert launched == [sandbox.directory.root] and sandbox.directory.root != made[0]
+        assert (sandbox.directory.root / "etc").is_dir()
+        held, there = os.fstat(sandbox.directory_lock), os.stat(sandbox.directory.root)
+        assert (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+        starting._swept = False
+        starting._sweep()  # (a held skeleton is never swept)
+        assert sandbox.directory.root.is_dir()
+    finally:
+        os.close(sandbox.directory_lock)
+        sandbox.control.close()

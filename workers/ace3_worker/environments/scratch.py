@@ -14,7 +14,6 @@ machine's work directory).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
@@ -22,13 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ace3_worker.environments.cache import remove_tree
+from ace3_worker.held_dirs import lock_if_unheld, make_held_dir
 
 logger = logging.getLogger(__name__)
 
 BUILDS_DIR = ".env-builds"
 BUILDS_DIR_MODE = 0o711  # (the build uid passes through to its scratch, lists nothing)
 SCRATCH_MODE = 0o755  # (the build uid reads its inputs there; its work/ is its own, 0700)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def builds_dir(work_dir: Path) -> Path:
@@ -45,26 +44,7 @@ def builds_dir(work_dir: Path) -> Path:
 def build_scratch(work_dir: Path) -> Iterator[Path]:
     """A new empty scratch directory under ``<work_dir>/.env-builds``, held (its lock) while
     the caller uses it and removed afterwards, on every path."""
-    parent = builds_dir(work_dir)
-    while True:
-        scratch = parent / secrets.token_hex(16)
-        scratch.mkdir(mode=SCRATCH_MODE)
-        try:
-            fd = os.open(scratch, _DIR_FLAGS)
-        except FileNotFoundError:
-            continue  # (a sweep removed it before it was locked: make another)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            held, there = os.fstat(fd), os.stat(scratch, follow_symlinks=False)
-        except FileNotFoundError:
-            os.close(fd)  # (a sweep removed it before it was locked: make another)
-            continue
-        except BaseException:
-            os.close(fd)
-            raise
-        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
-            break
-        os.close(fd)
+    scratch, fd = make_held_dir(builds_dir(work_dir), lambda: secrets.token_hex(16), SCRATCH_MODE)
     try:
         scratch.chmod(SCRATCH_MODE)
         yield scratch
@@ -83,22 +63,15 @@ def sweep_build_scratch(work_dir: Path) -> list[Path]:
     except OSError:
         return removed
     for path in entries:
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except OSError:
+        if path.is_symlink() or not path.is_dir():
             remove_tree(path)  # (not a directory: nothing a build made)
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = lock_if_unheld(path)
+        if fd is None:
             continue  # (a live build's)
         try:
-            held, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
-            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino) and remove_tree(path):
+            if remove_tree(path):
                 removed.append(path)
-        except FileNotFoundError:
-            pass
         finally:
             os.close(fd)
     if removed:
