@@ -17,14 +17,11 @@ import signal
 import socket
 import subprocess
 import threading
-import warnings
 from dataclasses import dataclass
 
 from ace3.config.warm_launch import WarmJob, parse_started, read_line, send_message
 from ace3.runtime.process.warm_launcher import COMMAND, WARM_RANK_ARGS
 
-# A rank's stack while it waits for the agent's store it never reached (see WarmRuns.run).
-STUCK_BEFORE_THE_STORE = "in _create_c10d_store"
 # What changes from test to test in pytest's environment and means nothing to a run.
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 
@@ -70,24 +67,12 @@ class WarmRuns:
     def run(
         self, job_file: str, nproc: int, env: dict[str, str], timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        """``torchrun --standalone --nproc-per-node nproc`` of the engine on ``job_file``.
-
-        A run whose ranks never all reached the agent's store is run once more, with a warning
-        that shows where each process was. That hang is a known defect of the warm path, not
-        of the code under test: now and then (about one full-suite run in three, always a run
-        of 4 or 8 forked ranks) one rank stays in ``TCPStore``'s client constructor
-        (``_create_c10d_store``) while its peers wait for it in gloo's full mesh. The likely
-        cause: the ranks are forked from the launcher while the agent's store thread runs in
-        it, so a rank forked at the wrong moment inherits a lock that thread held. Any other
-        timeout fails the test at once."""
+        """``torchrun --standalone --nproc-per-node nproc`` of the engine on ``job_file``; a
+        run that does not end within ``timeout`` fails the test with every process's stacks.
+        (Ranks forked from torchrun's agent used to hang now and then in ``TCPStore``'s
+        constructor; they are forks of the launcher's one-thread zygote now:
+        :mod:`ace3.runtime.process.rank_zygote`.)"""
         outcome = self._run_once(job_file, nproc, env, timeout)
-        if isinstance(outcome, str) and STUCK_BEFORE_THE_STORE in outcome:
-            warnings.warn(
-                "a warm run's rank never reached the agent's store (the known fork hang); "
-                f"running it again. Where each process was:\n{outcome}",
-                stacklevel=2,
-            )
-            outcome = self._run_once(job_file, nproc, env, timeout)
         if isinstance(outcome, str):
             raise AssertionError(
                 f"the run did not end in {timeout:g} s; where each process was:\n{outcome}"

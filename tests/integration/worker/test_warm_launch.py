@@ -277,8 +277,9 @@ def test_a_job_a_prepared_sandbox_cannot_run_takes_the_cold_path_and_says_why(
 
 
 def test_a_child_a_rank_forked_does_not_keep_its_job_running(worker: SimpleNamespace) -> None:
-    """Its child holds what the rank held, the pipe torchrun's agent watched the rank's end by
-    included: the agent watches a forked rank by its pidfd, so the job ends with its rank."""
+    """Its child holds what the rank held: the agent learns the rank's end from the zygote that
+    reaps it (:mod:`ace3.runtime.process.rank_zygote`), not from a pipe the child would keep
+    open, so the job ends with its rank."""
     slot = _slot(worker)
     slot.prepare()
     started = time.monotonic()

@@ -86,7 +86,7 @@ def test_warm_arguments_are_the_cold_commands_options_with_a_forked_rank_entry()
     options = cold[2 : cold.index("-m")]  # (after the interpreter and torchrun's path)
     assert warm_args[: len(options)] == options
     run_path = warm_args[len(options) :]
-    assert run_path[:2] == ["--run-path", "--start-method=fork"]
+    assert run_path[:2] == ["--run-path", "--start-method=forkserver"]
     assert Path(run_path[2]).name == "warm_rank.py" and Path(run_path[2]).is_file()
     assert run_path[3:] == ["--job", "/job/job.json"]
 

@@ -3,7 +3,8 @@ ace3.runtime`` as a function, in a process that starts from the agent's state, n
 interpreter's.
 
 :func:`run_rank` first puts back what a new interpreter would have: the default signal
-dispositions (the agent installed its own before it forked), a name of its own
+dispositions (the agent installed its own before it forked), :mod:`multiprocessing`'s default
+start method (the forkserver it came through set its own), a name of its own
 (``ace3-rank-<rank>``; the agent's, ``pt_elastic``, was inherited), the thread counts the job's
 ``OMP_NUM_THREADS`` asks for (torch's, and the BLAS pools numpy loaded in the launcher: their
 runtimes read the variable when they were loaded, before the job's environment was known), the
@@ -34,6 +35,15 @@ def _new_interpreter_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _new_interpreter_start_method() -> None:
+    """The default start method a new interpreter has: a fork of the zygote came through
+    :mod:`multiprocessing`'s forkserver, which made its own method the rank's default (the
+    job's ``DataLoader`` workers would then be started by pickling, not forked)."""
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
+
+
 def _name_process(name: str) -> None:
     """This process's name in ``ps`` and ``top`` (Linux ``PR_SET_NAME``)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -52,9 +62,10 @@ def _job_threads() -> None:
 
 
 def run_rank(argv: list[str]) -> None:
-    """One rank of the job, in a process forked by the agent. Returns on success, else raises
+    """One rank of the job, in a process forked by the launcher's zygote. Returns on success, else raises
     ``SystemExit`` with the rank's exit status."""
     _new_interpreter_signals()
+    _new_interpreter_start_method()
     _name_process(f"ace3-rank-{os.environ.get('RANK', '')}")
     _job_threads()
     from ace3.runtime import __main__ as entry

@@ -13,11 +13,14 @@ It says it is ready (:class:`~ace3.config.warm_launch.LauncherReady`), waits for
 (:class:`~ace3.config.warm_launch.WarmJob`), closes the socket, takes the job's environment as
 its whole environment and runs torchrun (:func:`ace3.runtime.process.torchrun.main`) with the job's
 arguments. Those differ from the cold path's in one place: the ranks run :data:`RANK_ENTRY`
-through torchrun's ``--run-path`` with ``--start-method=fork`` instead of ``-m ace3.runtime``,
-so each rank is a fork of this process, with everything already imported
-(:mod:`ace3.runtime.process.forked_rank` puts back what a new interpreter would have). It is still
-torchrun's agent that starts, watches and stops the ranks, on this process's main thread (its
-SIGTERM handler is installed only there).
+through torchrun's ``--run-path`` with ``--start-method=forkserver`` instead of ``-m
+ace3.runtime``, and the forkserver is a fork of this process made just before torchrun starts
+(:mod:`ace3.runtime.process.rank_zygote`: one thread, the agent's threads not started yet), so
+each rank is a fork of it, with everything already imported
+(:mod:`ace3.runtime.process.forked_rank` puts back what a new interpreter would have). It is
+still torchrun's agent that starts, watches and stops the ranks, on this process's main thread
+(its SIGTERM handler is installed only there), and learns each rank's exit status from the
+zygote, which reaps it: a process the rank forked cannot make the agent wait for it.
 
 Started by its path, not with ``-m``: that would import the ``ace3`` package (the SDK, about
 0.6 s) before it could say it runs. Standard library only until then.
@@ -38,7 +41,8 @@ import time
 COMMAND = [sys.executable, os.path.abspath(__file__)]
 # The file torchrun runs (``--run-path``) in each rank it forks from the launcher.
 RANK_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_rank.py")
-WARM_RANK_ARGS = ["--run-path", "--start-method=fork", RANK_ENTRY]
+# (forkserver: the forks of the zygote, :mod:`ace3.runtime.process.rank_zygote`)
+WARM_RANK_ARGS = ["--run-path", "--start-method=forkserver", RANK_ENTRY]
 # ace3.config.warm_launch.LauncherStarted, written before that module (pydantic) is imported.
 STARTED_LINE = b'{"type":"started"}\n'
 
@@ -82,32 +86,6 @@ def preload() -> float:
     return time.monotonic() - started
 
 
-def watch_ranks_by_pidfd() -> None:
-    """torchrun's agent takes a forked rank for ended when its multiprocessing sentinel (a pipe
-    whose write end the rank holds) is closed. Every process the rank forks without exec (a
-    job's own ``os.fork``, a fork bomb's children) inherits that write end and keeps it open,
-    so the agent would wait for them as well (a cold path's rank is a ``Popen`` the agent
-    watches by its exit). The sentinel of every process forked here is its pidfd instead:
-    readable once that process itself has exited, whatever its children hold."""
-    from multiprocessing import popen_fork, util
-
-    launch = popen_fork.Popen._launch  # type: ignore[attr-defined]  # private, not in the stubs
-    if getattr(launch, "watched_by_pidfd", False):
-        return
-
-    def _launch(self: popen_fork.Popen, process_obj: object) -> None:
-        launch(self, process_obj)  # (returns in this process only: the child leaves by os._exit)
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except (OSError, AttributeError):  # (a kernel without pidfds: the pipe it is)
-            return
-        self.sentinel = pidfd
-        util.Finalize(self, os.close, (pidfd,))
-
-    _launch.watched_by_pidfd = True  # type: ignore[attr-defined]  # our marker on the function
-    popen_fork.Popen._launch = _launch  # type: ignore[attr-defined]  # private, not in the stubs
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ace3/runtime/process/warm_launcher.py")
     parser.add_argument("--control-fd", type=int, required=True)
@@ -120,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     control = socket.socket(fileno=args.control_fd)
     control.sendall(STARTED_LINE)
     seconds = preload()
-    watch_ranks_by_pidfd()
+    from ace3.runtime.process import rank_zygote
+
+    threads_when_preloaded = rank_zygote.threads()
     from ace3.config.warm_launch import LauncherReady, parse_job, read_line, send_message
     from ace3.runtime.process.torchrun import main as torchrun
 
@@ -138,6 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update({**job.env, **kept})
     tempfile.tempdir = None  # (found again from the job's TMPDIR)
     sys.argv = [sys.argv[0], *job.argv]
+    if WARM_RANK_ARGS[1] in job.argv:  # (the last moment this process runs one thread)
+        why = rank_zygote.start(PRELOADED, threads_when_preloaded)
+        if why is not None:
+            print(
+                f"ace3: the ranks come from a forkserver that imports again: {why}", file=sys.stderr
+            )
     torchrun(list(job.argv))
 
 
