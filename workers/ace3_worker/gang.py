@@ -29,7 +29,6 @@ from ace3_control.db import rows_changed
 from ace3_control.models import Job, JobNode, JobState, utcnow
 from ace3_control.settings import Settings
 from ace3_worker.attempt import renew_lease
-from ace3_worker.device import local_capacity
 from ace3_worker.messages import RecentCopies, publish
 
 logger = logging.getLogger(__name__)
@@ -110,42 +109,12 @@ class GangMember:
         """A node silent this long is gone (its worker died)."""
         return self.settings.lease_seconds
 
-    # -- taking a slot ---------------------------------------------------------------------------
-    def take(self, job_id: str) -> NodeSeat | None:
-        """Claim the queued job as its leader, or join the attempt that assembles its gang.
-        None: nothing to do (a spare copy of the message, or this worker is in the gang)."""
+    # -- taking a slot: the supervisor's claim (the oldest open gang first, else the fair order) --
+    def join_oldest(self, capacity: Capacity) -> NodeSeat | None:
+        """Join the oldest gang still assembling that this worker fits (``capacity``: what it
+        has free now) and is not part of (None: none)."""
         with self.sessions() as session:
-            job = session.execute(
-                select(Job.state, Job.attempt, Job.cancel_requested, Job.config).where(
-                    Job.id == job_id
-                )
-            ).first()
-        if job is None:
-            return None
-        nodes = job_nodes.nodes_of(job.config)
-        if job.state == JobState.QUEUED:
-            return self._lead(job_id, nodes)
-        if job.state == JobState.STARTING and not job.cancel_requested:
-            # Gangs fill in a fixed order: the oldest one still assembling first.
-            oldest = self.oldest_open_gang()
-            if oldest is not None and oldest[0] != job_id:
-                logger.info("job %s: joining the older gang of job %s first", job_id, oldest[0])
-                return self._join(*oldest)
-            return self._join(job_id, int(job.attempt), nodes)
-        logger.info("job %s is %s: a spare copy of its message; nothing to do", job_id, job.state)
-        return None
-
-    def oldest_open_gang(self, capacity: Capacity | None = None) -> tuple[str, int, int] | None:
-        """The oldest gang still assembling that this worker fits (``capacity``: what it has
-        free now, default all of it) and is not part of."""
-        with self.sessions() as session:
-            return scheduling.oldest_open_gang(
-                session, capacity or local_capacity(self.settings), self.worker_id
-            )
-
-    def join_oldest(self, capacity: Capacity | None = None) -> NodeSeat | None:
-        """Join the oldest gang still assembling that this worker can (None: none)."""
-        oldest = self.oldest_open_gang(capacity)
+            oldest = scheduling.oldest_open_gang(session, capacity, self.worker_id)
         return None if oldest is None else self._join(*oldest)
 
     def add_leader(self, session: Session, job_id: str, attempt: int) -> None:
@@ -165,19 +134,6 @@ class GangMember:
         )
         self.publish_copies(job_id, nodes - 1)
         return NodeSeat(job_id, attempt, 0, nodes)
-
-    def _lead(self, job_id: str, nodes: int) -> NodeSeat | None:
-        with self.sessions() as session:
-            row = session.execute(
-                job_transitions.claim(job_id, self.process, self.settings.lease_seconds)
-            ).first()
-            if row is None:
-                session.rollback()
-                return None
-            attempt = int(row.attempt)
-            self.add_leader(session, job_id, attempt)
-            session.commit()
-        return self.led(job_id, attempt, nodes)
 
     def _join(self, job_id: str, attempt: int, nodes: int) -> NodeSeat | None:
         with self.sessions() as session:

@@ -35,7 +35,7 @@ import socket
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ace3_control import job_transitions, scheduling
+from ace3_control import scheduling
 from ace3_control.capacity import Capacity
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.models import Job, JobState
@@ -284,16 +284,6 @@ class Supervisor:
             return
         if waiting is not None:
             publish(self.settings, waiting, on_failure="the reconciler will publish it")
-
-    def claim(self, job_id: str) -> int | None:
-        """Claim the queued job (``queued -> starting``, with a lease): the new attempt's number,
-        or None when it is not queued."""
-        with self.sessions() as session:
-            row = session.execute(
-                job_transitions.claim(job_id, self.worker_id, self.settings.lease_seconds)
-            ).first()
-            session.commit()
-        return None if row is None else int(row.attempt)
 
 
 def run_job(job_id: str, node_id: str | None = None) -> None:

@@ -1,5 +1,6 @@
 """Gang scheduling of multi-node jobs against a real database (SQLite) and the embedded broker:
-workers take node slots (one per worker), the leader launches only a full gang, and a gang that
+workers take node slots (one per worker) through the supervisor's claim (the oldest gang still
+assembling first, else the fair order), the leader launches only a full gang, and a gang that
 never completes fails the job with a clear message, never starting part of it."""
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ace3_control.job_nodes import drop_silent_waiting, members
 from ace3_control.models import Job, JobNode, utcnow
 from ace3_control.settings import Settings
 from ace3_server.migrations_check import upgrade
-from ace3_worker.gang import GangMember, NodeSeat, rendezvous_endpoint
+from ace3_worker.device import local_capacity
+from ace3_worker.gang import NodeSeat, rendezvous_endpoint
 from ace3_worker.supervisor import Supervisor
 from tests.conftest import insert_job
 
@@ -45,9 +47,16 @@ def settings(tmp_path: Path) -> Settings:
     return settings
 
 
-def _member(settings: Settings, name: str) -> GangMember:
-    supervisor = Supervisor(settings, node_id=f"worker-{name}")
-    return supervisor.gang
+def _worker(settings: Settings, name: str) -> Supervisor:
+    return Supervisor(settings, node_id=f"worker-{name}")
+
+
+def _take(worker: Supervisor, job_id: str) -> NodeSeat | None:
+    """What the worker's claim for a message of ``job_id`` gives it (the path every message
+    takes, ``Supervisor._claim_next``): a gang's seat, or None."""
+    claim = worker._claim_next(job_id, local_capacity(worker.settings))
+    assert claim is None or isinstance(claim, NodeSeat)
+    return claim
 
 
 def _job(settings: Settings, nodes: int) -> str:
@@ -76,26 +85,25 @@ def _messages(settings: Settings) -> list[dict[str, Any]]:
 
 def test_each_worker_takes_one_slot_and_spare_copies_do_nothing(settings: Settings) -> None:
     job_id = _job(settings, 3)
-    first, second, third, fourth = (_member(settings, name) for name in "abcd")
+    first, second, third, fourth = (_worker(settings, name) for name in "abcd")
 
-    lead = first.take(job_id)
+    lead = _take(first, job_id)
     assert lead is not None and (lead.node_rank, lead.attempt, lead.is_leader) == (0, 1, True)
     assert _job_row(settings, job_id).state == "starting"
     published = _messages(settings)
     assert len(published) == 2, "one message per missing node"
     assert all(job_id in message["headers"]["argsrepr"] for message in published)
 
-    joined = second.take(job_id)
+    joined = _take(second, job_id)
     assert joined is not None and joined.node_rank == 1 and not joined.is_leader
-    # The same worker (another of its slots) never holds a second node: it passes the copy on.
-    again = Supervisor(settings, node_id="worker-b").gang
-    assert again.take(job_id) is None
-    handed = _messages(settings)[2:]
-    assert len(handed) == 1 and handed[0]["headers"]["eta"], "passed on with a delay"
+    # The same worker (another of its slots) never holds a second node: the copy does nothing
+    # (the leader publishes again for the slots still missing).
+    assert _take(Supervisor(settings, node_id="worker-b"), job_id) is None
+    assert len(_messages(settings)) == 2
 
-    third_seat = third.take(job_id)
+    third_seat = _take(third, job_id)
     assert third_seat is not None and third_seat.node_rank == 2
-    assert fourth.take(job_id) is None, "every slot is taken"
+    assert _take(fourth, job_id) is None, "every slot is taken"
     rows = _nodes(settings, job_id)
     assert [(row.node_rank, row.worker_id, row.state) for row in rows] == [
         (0, "worker-a", "waiting"),
@@ -104,32 +112,33 @@ def test_each_worker_takes_one_slot_and_spare_copies_do_nothing(settings: Settin
     ]
 
 
-def test_a_copy_of_a_newer_gang_joins_the_oldest_one_still_assembling(
-    settings: Settings,
-) -> None:
+def test_gangs_fill_one_at_a_time_in_the_fair_order(settings: Settings) -> None:
+    """Whichever job's message a worker gets, it joins the oldest gang still assembling, and
+    leads the fair order's next gang only when no gang it could join is open."""
     older, newer = _job(settings, 2), _job(settings, 2)
-    assert _member(settings, "a").take(older) is not None
-    assert _member(settings, "b").take(newer) is not None  # (led before the fixed order held)
-    # Worker c got a message of the newer gang: it completes the older one first.
-    seat = _member(settings, "c").take(newer)
-    assert seat is not None and (seat.job_id, seat.node_rank) == (older, 1)
-    seat = _member(settings, "d").take(older)
-    assert seat is not None and (seat.job_id, seat.node_rank) == (newer, 1), "then the next"
+    seat = _take(_worker(settings, "a"), newer)
+    assert seat is not None and (seat.job_id, seat.node_rank) == (older, 0), "the older first"
+    seat = _take(_worker(settings, "b"), newer)
+    assert seat is not None and (seat.job_id, seat.node_rank) == (older, 1), "completes it"
+    seat = _take(_worker(settings, "c"), older)
+    assert seat is not None and (seat.job_id, seat.node_rank) == (newer, 0), "then the next"
+    seat = _take(_worker(settings, "d"), older)
+    assert seat is not None and (seat.job_id, seat.node_rank) == (newer, 1)
 
 
 def test_a_full_gang_gets_one_endpoint_and_the_job_runs(settings: Settings) -> None:
     job_id = _job(settings, 2)
-    leader, follower = _member(settings, "a"), _member(settings, "b")
-    lead = leader.take(job_id)
+    leader, follower = _worker(settings, "a"), _worker(settings, "b")
+    lead = _take(leader, job_id)
     assert lead is not None
     results: dict[str, bool] = {}
-    thread = threading.Thread(target=lambda: results.update(lead=leader.assemble(lead)))
+    thread = threading.Thread(target=lambda: results.update(lead=leader.gang.assemble(lead)))
     thread.start()
     time.sleep(0.3)
     assert _job_row(settings, job_id).state == "starting", "no go before the gang is complete"
-    seat = follower.take(job_id)
+    seat = _take(follower, job_id)
     assert seat is not None
-    assert follower.assemble(seat) is True
+    assert follower.gang.assemble(seat) is True
     thread.join(timeout=10)
     assert results == {"lead": True}
     assert lead.endpoint == seat.endpoint
@@ -150,20 +159,20 @@ def test_a_gang_that_never_completes_fails_the_job_clearly(settings: Settings) -
     assert job.error.startswith("needed 2 workers for num_nodes=2, only 1 came within 1 s")
     assert [row.state for row in _nodes(settings, job_id)] == ["left"]
     # A worker that comes later finds nothing to join.
-    assert _member(settings, "b").take(job_id) is None
+    assert _take(_worker(settings, "b"), job_id) is None
 
 
 def test_a_waiting_follower_leaves_when_the_job_is_cancelled(settings: Settings) -> None:
     job_id = _job(settings, 3)
-    leader, follower = _member(settings, "a"), _member(settings, "b")
-    lead = leader.take(job_id)
-    seat = follower.take(job_id)
+    leader, follower = _worker(settings, "a"), _worker(settings, "b")
+    lead = _take(leader, job_id)
+    seat = _take(follower, job_id)
     assert lead is not None and seat is not None
     with Supervisor(settings).sessions() as session:
         session.execute(job_transitions.request_cancel(job_id))
         session.commit()
-    assert follower.assemble(seat) is False
-    assert leader.assemble(lead) is False
+    assert follower.gang.assemble(seat) is False
+    assert leader.gang.assemble(lead) is False
     job = _job_row(settings, job_id)
     assert job.state == "cancelled" and "waiting for the workers" in (job.error or "")
     assert [row.state for row in _nodes(settings, job_id)] == ["left", "left"]
@@ -171,8 +180,8 @@ def test_a_waiting_follower_leaves_when_the_job_is_cancelled(settings: Settings)
 
 def test_a_silent_waiting_follower_frees_its_slot(settings: Settings) -> None:
     job_id = _job(settings, 2)
-    lead = _member(settings, "a").take(job_id)
-    seat = _member(settings, "b").take(job_id)
+    lead = _take(_worker(settings, "a"), job_id)
+    seat = _take(_worker(settings, "b"), job_id)
     assert lead is not None and seat is not None
     sessions = Supervisor(settings).sessions
     with sessions() as session:
@@ -184,10 +193,10 @@ def test_a_silent_waiting_follower_frees_its_slot(settings: Settings) -> None:
         session.execute(drop_silent_waiting(job_id, 1, utcnow() - timedelta(seconds=5)))
         session.commit()
         assert list(session.scalars(select(JobNode.node_rank))) == [0]
-    replacement = _member(settings, "c").take(job_id)
+    replacement = _take(_worker(settings, "c"), job_id)
     assert replacement is not None and replacement.node_rank == 1
     # The dropped worker notices at its next heartbeat and leaves.
-    dropped = _member(settings, "b")
+    dropped = _worker(settings, "b").gang
     assert dropped.assemble(NodeSeat(job_id, 1, 1, 2)) is False
 
 
@@ -244,14 +253,14 @@ def test_a_node_whose_ranks_died_of_a_cancel_reports_it_was_stopped(
     from ace3_worker.watch import AttemptWatch
 
     job_id = _job(settings, 2)
-    leader, follower = Supervisor(settings, node_id="worker-a"), _member(settings, "b")
-    lead = leader.gang.take(job_id)
+    leader, follower = _worker(settings, "a"), _worker(settings, "b")
+    lead = _take(leader, job_id)
     thread = threading.Thread(target=lambda: leader.gang.assemble(lead))  # type: ignore[arg-type]
     thread.start()
-    seat = follower.take(job_id)
-    assert lead is not None and seat is not None and follower.assemble(seat)
+    seat = _take(follower, job_id)
+    assert lead is not None and seat is not None and follower.gang.assemble(seat)
     thread.join(timeout=10)
-    node = GangNode(follower, seat, leader.outcomes)
+    node = GangNode(follower.gang, seat, leader.outcomes)
     events = reports.EventTail(tmp_path)
 
     # Failing on its own (no cancel): reported as a failure of this node.
