@@ -4,8 +4,9 @@ Service verbs (:mod:`ace3.cli.service`): ``server``, ``worker``, ``up``, ``migra
 they import the server and worker packages only inside the subcommand, so the plain SDK install
 keeps working without them. User verbs: ``train`` and ``search`` (:mod:`ace3.cli.submit`, YAML
 files read by :mod:`ace3.cli.jobfile`), ``jobs`` (:mod:`ace3.cli.jobs`), ``searches``
-(:mod:`ace3.cli.searches`), ``datasets`` (:mod:`ace3.cli.datasets`), ``workers``
-(:mod:`ace3.cli.workers`) and ``environments`` (:mod:`ace3.cli.environments`); they are clients of the SDK's :class:`ace3.Client` (``ACE3_API_KEY``
+(:mod:`ace3.cli.searches`), ``datasets`` (:mod:`ace3.cli.datasets`), ``checkpoints``
+(:mod:`ace3.cli.checkpoints`), ``workers`` (:mod:`ace3.cli.workers`) and ``environments``
+(:mod:`ace3.cli.environments`); they are clients of the SDK's :class:`ace3.Client` (``ACE3_API_KEY``
 / ``ACE3_BASE_URL``), never of the database. Exit codes: :mod:`ace3.cli.errors`.
 """
 
@@ -23,7 +24,16 @@ __all__ = ["build_parser", "main", "worker_argv"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ace3.cli import datasets, environments, jobs, searches, service, submit, workers
+    from ace3.cli import (
+        checkpoints,
+        datasets,
+        environments,
+        jobs,
+        searches,
+        service,
+        submit,
+        workers,
+    )
 
     parser = argparse.ArgumentParser(
         prog="ace3",
@@ -36,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_parsers(sub)
     searches.add_parsers(sub)
     datasets.add_parsers(sub)
+    checkpoints.add_parsers(sub)
     workers.add_parsers(sub)
     environments.add_parsers(sub)
     service.add_parsers(sub)

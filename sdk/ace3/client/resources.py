@@ -1,7 +1,7 @@
 """The stored things and the cluster: ``client.models``, ``client.datasets`` (upload once by
 content hash, read, list, delete), ``client.checkpoints`` (find a stored checkpoint by the sha256
-of a file, upload weights to start jobs from, download by id), ``client.workers`` and
-``client.environments``. Each method is one REST call of ``docs/api.md``."""
+of a file, upload weights to start jobs from, delete them, download by id), ``client.workers``
+and ``client.environments``. Each method is one REST call of ``docs/api.md``."""
 
 from __future__ import annotations
 
@@ -200,6 +200,14 @@ class Checkpoints(_Resource):
             expected=checkpoint.sha256 if isinstance(checkpoint, Checkpoint) else None,
             verify=verify,
         )
+
+    def delete(self, checkpoint: str | Checkpoint) -> None:
+        """Delete weights you uploaded (:meth:`upload`) by id: their bytes leave the store.
+        :class:`~ace3.errors.ConflictError` naming them while a job that has not finished starts
+        or distils from them; :class:`~ace3.errors.NotFoundError` for anything else (a
+        checkpoint of one of your jobs stays as its ``max_checkpoints`` says)."""
+        checkpoint_id = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        self._http.request("DELETE", f"/v1/checkpoints/{checkpoint_id}")
 
     def find(self, *, sha256: str) -> builtins.list[Checkpoint]:
         """The stored checkpoints (of your jobs) whose file has this sha256, newest first:

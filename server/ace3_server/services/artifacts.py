@@ -1,4 +1,4 @@
-"""Models and datasets: validated, content-addressed per owner, soft-deleted.
+"""Models, datasets and uploaded weights: validated, content-addressed per owner, soft-deleted.
 
 The same bytes uploaded twice by one owner are stored once: the second upload returns the
 existing record. Deleting keeps the row (old jobs still name it) but frees the stored bytes.
@@ -21,15 +21,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3_control.models import (
-    ACTIVE_STATES,
     Job,
-    JobState,
     StoredDataset,
     StoredModel,
     UploadedCheckpoint,
     utcnow,
 )
 from ace3_control.storage import ArtifactStore
+from ace3_control.weights_users import UNFINISHED_JOB_STATES, in_use_message, weights_users
 from ace3_server.archives import (
     DEFAULT_MAX_MEMBERS,
     UnsafeArchiveError,
@@ -298,23 +297,28 @@ async def get_owned(session: AsyncSession, model: Any, owner_id: str, item_id: s
     return row
 
 
-async def delete_artifact(session: AsyncSession, store: ArtifactStore, row: Any) -> None:
-    column = Job.model_id if isinstance(row, StoredModel) else Job.dataset_id
-    conditions = [column == row.id]
+async def _unfinished_users(session: AsyncSession, row: Any) -> list[str]:
+    """Who still needs ``row``: the jobs that have not finished and use it (``job <id>``)."""
+    if isinstance(row, UploadedCheckpoint):
+        return [user for _, user in (await session.execute(weights_users([row.id]))).all()]
     if isinstance(row, StoredDataset):
-        conditions = [(Job.dataset_id == row.id) | (Job.validation_dataset_id == row.id)]
+        condition = (Job.dataset_id == row.id) | (Job.validation_dataset_id == row.id)
     else:  # the model a job trains, or the teacher it distils from
         teacher = Job.config[("distillation", "teacher_model_id")].as_string()
-        conditions = [(Job.model_id == row.id) | (teacher == row.id)]
-    live_states = [JobState.QUEUED, *ACTIVE_STATES]
-    in_use = await session.scalar(
-        select(Job.id).where(*conditions, Job.state.in_(live_states)).limit(1)
+        condition = (Job.model_id == row.id) | (teacher == row.id)
+    jobs = await session.scalars(
+        select(Job.id).where(condition, Job.state.in_(UNFINISHED_JOB_STATES)).order_by(Job.id)
     )
-    if in_use is not None:
-        raise HTTPException(
-            status_code=409,
-            detail=f"in use by job {in_use}, which has not finished; cancel it first",
-        )
+    return [f"job {job_id}" for job_id in jobs]
+
+
+async def delete_artifact(session: AsyncSession, store: ArtifactStore, row: Any) -> None:
+    """Delete the owner's model, dataset or uploaded weights: the row is kept, marked deleted
+    (old jobs still name it; the same bytes uploaded again revive it), and the stored bytes go.
+    Refused (409, naming them) while jobs that have not finished use it."""
+    users = await _unfinished_users(session, row)
+    if users:
+        raise HTTPException(status_code=409, detail=in_use_message(users))
     row.deleted_at = utcnow()
     await session.commit()
     if isinstance(row, StoredDataset) and row.kind == "remote":

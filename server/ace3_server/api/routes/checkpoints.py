@@ -1,10 +1,11 @@
 """Checkpoints across the caller's jobs: find stored checkpoints by their content hash, and
-upload model weights from the caller's machine to start jobs from.
+upload model weights from the caller's machine to start jobs from (and delete them).
 
 A checkpoint file downloaded earlier is identified by its sha256, so a client can map it back
 to a checkpoint id (to start a new job from it with ``resume_from_checkpoint``). Uploaded
 weights (a ``.safetensors`` file, checked to hold tensors only) get an id that
-``config.init_from_checkpoint_id`` accepts like a job's checkpoint id.
+``config.init_from_checkpoint_id`` accepts like a job's checkpoint id; ``DELETE`` frees them
+once no unfinished job names them. A job's own checkpoints go as its ``max_checkpoints`` says.
 """
 
 from __future__ import annotations
@@ -111,3 +112,24 @@ async def download_checkpoint(
     return await stored_file_response(
         store, settings, weights.storage_key, weights.size_bytes, weights.name, weights.sha256
     )
+
+
+@router.delete(
+    "/{checkpoint_id}",
+    status_code=204,
+    operation_id="delete_checkpoint",
+    summary="Delete Uploaded Weights",
+    responses=error_responses(404, 409),
+)
+async def delete_uploaded_checkpoint(
+    checkpoint_id: StoredText, session: SessionDep, owner_id: OwnerDep, store: StoreDep
+) -> Response:
+    """Delete weights you uploaded (``POST /v1/checkpoints``): their bytes leave the store and
+    the id no longer starts a job (uploading the same bytes again brings it back). 409, naming
+    them, while a job that has not finished starts or distils from them. A checkpoint of one of
+    your jobs is not deleted here (404): a job keeps its newest ``max_checkpoints``."""
+    row = await artifacts.get_owned(session, UploadedCheckpoint, owner_id, checkpoint_id)
+    if row is None:
+        raise not_found("uploaded weights")
+    await artifacts.delete_artifact(session, store, row)
+    return Response(status_code=204)
