@@ -70,7 +70,7 @@ def start(fallback_preload: Sequence[str], threads_when_preloaded: int) -> str |
     server: Any = forkserver._forkserver  # (private: its state is checked by _why_not)
     alive_r, alive_w = os.pipe()
     with socket.socket(socket.AF_UNIX) as listener:
-        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # (private, not in the stubs)
         listener.bind(address)
         os.chmod(address, 0o600)
         listener.listen()
