@@ -1,9 +1,11 @@
 """Who still needs stored weights by id: the jobs that have not finished and start from them
 (``config.init_from_checkpoint_id``) or distil from them
-(``config.distillation.teacher_checkpoint_id``). Jobs name weights in their config, with no
-foreign key, so whatever deletes weights asks here first: the API before it deletes uploaded
-weights (``DELETE /v1/checkpoints/{id}``), the worker before its keep-last-N pruning forgets a
-job's old checkpoints. One query for both (it runs on synchronous and asynchronous sessions)."""
+(``config.distillation.teacher_checkpoint_id``), and the searches that have not finished whose
+``base_config`` names them (their trials' jobs are made later, from that config). Jobs and
+searches name weights in their config, with no foreign key, so whatever deletes weights asks
+here first: the API before it deletes uploaded weights (``DELETE /v1/checkpoints/{id}``), the
+worker before its keep-last-N pruning forgets a job's old checkpoints. One query for both (it
+runs on synchronous and asynchronous sessions)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from collections.abc import Collection, Iterable
 
 from sqlalchemy import CompoundSelect, select, union_all
 
-from ace3_control.models import ACTIVE_STATES, Job, JobState
+from ace3_control.models import ACTIVE_SEARCH_STATES, ACTIVE_STATES, Job, JobState, Search
 
 UNFINISHED_JOB_STATES = (JobState.QUEUED, *ACTIVE_STATES)
 """The states of a job that may still read its inputs."""
@@ -21,19 +23,29 @@ NAMED_USERS = 5
 
 
 def weights_users(weights_ids: Collection[str]) -> CompoundSelect[str, str]:
-    """``(weights_id, user)`` for every unfinished job naming one of ``weights_ids``; ``user``
-    says which (``job <id>``), ordered by it."""
+    """``(weights_id, user)`` for every unfinished job or search naming one of
+    ``weights_ids``; ``user`` says which (``job <id>``, ``search <id>``), ordered by it."""
     ids = list(weights_ids)
-    references = (
-        Job.config["init_from_checkpoint_id"].as_string(),
-        Job.config["distillation"]["teacher_checkpoint_id"].as_string(),
-    )
+    base = Search.config["base_config"]
+    users = [
+        (reference, "job " + Job.id, Job.state.in_(UNFINISHED_JOB_STATES))
+        for reference in (
+            Job.config["init_from_checkpoint_id"].as_string(),
+            Job.config["distillation"]["teacher_checkpoint_id"].as_string(),
+        )
+    ] + [
+        (reference, "search " + Search.id, Search.state.in_(ACTIVE_SEARCH_STATES))
+        for reference in (
+            base["init_from_checkpoint_id"].as_string(),
+            base["distillation"]["teacher_checkpoint_id"].as_string(),
+        )
+    ]
     return union_all(
         *(
-            select(reference.label("weights_id"), ("job " + Job.id).label("user")).where(
-                reference.in_(ids), Job.state.in_(UNFINISHED_JOB_STATES)
+            select(reference.label("weights_id"), user.label("user")).where(
+                reference.in_(ids), unfinished
             )
-            for reference in references
+            for reference, user, unfinished in users
         )
     ).order_by("user")
 

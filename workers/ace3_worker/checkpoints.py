@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session
 from ace3.config.checkpoint_names import CHECKPOINT_NAME_RE
 from ace3.config.events import CheckpointRecord, StartRecord
 from ace3_control.db import insert_ignoring_duplicates, rows_changed
-from ace3_control.models import ACTIVE_STATES, Job, JobCheckpoint, JobState, new_id, utcnow
+from ace3_control.models import Job, JobCheckpoint, new_id, utcnow
 from ace3_control.storage import ArtifactStore
+from ace3_control.weights_users import weights_users
 from ace3_worker.job_files import open_job_file
 
 logger = logging.getLogger(__name__)
@@ -213,8 +214,10 @@ def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
     (``resume_from_checkpoint``): those stay, and the foreign key refuses the delete when such a
     job was created meanwhile (then nothing is pruned this time). Nor one whose weights a job
     that has not finished starts from (``config.init_from_checkpoint_id``) or distils from
-    (``config.distillation.teacher_checkpoint_id``); no foreign key there: a job created in
-    between fails with the reason.
+    (``config.distillation.teacher_checkpoint_id``), or that a search that has not finished
+    names so in its ``base_config`` (its trials' jobs are made later):
+    :func:`ace3_control.weights_users.weights_users`. No foreign key there: a job or search
+    created in between fails with the reason.
     """
     rows = session.scalars(
         select(JobCheckpoint)
@@ -232,12 +235,7 @@ def _prune_checkpoints(session: Session, job_id: str, keep: int) -> list[str]:
             )
         )
     )
-    unfinished = Job.state.in_([JobState.QUEUED, *ACTIVE_STATES])
-    for weights in (
-        Job.config["init_from_checkpoint_id"].as_string(),
-        Job.config["distillation"]["teacher_checkpoint_id"].as_string(),
-    ):
-        pinned.update(session.scalars(select(weights).where(weights.in_(stale_ids), unfinished)))
+    pinned.update(session.scalars(weights_users(stale_ids)))
     stale = [row for row in stale if row.id not in pinned]
     if not stale:
         return []

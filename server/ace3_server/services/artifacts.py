@@ -21,7 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3_control.models import (
+    ACTIVE_SEARCH_STATES,
     Job,
+    Search,
     StoredDataset,
     StoredModel,
     UploadedCheckpoint,
@@ -298,24 +300,34 @@ async def get_owned(session: AsyncSession, model: Any, owner_id: str, item_id: s
 
 
 async def _unfinished_users(session: AsyncSession, row: Any) -> list[str]:
-    """Who still needs ``row``: the jobs that have not finished and use it (``job <id>``)."""
+    """Who still needs ``row``: the jobs and the searches that have not finished and use it
+    (``job <id>``, ``search <id>``; a search's trials' jobs are made later, from its row)."""
     if isinstance(row, UploadedCheckpoint):
         return [user for _, user in (await session.execute(weights_users([row.id]))).all()]
     if isinstance(row, StoredDataset):
-        condition = (Job.dataset_id == row.id) | (Job.validation_dataset_id == row.id)
+        in_job = (Job.dataset_id == row.id) | (Job.validation_dataset_id == row.id)
+        in_search = (Search.dataset_id == row.id) | (Search.validation_dataset_id == row.id)
     else:  # the model a job trains, or the teacher it distils from
         teacher = Job.config[("distillation", "teacher_model_id")].as_string()
-        condition = (Job.model_id == row.id) | (teacher == row.id)
+        in_job = (Job.model_id == row.id) | (teacher == row.id)
+        base_teacher = Search.config[("base_config", "distillation", "teacher_model_id")]
+        in_search = (Search.model_id == row.id) | (base_teacher.as_string() == row.id)
     jobs = await session.scalars(
-        select(Job.id).where(condition, Job.state.in_(UNFINISHED_JOB_STATES)).order_by(Job.id)
+        select(Job.id).where(in_job, Job.state.in_(UNFINISHED_JOB_STATES)).order_by(Job.id)
     )
-    return [f"job {job_id}" for job_id in jobs]
+    users = [f"job {job_id}" for job_id in jobs]
+    searches = await session.scalars(
+        select(Search.id)
+        .where(in_search, Search.state.in_(ACTIVE_SEARCH_STATES))
+        .order_by(Search.id)
+    )
+    return users + [f"search {search_id}" for search_id in searches]
 
 
 async def delete_artifact(session: AsyncSession, store: ArtifactStore, row: Any) -> None:
     """Delete the owner's model, dataset or uploaded weights: the row is kept, marked deleted
     (old jobs still name it; the same bytes uploaded again revive it), and the stored bytes go.
-    Refused (409, naming them) while jobs that have not finished use it."""
+    Refused (409, naming them) while jobs or searches that have not finished use it."""
     users = await _unfinished_users(session, row)
     if users:
         raise HTTPException(status_code=409, detail=in_use_message(users))

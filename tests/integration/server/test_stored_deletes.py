@@ -1,7 +1,8 @@
 """Deleting uploaded weights (``DELETE /v1/checkpoints/{id}``) through the real API over Postgres,
 with the SDK and the CLI: the owner's only (404 for another owner, and for a job's checkpoint),
 refused with a 409 naming every unfinished job that starts or distils from them, and once
-allowed the stored bytes leave the store and the id no longer starts a job.
+allowed the stored bytes leave the store and the id no longer starts a job. Models, datasets
+and weights an unfinished search names are refused likewise.
 
 An API and a database of its own: the jobs here are rows that must stay queued and running,
 which the session's worker and reconciler would otherwise claim or re-queue."""
@@ -25,7 +26,7 @@ import ace3
 from ace3.cli import main as cli_main
 from ace3.errors import ConflictError, NotFoundError
 from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.models import Job, JobCheckpoint, JobState, Owner
+from ace3_control.models import Job, JobCheckpoint, JobState, Owner, Search, SearchState
 from ace3_control.settings import Settings
 from ace3_control.storage import open_store
 from tests.conftest import fresh_database, insert_job
@@ -148,3 +149,56 @@ def test_uploaded_weights_are_deleted_by_their_owner_once_no_unfinished_job_uses
     # The same bytes uploaded again bring the weights back, under the same id.
     revived = owner.checkpoints.upload(weights_file)
     assert revived.id == weights.id and store.exists(key)
+
+
+def test_what_an_unfinished_search_names_is_not_deleted_until_it_finishes(
+    api: dict[str, Any], tmp_path: Path
+) -> None:
+    """A search's trials' jobs are made later, from the search's row: its model, datasets and
+    the weights its base_config starts or distils from stay while it has not finished."""
+    with api["sessions"]() as session:
+        template = insert_job(session, state=JobState.SUCCEEDED)
+        owner_key, _ = add_key(session, template.owner_id)
+    owner = ace3.Client(api_key=owner_key, base_url=api["url"])
+    weights_file = tmp_path / "w.safetensors"
+    weights_file.write_bytes(_safetensors(5))
+    weights = owner.checkpoints.upload(weights_file)
+    teacher_weights_file = tmp_path / "teacher.safetensors"
+    teacher_weights_file.write_bytes(_safetensors(7))
+    teacher_weights = owner.checkpoints.upload(teacher_weights_file)
+    base = {
+        "init_from_checkpoint_id": weights.id,
+        "distillation": {"teacher_checkpoint_id": teacher_weights.id},
+    }
+    with api["sessions"]() as session:
+        search = Search(
+            owner_id=template.owner_id, model_id=template.model_id,
+            dataset_id=template.dataset_id, validation_dataset_id=template.dataset_id,
+            config={"search_space": {}, "base_config": base}, model_kwargs={},
+            request_hash="h", state=SearchState.QUEUED,
+        )  # fmt: skip
+        session.add(search)
+        session.commit()
+        search_id = search.id
+
+    refusal = f"in use by search {search_id}, which has not finished; cancel it first"
+    for delete in (
+        lambda: owner.models.delete(template.model_id),
+        lambda: owner.datasets.delete(template.dataset_id),
+        lambda: owner.checkpoints.delete(weights.id),
+        lambda: owner.checkpoints.delete(teacher_weights.id),
+    ):
+        with pytest.raises(ConflictError, match=refusal):
+            delete()
+
+    with api["sessions"]() as session:
+        session.execute(
+            update(Search).where(Search.id == search_id).values(state=SearchState.CANCELLED)
+        )
+        session.commit()
+    owner.checkpoints.delete(weights.id)
+    owner.checkpoints.delete(teacher_weights.id)
+    owner.models.delete(template.model_id)
+    owner.datasets.delete(template.dataset_id)
+    with pytest.raises(NotFoundError):
+        owner.models.retrieve(template.model_id)

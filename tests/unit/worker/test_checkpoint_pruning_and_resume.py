@@ -1,6 +1,6 @@
-"""Keep-last-N never deletes the only (or newest) verified checkpoint, nor one a job starts from;
-and an attempt resumes from the job's own newest checkpoint, else from the one it was created
-from."""
+"""Keep-last-N never deletes the only (or newest) verified checkpoint, nor one a job (or an
+unfinished search's base config) starts from; and an attempt resumes from the job's own newest
+checkpoint, else from the one it was created from."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ace3.config.events import CheckpointRecord
-from ace3_control.models import Job, JobCheckpoint
+from ace3_control.models import Job, JobCheckpoint, Search
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
 from ace3_server.migrations_check import upgrade
@@ -211,6 +211,45 @@ def test_a_checkpoint_an_unfinished_job_takes_weights_from_is_kept_until_it_fini
         _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 40), keep=1,
                output_dir=tmp_path)  # fmt: skip
         assert _steps(session, job.id) == [40]
+        assert not supervisor.store.exists(origin.storage_key)
+
+
+def _search(job: Job, state: str, base_config: dict) -> Search:
+    return Search(
+        owner_id=job.owner_id, model_id=job.model_id, dataset_id=job.dataset_id,
+        config={"search_space": {}, "base_config": base_config}, model_kwargs={},
+        request_hash=f"search-{state}", state=state,
+    )  # fmt: skip
+
+
+def test_a_checkpoint_an_unfinished_search_starts_its_trials_from_is_kept_until_it_finishes(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """A search's trials' jobs are made later, from its base_config: while the search has not
+    finished, the weights it names there are kept as if a job named them."""
+    with supervisor.sessions() as session:
+        job = insert_job(session, attempt=1, state="running")
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 10), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        origin = session.scalars(select(JobCheckpoint)).one()
+        queued = _search(job, "queued", {"init_from_checkpoint_id": origin.id})
+        session.add(queued)
+        session.commit()
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 20), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        assert _steps(session, job.id) == [10, 20], "kept while the search is queued"
+        queued.state = "succeeded"
+        distilling = _search(job, "running", {"distillation": {"teacher_checkpoint_id": origin.id}})
+        session.add(distilling)
+        session.commit()
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 30), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        assert _steps(session, job.id) == [10, 30], "kept while its trials distil from it"
+        distilling.state = "cancelled"
+        session.commit()
+        _store(session, supervisor.store, job, _checkpoint_event(tmp_path, 40), keep=1,
+               output_dir=tmp_path)  # fmt: skip
+        assert _steps(session, job.id) == [40], "prunable once the searches finished"
         assert not supervisor.store.exists(origin.storage_key)
 
 
