@@ -8,12 +8,18 @@ A loop of the API (every ``ACE3_RETENTION_INTERVAL_SECONDS``) takes at most
   object per line: seq, attempt, rank, stream, line, created_at) under the job's artifact prefix,
   recorded as the job's artifact ``ace3-retention/logs.jsonl.gz`` (the owner downloads it with
   ``GET /v1/jobs/{id}/artifacts/ace3-retention/logs.jsonl.gz``), and only then are the rows
-  deleted, in chunks;
+  deleted;
 - metrics: the job's metric points are deleted (``final_metrics`` on the job stays).
 
-``jobs.logs_archived_at`` / ``metrics_pruned_at`` mark the jobs done; a pass interrupted between
-the archive and the deletes finishes the deletes next time. Several API replicas may run it: the
-mark is a conditional update, and a second archive of the same bytes is the same stored key.
+No line is deleted that is not in an archive. The rows archived are deleted in the transaction
+that records the archive and marks ``jobs.logs_archived_at``, and only when the delete removes
+exactly as many rows as were archived: a pass cut short leaves every row (and at most an
+archive no row names), and a line committed while the pass ran under an id it had read past
+(ids are handed out before commit) rolls the pass back. A line written after the archive was
+read (a worker's late flush) stays, and a later pass archives it into a further file
+(``ace3-retention/logs-2.jsonl.gz``...). Several API replicas may run it: the second to delete
+the same rows finds none left and rolls back; a second archive of the same bytes is the same
+stored key. ``jobs.metrics_pruned_at`` marks the jobs whose metrics are done.
 """
 
 from __future__ import annotations
@@ -127,15 +133,19 @@ async def _free_path(session: AsyncSession, job_id: str) -> str:
     return path
 
 
+async def _drop_unrecorded(session: AsyncSession, store: ArtifactStore, key: str) -> None:
+    """Delete an archive the pass stored but did not record, unless a row names its key (the
+    same bytes archived by another replica)."""
+    named = await session.scalar(select(exists().where(JobArtifact.storage_key == key)))
+    if not named:
+        await run_in_threadpool(store.delete, key)
+
+
 async def archive_logs(
     session: AsyncSession, store: ArtifactStore, job_id: str, now: datetime
 ) -> int:
-    """Archive the finished job's log lines, then delete them; the lines archived."""
-    marked = await session.scalar(select(Job.logs_archived_at).where(Job.id == job_id))
-    if marked is not None:  # archived by an earlier pass that was cut short: finish deleting
-        through = await session.scalar(select(func.max(JobLog.id)).where(JobLog.job_id == job_id))
-        await _delete_rows(session, JobLog, job_id, int(through or 0))
-        return 0
+    """Archive the finished job's log lines, then delete exactly those; the lines archived
+    (0 when the pass was rolled back: it runs again next time)."""
     blob = None
     with tempfile.TemporaryDirectory(dir=store.staging_dir()) as folder:
         target = Path(folder) / "logs.jsonl.gz"
@@ -146,14 +156,28 @@ async def archive_logs(
                 blob = await run_in_threadpool(
                     store.put_hashed, source, lambda sha: archive_key(job_id, sha)
                 )
-    mark = await session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.logs_archived_at.is_(None))
-        .values(logs_archived_at=now)
+    # One transaction: the rows go with the archive's record and the mark, or nothing does.
+    deleted = await session.execute(
+        delete(JobLog).where(JobLog.job_id == job_id, JobLog.id <= through)
     )
-    if not rows_changed(mark):
+    if rows_changed(deleted) != count:
         await session.rollback()
-        return 0  # another replica did it
+        logger.info(
+            "job %s: %d log lines archived but %d to delete (a line committed meanwhile, or "
+            "another replica archived them); trying again next pass",
+            job_id,
+            count,
+            rows_changed(deleted),
+        )
+        if blob is not None:
+            await _drop_unrecorded(session, store, blob.key)
+            await session.commit()
+        return 0
+    await session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(logs_archived_at=func.coalesce(Job.logs_archived_at, now))
+    )
     if blob is not None:
         session.add(
             JobArtifact(
@@ -169,7 +193,6 @@ async def archive_logs(
             )
         )
     await session.commit()
-    await _delete_rows(session, JobLog, job_id, through)
     return count
 
 
