@@ -25,6 +25,9 @@ one situation::
     ├── UnmetRequirementsError          an in-process run's config.requirements are not met by
     │                                   this Python (nothing is installed): .unmet
     ├── ChecksumMismatchError           a downloaded file's sha256 is not the one announced
+    ├── UnsafeCheckpointError           (also a ValueError) a checkpoint file that loading
+    │                                   would have to run pickled code for, or an archive that
+    │                                   reaches outside itself
     ├── WebhookSignatureError           a webhook body's ACE3-Signature does not verify
     │                                   (wrong secret, altered body, stale timestamp): .reason
     ├── JobFailedError                  the training job failed: .job, .logs_tail
@@ -79,6 +82,7 @@ from ace3.errors.refusals import (
     ChecksumMismatchError,
     PackingError,
     UnmetRequirementsError,
+    UnsafeCheckpointError,
     UnsupportedFeatureError,
     WebhookSignatureError,
 )
@@ -109,6 +113,7 @@ __all__ = [
     "StepOutOfMemoryError",
     "TrainingPreemptedError",
     "UnmetRequirementsError",
+    "UnsafeCheckpointError",
     "UnsupportedFeatureError",
     "ValidationError",
     "WebhookSignatureError",

@@ -1,6 +1,7 @@
 """What the SDK refuses on the client side: an unsupported setting, a directory it cannot pack, a
 download whose checksum does not match, a webhook body whose signature does not verify, an
-in-process run whose ``requirements`` this Python does not meet."""
+in-process run whose ``requirements`` this Python does not meet, a checkpoint file that loading
+would have to run code for."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ __all__ = [
     "ChecksumMismatchError",
     "PackingError",
     "UnmetRequirementsError",
+    "UnsafeCheckpointError",
     "UnsupportedFeatureError",
     "WebhookSignatureError",
 ]
@@ -60,6 +62,13 @@ class ChecksumMismatchError(ACE3Error):
         self.path = path
         self.expected = expected
         self.actual = actual
+
+
+class UnsafeCheckpointError(ValueError, ACE3Error):
+    """A checkpoint file that loading would have to run code for (a pickle naming a function or
+    class outside the allowed ones), or an archive that reaches outside itself (a link, a path
+    out of the directory, a sparse member, metadata pointing at other files or describing more
+    data than it holds). Refused before any of it runs or is written."""
 
 
 class WebhookSignatureError(ACE3Error):

@@ -97,11 +97,10 @@ def override_dropout(model: nn.Module, p: float | None) -> int:
 
 
 def start_from_weights(
-    model: nn.Module, path: Path, expected_sha256: str | None, ctx: DistContext, *, job: bool
+    model: nn.Module, path: Path, expected_sha256: str | None, ctx: DistContext
 ) -> None:
-    """``init_from``: load the weights of ``path`` into the freshly built ``model``. A ``job``
-    reads its own directory in its sandbox, where a sharded checkpoint may be read."""
-    weights = read_weights(path, expected_sha256, allow_sharded=job)
+    """``init_from``: load the weights of ``path`` into the freshly built ``model``."""
+    weights = read_weights(path, expected_sha256)
     note = load_initial_weights(model, weights, path.name)
     if ctx.is_main:
         ENGINE.info(note)
@@ -137,7 +136,7 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     # A resume holds weights of its own; with LoRA only the adapters: the base comes back
     # from init_from, as it did the first time.
     if job.init_from and (ckpt is None or config.lora is not None):
-        start_from_weights(model, Path(job.init_from), job.init_from_sha256, ctx, job=True)
+        start_from_weights(model, Path(job.init_from), job.init_from_sha256, ctx)
     teacher = None
     if config.distillation is not None:  # after the student, whose initial weights stay the same
         if job.teacher is None:
@@ -172,7 +171,7 @@ def build_local(
     ``init_from`` first loads the weights of that file into it, unless resuming)."""
     seed_all(config.seed)
     if init_from is not None and (ckpt is None or config.lora is not None):  # (as in build)
-        start_from_weights(model, init_from, None, ctx, job=False)
+        start_from_weights(model, init_from, None, ctx)
     teacher = local_teacher(config) if config.distillation is not None else None
     built = (config, ctx, user, model, train_set, validation_set, ckpt, resume_label)
     try:

@@ -5,9 +5,12 @@ a half-written checkpoint under the final name. Loading never executes pickled c
 files are read with ``torch.load(weights_only=True)`` (tensors, numbers, strings, lists,
 dicts...), ``.safetensors`` files with safetensors (a flat dict of tensors). A sharded
 training checkpoint (``step-*.dcp.tar``, from a ZeRO job) is consolidated into one state
-(full weights and optimizer state); its torch.distributed.checkpoint metadata is torch's own
-pickle, so load only archives you or the service wrote. A file that would
-need arbitrary unpickling is refused with an error that says what it holds.
+(full weights and optimizer state): its members must be plain files, its
+torch.distributed.checkpoint metadata (torch's own pickle) is unpickled with only the classes
+DCP metadata is made of and must read nothing outside the archive, and its other values are
+read weights-only (:mod:`ace3.runtime.checkpoint.dcp_reading`). A file that would need
+arbitrary unpickling, or an archive that reaches outside itself, is refused with
+:class:`~ace3.errors.UnsafeCheckpointError` (a ValueError) saying what it holds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ace3.errors import UnsafeCheckpointError
 from ace3.files import atomic_path
 
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -79,7 +83,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise ValueError(
+        raise UnsafeCheckpointError(
             f"{source} holds Python objects that loading would have to execute (weights-only "
             f"loading refused them: {str(exc).splitlines()[0]}). Save plain tensors, numbers, "
             "strings, lists and dicts (e.g. state_dict()) instead of whole objects."

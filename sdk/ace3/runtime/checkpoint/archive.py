@@ -2,8 +2,8 @@
 ``torch.distributed.checkpoint`` directory plus ``train_state.pt``.
 
 What the archive holds, how it is written (packed atomically) and read back (its members
-checked: plain files at the top level only; extracted once per machine), and where shards are
-staged. What goes into it and how it is loaded into a sharded model is
+checked: plain, not sparse, files at the top level only; extracted once per machine), and where
+shards are staged. What goes into it and how it is loaded into a sharded model is
 :mod:`ace3.runtime.checkpoint.sharded`.
 """
 
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ace3.errors import UnsafeCheckpointError
 from ace3.files import WrittenFile, write_atomic
 from ace3.runtime.process.distributed import DistContext, barrier
 
@@ -64,12 +65,16 @@ def is_sharded_archive(path: Path) -> bool:
 
 
 def _members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
-    """The archive's files, refused unless every one is a plain file with a plain name."""
+    """The archive's files, refused unless every one is a plain file with a plain name: no
+    link, directory or device, no path out of the directory it is extracted into, and no
+    sparse member (whose holes would let a small archive fill a disk; without them, what is
+    extracted is at most the archive's own size)."""
     members = tar.getmembers()
     for member in members:
         name = member.name
-        if not member.isfile() or "/" in name or "\\" in name or name in ("", ".", ".."):
-            raise ValueError(
+        plain = member.isfile() and not member.issparse()
+        if not plain or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise UnsafeCheckpointError(
                 f"{path} is not an ACE3 sharded checkpoint: it holds {name!r}, which is not a "
                 "plain file at the top level"
             )

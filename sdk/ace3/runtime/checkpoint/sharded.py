@@ -32,8 +32,10 @@ checkpoints). A streamed dataset's position belongs to its readers (each replica
 workers and batch size): such a checkpoint resumes only with the data-parallel replicas and
 ``batch_size`` that wrote it.
 
-The DCP metadata file is a pickle (torch's format): resume only from checkpoints you or the
-service wrote (the service checks each checkpoint's sha256 before a resume).
+Nothing of the archive runs as code: its members must be plain files (archive.py), its DCP
+metadata (torch's pickle) and non-tensor values are read by
+:mod:`ace3.runtime.checkpoint.dcp_reading`, which refuses what would run code or read outside
+the checkpoint, and ``train_state.pt`` weights-only.
 """
 
 from __future__ import annotations
@@ -97,10 +99,10 @@ def _load_into(
 ) -> None:
     """Load the DCP directory into the (sharded) model and optimizer, re-sharding as needed.
     A collective."""
-    import torch.distributed.checkpoint as dcp
+    from ace3.runtime.checkpoint.dcp_reading import load_dcp
 
     state = state_dicts.sharded(parts, with_optimizer, for_load=True)
-    dcp.load(state, checkpoint_id=str(directory))
+    load_dcp(state, directory)
     state_dicts.load_sharded(parts, state, with_optimizer)
 
 
@@ -193,15 +195,14 @@ def consolidate(path: Path) -> dict[str, Any]:
     """The whole checkpoint in one process, without a process group: the train state with the
     full ``model`` state dict and the ``optimizer`` state keyed by parameter name (for users
     who want plain weights out of a ``.dcp.tar``). Needs memory for the whole state."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from ace3.runtime.checkpoint.dcp_reading import load_whole_dcp
 
     path = Path(path)
     state = read_train_state(path)
     with tempfile.TemporaryDirectory(prefix="ace3-dcp-") as scratch:
         directory = Path(scratch) / "dcp"
         extract(path, directory)
-        dcp_to_torch_save(directory, Path(scratch) / "full.pt")
-        full = torch.load(Path(scratch) / "full.pt", map_location="cpu", weights_only=True)
+        full = load_whole_dcp(directory)
     state.pop("archive", None)
     return {**state, **full}
 

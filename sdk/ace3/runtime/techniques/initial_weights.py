@@ -4,12 +4,10 @@ Not a resume: only the model's weights are taken; the optimizer, the schedule an
 start fresh. Applied on every rank to the model the user code built, before freezing, adapters
 and the parallelism strategy, so every strategy starts from the same weights. Read without
 running pickled code: an ACE3 checkpoint (``.pt``, its ``model`` entry), a plain state dict
-saved with ``torch.save``, or a ``.safetensors`` file. The names and shapes must match the
-model exactly.
-
-A sharded ``.dcp.tar`` (a ZeRO job's checkpoint) is read only inside a job's sandbox
-(``allow_sharded``): torch's DCP metadata inside it is a pickle, which the sandbox may unpickle
-but the SDK's machine or an in-process run must not.
+saved with ``torch.save``, a ``.safetensors`` file, or a sharded ``.dcp.tar`` (a ZeRO job's
+checkpoint, consolidated: its DCP metadata, torch's pickle, is read by
+:mod:`ace3.runtime.checkpoint.dcp_reading`, which runs none of it). The names and shapes must
+match the model exactly.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ def read_weights(
     expected_sha256: str | None = None,
     *,
     what: str = "init_from",
-    allow_sharded: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The model state dict held by the file at ``path`` (see the module docstring); errors
     start with ``what`` (the setting that named the file)."""
@@ -43,12 +40,6 @@ def read_weights(
 
         return dict(load_file(str(path), device="cpu"))
     if path.name.endswith(SHARDED_SUFFIX) or is_sharded_archive(path):
-        if not (allow_sharded and path.name.endswith(SHARDED_SUFFIX)):
-            raise ValueError(
-                f"{what}: {path.name} is a sharded (ZeRO) checkpoint, whose DCP metadata is a "
-                "pickle this process does not unpickle: start a job from its stored id (the "
-                "job reads it in its sandbox), or use a .pt or .safetensors file"
-            )
         from ace3.runtime.checkpoint.sharded import consolidate
 
         state: object = consolidate(path)

@@ -4,7 +4,7 @@ placed on the rank's device in the job's precision, in eval mode, without gradie
 
 Weights files are read without executing pickled code, as ``init_from``'s are
 (:func:`ace3.runtime.techniques.initial_weights.read_weights`): an ACE3 checkpoint (its ``model`` entry), a
-plain state dict, a ``.safetensors`` file, or (in a job's sandbox only) a sharded ``.dcp.tar``.
+plain state dict, a ``.safetensors`` file, or a sharded ``.dcp.tar``.
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ def build_job_teacher(spec: TeacherSpec) -> nn.Module:
     teacher = build_model(user, spec.model.kwargs)
     if spec.checkpoint is not None:
         path = Path(spec.checkpoint)
-        state = read_weights(  # in the job's sandbox: a sharded checkpoint is allowed
-            path, spec.checkpoint_sha256, what="teacher_checkpoint", allow_sharded=True
-        )
+        state = read_weights(path, spec.checkpoint_sha256, what="teacher_checkpoint")
         load_teacher_weights(teacher, state, path.name)
     return teacher
 
