@@ -259,11 +259,28 @@ def stack_env(root: Path, database_url: str, redis_url: str) -> dict[str, str]:
     }
 
 
+NO_CUDA_REASON = "no CUDA device"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that uses the real stack is slow (it runs in CI all the same)."""
+    """Every test that uses the real stack is slow (it runs in CI all the same); every test
+    marked ``gpu`` is skipped where torch sees no CUDA device (scripts/gpu-check.sh runs them
+    on a GPU machine: docs/gpu-check.md)."""
     for item in items:
         if "stack" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not _cuda_device_seen():
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
+
+
+def _cuda_device_seen() -> bool:
+    """Whether torch sees a CUDA device (asked once per run, only when a ``gpu`` test was
+    collected; a CPU build of torch answers without touching any driver)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def load_example(name: str):  # type: ignore[no-untyped-def]
