@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel
-from ace3_control.storage import ArtifactStore, StoredDigestError, is_tree_key
+from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel, fetch_sha256
+from ace3_control.storage import ArtifactStore, StoredDigestError
 from ace3_control.stored_weights import StoredWeights
 from ace3_worker.environments.cache import Pin, link_tree
 from ace3_worker.sandbox.bubblewrap import ISOLATED_HOSTS
@@ -114,11 +114,12 @@ class JobDirectory:
         return self.visible_root / path.relative_to(self.root).as_posix()
 
 
-def _copy_stored(store: ArtifactStore, key: str, target: Path, sha256: str) -> Path:
-    """A stored file (verified while it is copied) or an extracted directory tree, fetched from
-    the store into the job's directory; a mismatch with the recorded sha256 is refused."""
+def _copy_stored(store: ArtifactStore, key: str, target: Path, sha256: str | None) -> Path:
+    """A stored file (verified while it is copied) or an extracted directory tree (verified
+    against its recorded tree digest; None: a tree stored before digests were recorded),
+    fetched from the store into the job's directory; a mismatch is refused."""
     try:
-        return store.fetch(key, target, None if is_tree_key(key) else sha256)
+        return store.fetch(key, target, sha256)
     except StoredDigestError as exc:
         raise InputCorruptedError(
             f"{exc}: the artifact store is corrupted; upload the file again"
@@ -182,7 +183,7 @@ def _dataset_spec(
         )
     suffix = PurePosixPath(dataset.storage_key).suffix
     name = "tree" if dataset.kind == "directory" else f"data{suffix}"
-    copy = _copy_stored(store, dataset.storage_key, into / name, dataset.sha256)
+    copy = _copy_stored(store, dataset.storage_key, into / name, fetch_sha256(dataset))
     return {"path": str(directory.visible(copy))}
 
 
@@ -275,7 +276,9 @@ def prepare_job_directory(
     if not store.exists(model.storage_key):
         raise FileNotFoundError(f"model {model.id} ({model.filename}) is missing from storage")
     code_name = "model.py" if model.kind == "file" else "package"
-    code_path = _copy_stored(store, model.storage_key, root / "code" / code_name, model.sha256)
+    code_path = _copy_stored(
+        store, model.storage_key, root / "code" / code_name, fetch_sha256(model)
+    )
 
     resume_path = None
     if resume_from is not None:

@@ -18,11 +18,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ace3_control.models import Job, StoredModel
+from ace3_control.models import Job, StoredModel, fetch_sha256
 from ace3_control.stored_weights import StoredWeights, required_weights
 
 # Copies a stored file into the job directory: (storage key, target, sha256) -> the copy.
-CopyStored = Callable[[str, Path, str], Path]
+CopyStored = Callable[[str, Path, str | None], Path]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def copy_teacher(
     """Copy the teacher's model code (and weights) under ``into``; its ``job.json`` entry."""
     model = rows.model
     code_name = "model.py" if model.kind == "file" else "package"
-    code = copy(model.storage_key, into / "code" / code_name, model.sha256)
+    code = copy(model.storage_key, into / "code" / code_name, fetch_sha256(model))
     spec: dict[str, Any] = {
         "model": {
             "path": str(visible(code)),

@@ -31,6 +31,7 @@ from ace3_control.models.stored import (
     StoredModel,
     StoredShard,
     UploadedCheckpoint,
+    fetch_sha256,
 )
 from ace3_control.models.webhooks import Webhook, WebhookDelivery, WebhookEvent
 from ace3_control.models.workers import JobNode, Worker
@@ -68,6 +69,7 @@ __all__ = [
     "WebhookDelivery",
     "WebhookEvent",
     "Worker",
+    "fetch_sha256",
     "new_id",
     "utcnow",
 ]

@@ -16,6 +16,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ace3_control.models.base import Base, new_id, utcnow
+from ace3_control.storage.base import is_tree_key
 
 
 class StoredModel(Base):
@@ -38,6 +39,8 @@ class StoredModel(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     storage_key: Mapped[str] = mapped_column(String(500))
+    # A package's tree digest (ace3_control.storage.trees): what its fetch is checked against.
+    tree_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     # A package's requirements.txt, read at upload (ace3.config.requirements); None: none.
     requirements: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -64,6 +67,8 @@ class StoredDataset(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     storage_key: Mapped[str] = mapped_column(String(1000))
+    # A directory's tree digest (ace3_control.storage.trees): what its fetch is checked against.
+    tree_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     uri: Mapped[str | None] = mapped_column(String(1000), default=None)
     # (deferred: up to MAX_MANIFEST_BYTES; loaded only where it is read, not by list and get)
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None, deferred=True)
@@ -109,3 +114,10 @@ class UploadedCheckpoint(Base):
     storage_key: Mapped[str] = mapped_column(String(500))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+def fetch_sha256(row: StoredModel | StoredDataset) -> str | None:
+    """What a fetch of the row's stored bytes is checked against (``ArtifactStore.fetch``): a
+    file's sha256, or for a tree (an extracted archive, its key ending ``/tree``) the digest of
+    the tree the API stored; None for a tree stored before digests were recorded."""
+    return row.tree_sha256 if is_tree_key(row.storage_key) else row.sha256

@@ -16,6 +16,7 @@ from ace3_control.storage.base import (
     is_tree_key,
 )
 from ace3_control.storage.local import LocalArtifactStore
+from ace3_control.storage.trees import tree_digest
 
 __all__ = [
     "ArtifactStore",
@@ -26,6 +27,7 @@ __all__ = [
     "is_tree_key",
     "open_store",
     "parse_storage_url",
+    "tree_digest",
 ]
 
 

@@ -26,6 +26,7 @@ from ace3_control.storage.base import (
     spool,
     verify_digest,
 )
+from ace3_control.storage.trees import verify_tree
 
 _STAGING = ".staging"
 
@@ -117,12 +118,19 @@ class LocalArtifactStore:
         return iter_handle(self.open(key))
 
     def fetch(self, key: str, target: Path, sha256: str | None = None) -> Path:
-        """Copy the object (verified against ``sha256``) or the tree (links as links) to the
-        new path ``target``; FileNotFoundError when the key holds nothing."""
+        """Copy the object or the tree (links as links) to the new path ``target``, verified
+        against ``sha256`` (a tree's: its :func:`~ace3_control.storage.trees.tree_digest`; on
+        a mismatch nothing is left at ``target``); FileNotFoundError when the key holds
+        nothing."""
         source = self._path(key)
         if source.is_dir():
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(source, target, symlinks=True)
+            try:
+                shutil.copytree(source, target, symlinks=True)
+            except BaseException:
+                shutil.rmtree(target, ignore_errors=True)
+                raise
+            verify_tree(target, sha256, key)
         elif source.is_file():
             with source.open("rb") as handle:
                 copy_verified(handle, target, sha256, key)

@@ -7,8 +7,8 @@ the standard ``AWS_*`` credentials itself, and its transfer manager does multipa
 Offered bytes are first spooled to a local staging file while hashed and capped, so an object
 appears only once its size and sha256 are checked (a failed check leaves nothing in the
 bucket). A tree is stored as one uncompressed tar object under its ``.../tree`` key and
-extracted on fetch with tarfile's ``data`` filter (regular files and directories only, nothing
-outside the target).
+extracted on fetch with tarfile's ``data`` filter (nothing outside the target), then checked
+against the digest recorded when it was stored (:mod:`ace3_control.storage.trees`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ace3_control.storage.base import (
     KeyFor,
     Readable,
     StoredBlob,
+    StoredDigestError,
     check_key,
     check_prefix,
     check_tree_key,
@@ -35,6 +36,7 @@ from ace3_control.storage.base import (
     spool,
     verify_digest,
 )
+from ace3_control.storage.trees import verify_tree
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -230,8 +232,10 @@ class S3ArtifactStore:
         return iter_handle(self.open(key))
 
     def fetch(self, key: str, target: Path, sha256: str | None = None) -> Path:
-        """Download the object (verified against ``sha256``) or extract the tree into the new
-        path ``target``."""
+        """Download the object or extract the tree into the new path ``target``, verified
+        against ``sha256`` (a tree's: its :func:`~ace3_control.storage.trees.tree_digest`);
+        on a mismatch nothing is left at ``target`` and :class:`StoredDigestError` names the
+        key."""
         with self.open(key) as body:
             if not is_tree_key(key):
                 copy_verified(body, target, sha256, key)
@@ -240,9 +244,13 @@ class S3ArtifactStore:
             try:
                 with tarfile.open(fileobj=body, mode="r|") as tar:
                     tar.extractall(target, filter="data")
+            except tarfile.TarError as exc:  # (FilterError: a link out, a device...)
+                shutil.rmtree(target, ignore_errors=True)
+                raise StoredDigestError(f"stored tree {key} is not a tree it wrote: {exc}") from exc
             except BaseException:
                 shutil.rmtree(target, ignore_errors=True)
                 raise
+        verify_tree(target, sha256, key)
         return target
 
     def delete(self, key: str) -> None:

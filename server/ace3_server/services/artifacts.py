@@ -29,7 +29,7 @@ from ace3_control.models import (
     UploadedCheckpoint,
     utcnow,
 )
-from ace3_control.storage import ArtifactStore
+from ace3_control.storage import ArtifactStore, tree_digest
 from ace3_control.weights_users import UNFINISHED_JOB_STATES, in_use_message, weights_users
 from ace3_server.archives import (
     DEFAULT_MAX_MEMBERS,
@@ -164,6 +164,7 @@ def prepare_model(
         "entry_module": entry_module,
         "variant": variant,
         "requirements": requirements,
+        "tree_sha256": tree_digest(tree),
     }
     return PreparedArtifact(tree, f"{base_key}/tree", fields | _common(display, factory, staged))
 
@@ -230,9 +231,8 @@ def prepare_dataset(
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
         raise _refuse(exc, f"{display}: ") from None
-    return PreparedArtifact(
-        tree, f"{base_key}/tree", common | {"kind": "directory", "format": "directory"}
-    )
+    fields = {"kind": "directory", "format": "directory", "tree_sha256": tree_digest(tree)}
+    return PreparedArtifact(tree, f"{base_key}/tree", common | fields)
 
 
 async def store_artifact(
@@ -264,6 +264,8 @@ async def store_artifact(
         existing.storage_key = prepared.storage_key
         if model is StoredModel:
             existing.requirements = prepared.fields["requirements"]
+        if model is not UploadedCheckpoint:  # (the tree just stored, when it is one)
+            existing.tree_sha256 = prepared.fields.get("tree_sha256")
         await session.commit()
         return existing, True
     row = model(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import io
 import secrets
+import shutil
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from ace3_control.storage import (
     StoredDigestError,
     StoredTooLargeError,
     open_store,
+    tree_digest,
 )
 from tests.object_store import ObjectStore
 
@@ -147,6 +150,56 @@ def test_a_directory_tree_is_stored_and_fetched_whole(store: ArtifactStore, tmp_
     assert store.list("models/o/") == ["models/o/abc/tree"]
     store.delete("models/o/abc/tree")
     assert not store.exists("models/o/abc/tree")
+
+
+def _replace_tree(store: ArtifactStore, key: str, tree: Path) -> None:
+    """Put ``tree`` in the place of the stored tree ``key`` behind the store's back (bytes
+    changed in the bucket or on the volume): the directory, or the S3 store's one tar object."""
+    if isinstance(store, LocalArtifactStore):
+        shutil.rmtree(store.root / key)
+        shutil.copytree(tree, store.root / key, symlinks=True)
+        return
+    from ace3_control.storage.s3 import S3ArtifactStore
+
+    assert isinstance(store, S3ArtifactStore)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for child in sorted(tree.iterdir()):
+            tar.add(child, arcname=child.name)
+    store.client.put_object(Bucket=store.bucket, Key=store.prefix + key, Body=buffer.getvalue())
+
+
+@pytest.mark.parametrize("change", ["bytes", "file added", "link added", "file removed"])
+def test_a_fetched_tree_is_checked_against_its_recorded_digest(
+    store: ArtifactStore, tmp_path: Path, change: str
+) -> None:
+    def package(folder: Path) -> Path:
+        (folder / "pkg").mkdir(parents=True)
+        (folder / "pkg" / "__init__.py").write_text("")
+        (folder / "pkg" / "model.py").write_text("def build_model(): ...\n")
+        return folder
+
+    digest = tree_digest(package(tmp_path / "extracted"))
+    assert digest == tree_digest(package(tmp_path / "same")), "the content, not where it is"
+    store.put_file("models/o/t/tree", tmp_path / "extracted")
+    fetched = store.fetch("models/o/t/tree", tmp_path / "first", digest)
+    assert tree_digest(fetched) == digest
+
+    changed = package(tmp_path / "changed")
+    if change == "bytes":
+        (changed / "pkg" / "model.py").write_text("import os; os.system('x')\n")
+    elif change == "file added":
+        (changed / "pkg" / "sitecustomize.py").write_text("")
+    elif change == "link added":
+        (changed / "pkg" / "data").symlink_to("model.py")
+    else:
+        (changed / "pkg" / "__init__.py").unlink()
+    _replace_tree(store, "models/o/t/tree", changed)
+    with pytest.raises(StoredDigestError, match="stored tree models/o/t/tree does not match"):
+        store.fetch("models/o/t/tree", tmp_path / "job" / "package", digest)
+    assert not (tmp_path / "job" / "package").exists(), "nothing is left as if it were valid"
+    # A tree stored before digests were recorded is fetched as it is.
+    assert store.fetch("models/o/t/tree", tmp_path / "legacy").is_dir()
 
 
 def test_listing_is_by_prefix(store: ArtifactStore, tmp_path: Path) -> None:
