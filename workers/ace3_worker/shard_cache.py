@@ -26,18 +26,18 @@ lock's path (else it was removed meanwhile, and it locks the new one).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ace3_worker.shard_cache_boot import fsync_dir, settle_boot
 
 CACHE_DIR_MODE = 0o700
 SHARD_MODE = 0o444
@@ -129,14 +129,6 @@ def _unlock(fd: int, remove: Path | None = None) -> None:
     os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ShardCache:
     """One cache directory and its bound. Stateless: every process and feeder may make its own;
     they agree through the files and their locks."""
@@ -145,6 +137,16 @@ class ShardCache:
         self.root = root
         self.bound = bound
         self.floor = entry_floor(bound)
+        self._unsynced: bool | None = None  # (settled once: :mod:`ace3_worker.shard_cache_boot`)
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether entries are written without fsync (the cache is this boot's), settled before
+        this process first looks up or reserves an entry."""
+        if self._unsynced is None:
+            with self._space():
+                self._unsynced = settle_boot(self.root)
+        return self._unsynced
 
     def accounted(self, size: int) -> int:
         """What a shard of ``size`` bytes counts against the bound."""
@@ -178,6 +180,7 @@ class ShardCache:
     ) -> Iterator[bool]:
         """Hold the entry's lock (exclusive, or shared); yields False when ``stop`` was set
         before it could be had (without ``stop``: yields False at once when it is taken)."""
+        _ = self.unsynced  # (an earlier boot's entries, locks included, are gone first)
         self._make_dirs(digest)
         operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         lock = self._lock_path(digest, file)
@@ -209,6 +212,7 @@ class ShardCache:
     def lookup(self, digest: str, file: str) -> CachedShard | None:
         """The complete entry with its recorded sha256, or None."""
         path = self.path(digest, file)
+        _ = self.unsynced  # (an earlier boot's entries are gone before one is trusted)
         try:
             record = json.loads(self._sidecar(digest, file).read_text())
             path.lstat()
@@ -347,11 +351,13 @@ class ShardCache:
                 waiting(reported - started, linked)
 
     def commit(self, reservation: Reservation, sha256: str, record: dict[str, Any]) -> Path:
-        """The reserved entry's bytes are all written: make them durable and read-only, record
-        the sidecar, and put the entry in place."""
-        fd = reservation.fd
+        """The reserved entry's bytes are all written: make them read-only (and durable, where
+        the cache is not tagged with this boot), record the sidecar, and put the entry in
+        place."""
+        fd, unsynced = reservation.fd, self.unsynced
         try:
-            os.fsync(fd)
+            if not unsynced:
+                os.fsync(fd)
             os.fchmod(fd, SHARD_MODE)
         finally:
             os.close(fd)
@@ -362,7 +368,8 @@ class ShardCache:
         os.replace(temporary, sidecar)
         path = self.path(reservation.digest, reservation.file)
         os.replace(reservation.part, path)
-        _fsync_dir(path.parent)
+        if not unsynced:
+            fsync_dir(path.parent)
         return path
 
     @staticmethod
@@ -377,22 +384,3 @@ class ShardCache:
         for path in (self.path(digest, file), self._sidecar(digest, file)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-
-
-def place(source: Path, target: Path) -> None:
-    """Put the cached shard ``source`` at ``target`` in a job's directory, whole or not at all
-    (made under a hidden name, renamed into place): a hard link (the job then holds the entry
-    against eviction), or a read-only copy when the two are on different filesystems."""
-    temporary = target.with_name(f".{target.name}.new")
-    with contextlib.suppress(FileNotFoundError):
-        temporary.unlink()
-    try:
-        os.link(source, temporary)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-            raise
-        shutil.copyfile(source, temporary)
-        temporary.chmod(SHARD_MODE)
-        with temporary.open("rb") as handle:
-            os.fsync(handle.fileno())
-    os.replace(temporary, target)

@@ -36,7 +36,7 @@ from pathlib import Path
 from ace3_control.settings import Settings
 from ace3_control.source_client import source_client
 from ace3_control.storage import ArtifactStore, open_store
-from ace3_worker.shard_cache import CacheFullError, CacheTooSmallError, ShardCache, place
+from ace3_worker.shard_cache import CacheFullError, CacheTooSmallError, ShardCache
 from ace3_worker.shard_fetch import (
     FetchStopped,
     Obtained,
@@ -46,6 +46,7 @@ from ace3_worker.shard_fetch import (
     StoreShardSource,
     obtain,
 )
+from ace3_worker.shard_place import place
 from ace3_worker.shard_requests import Request, RequestReader
 from ace3_worker.shard_streams import Readers, ShardStream
 

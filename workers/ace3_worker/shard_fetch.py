@@ -13,8 +13,9 @@ dataset's manifest, from one of two sources:
 
 Otherwise, or when the object is gone, the shard changed (:class:`ShardChangedError`) and the job
 fails naming it, before any of its bytes reach the job. The bytes are hashed (sha256) while they
-are written into the entry's reserved part file, which is fsynced and renamed into place only
-when every byte arrived (and, for a source that knows their sha256, only when it matches).
+are written into the entry's reserved part file, which is renamed into place only when every
+byte arrived (and, for a source that knows their sha256, only when it matches); it is not
+fsynced where the cache is tagged with this boot (:mod:`ace3_worker.shard_cache_boot`).
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ def obtain(
                 raise FetchStopped(file)
             return None
         try:
-            sha256 = _copy(source, shard, reservation.fd, stop)
+            sha256 = _copy(source, shard, reservation.fd, stop, flush=not cache.unsynced)
             record = {"name": shard.name, "size": shard.size, "etag": shard.etag, "uri": source.uri}
             path = cache.commit(reservation, sha256, record)
         except BaseException:
@@ -257,14 +258,15 @@ def check_content(shard: Shard, uri: str, sha256: str, size: int) -> None:
     )
 
 
-def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event) -> str:
+def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event, *, flush: bool) -> str:
     """The shard's bytes into ``fd``, checked against the manifest; their sha256. A large
     shard of a bucket is read as parallel ranges, a smaller one read ahead by a thread
-    (:mod:`ace3_worker.shard_ranges`)."""
+    (:mod:`ace3_worker.shard_ranges`); ``flush``: the entry will be fsynced (flush while
+    the bytes arrive)."""
     if isinstance(source, S3ShardSource) and shard.size >= shard_ranges.RANGED_MIN_BYTES:
         return shard_ranges.copy_ranges(
             functools.partial(source.read_range, shard), shard, fd, stop,
-            stopped=lambda: FetchStopped(shard.name),
+            stopped=lambda: FetchStopped(shard.name), flush=flush,
         )  # fmt: skip
     found = source.open(shard)
     closed = threading.Event()

@@ -11,7 +11,8 @@ A shard of at least :data:`RANGED_MIN_BYTES` is read as parts of :data:`PART_BYT
 into the entry's reserved part file as it arrives, and hashed (sha256) in order: at most
 :data:`PARTS_AHEAD` parts are held in memory, waiting for their turn in the hash. Meanwhile
 the bytes written so far are flushed (one ``fdatasync`` at a time), so that the ``fsync`` after
-the last part has little left to do.
+the last part has little left to do, where the cache fsyncs its entries at all
+(:mod:`ace3_worker.shard_cache_boot`: not where it is tagged with this boot).
 
 A smaller shard is one streaming read, whose chunks a thread of their own reads ahead
 (:func:`read_ahead`, at most :data:`READ_AHEAD_CHUNKS` of them), so that the socket's reads
@@ -67,10 +68,12 @@ def copy_ranges(
     stop: threading.Event,
     *,
     stopped: Callable[[], BaseException],
+    flush: bool = True,
 ) -> str:
     """The shard's bytes into ``fd`` (at their offsets), read part by part with ``read_part``
     (several at once); their sha256. Raises what ``read_part`` raises, ``stopped()`` when
-    ``stop`` is set meanwhile, ``OSError`` when a part arrives short or long."""
+    ``stop`` is set meanwhile, ``OSError`` when a part arrives short or long. ``flush``: the
+    entry will be fsynced, so the bytes written so far are flushed while the rest arrive."""
     ranges = part_ranges(shard.size)
     digest = hashlib.sha256()
 
@@ -106,7 +109,7 @@ def copy_ranges(
             following = next(upcoming, None)
             if following is not None:
                 pending.append(pool.submit(fetch, *following))
-            if hashed - synced >= SYNC_BYTES and (syncing is None or syncing.done()):
+            if flush and hashed - synced >= SYNC_BYTES and (syncing is None or syncing.done()):
                 syncing, synced = syncer.submit(os.fdatasync, fd), hashed
         if syncing is not None:
             syncing.result()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ace3.config.shards import Shard
-from ace3_worker.shard_cache import CacheTooSmallError, ShardCache, place
+from ace3_worker.shard_cache import CacheTooSmallError, ShardCache
+from ace3_worker.shard_cache_boot import BOOT_FILE
 from ace3_worker.shard_fetch import (
     FetchStopped,
     Obtained,
@@ -22,17 +23,19 @@ from ace3_worker.shard_fetch import (
     ShardObject,
     obtain,
 )
+from ace3_worker.shard_place import place
 
 DIGEST = "ab" * 32
 SIZE = 100
 
 
 def disk_bytes(root: Path) -> int:
-    """What the cache's files hold on disk now (shards and parts, not the tiny sidecars)."""
+    """What the cache's files hold on disk now (shards and parts, not the tiny sidecars, locks
+    and boot file)."""
     total = 0
     for directory, _, names in os.walk(root):
         for name in names:
-            if not name.endswith((".sha256", ".lock", ".tmp")):
+            if not name.endswith((".sha256", ".lock", ".tmp")) and name != BOOT_FILE:
                 total += os.lstat(Path(directory) / name).st_size
     return total
 
