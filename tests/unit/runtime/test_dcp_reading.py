@@ -7,6 +7,7 @@ describing more data than it holds, and sparse members are refused with
 from __future__ import annotations
 
 import io
+import pathlib
 import pickle
 import tarfile
 from collections.abc import Callable
@@ -225,3 +226,33 @@ def test_a_sparse_member_is_refused_before_extraction(
         assert tar.getmember("__9_0.distcp").issparse()
     with pytest.raises(ace3.UnsafeCheckpointError, match=r"'__9_0\.distcp', which is not a plain"):
         ace3.load_checkpoint(crafted)
+
+
+def test_metadata_that_sets_a_class_attribute_is_refused_and_the_class_unchanged(
+    trained: tuple[Path, nn.Module], tmp_path: Path
+) -> None:
+    """BUILD applied to an allowed class (not an instance) would set the class's attribute for
+    the whole process: here ``PosixPath._str``, so that every path opened later names a file
+    the checkpoint chose. Hidden in a dead branch (POP) of otherwise valid metadata."""
+    members = _members(trained[0])
+    redirect = str(tmp_path / "redirected")
+    poison = (
+        b"cpathlib\nPosixPath\nN}X\x04\x00\x00\x00_str"
+        + b"X" + len(redirect).to_bytes(4, "little") + redirect.encode()
+        + b"s\x86b0"
+    )  # fmt: skip
+    valid = members[".metadata"]
+    assert valid[:2] == b"\x80\x04"  # (protocol 4: the poison goes after the header and frame)
+    crafted_bytes = valid[:2] + poison + valid[2:]
+    before = dict(vars(pathlib.PosixPath))
+    crafted = _pack(tmp_path / "c" / trained[0].name, {**members, ".metadata": crafted_bytes})
+    try:
+        with pytest.raises(
+            ace3.UnsafeCheckpointError, match="sets the state of the class PosixPath"
+        ):
+            ace3.load_checkpoint(crafted)
+        assert dict(vars(pathlib.PosixPath)) == before
+        assert str(tmp_path / "x") != redirect
+    finally:  # (were it let through, the rest of the session's paths would be poisoned)
+        for name in set(vars(pathlib.PosixPath)) - set(before):
+            delattr(pathlib.PosixPath, name)

@@ -24,6 +24,8 @@ Every read of a DCP directory goes through :func:`load_dcp` (a sharded job resum
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import io
 import math
 import pickle
@@ -76,11 +78,29 @@ METADATA_GLOBALS: dict[str, frozenset[str]] = {
     ),
     "pathlib": frozenset({"PosixPath", "PurePosixPath"}),  # StorageMeta.checkpoint_id
 }
+# What a BUILD may give state to: DCP's metadata dataclasses (instances, never classes).
+_BUILDABLE = frozenset(
+    value
+    for module in (
+        "torch.distributed.checkpoint.metadata",
+        "torch.distributed.checkpoint.filesystem",
+    )
+    for name in METADATA_GLOBALS[module]
+    if isinstance(value := getattr(importlib.import_module(module), name), type)
+    and dataclasses.is_dataclass(value)
+)
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only ``METADATA_GLOBALS``: each of them only builds a
-    value (a dataclass, a ``torch.Size``, a dtype, a path), so nothing else can run."""
+class MetadataUnpickler(pickle._Unpickler):
+    """An unpickler that resolves only ``METADATA_GLOBALS`` (each of them only builds a value:
+    a dataclass, a ``torch.Size``, a dtype, a path) and applies state (``BUILD``) only to an
+    instance of one of DCP's metadata dataclasses, and only its fields (a dict of them, or the
+    tuple a dataclass's own ``__setstate__`` takes): ``BUILD`` applied to a
+    class would set that class's attributes for the whole process (``pathlib.PosixPath._str``:
+    every path opened later would name a file the checkpoint chose). The pure-Python
+    unpickler, whose opcodes can be overridden; metadata is small."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
         if name in METADATA_GLOBALS.get(module, ()):
@@ -90,6 +110,24 @@ class MetadataUnpickler(pickle.Unpickler):
             "to import and could run: it is not a torch.distributed.checkpoint checkpoint as "
             "torch writes one, and is refused"
         )
+
+    def load_build(self) -> None:
+        state, target = self.stack[-1], self.stack[-2]  # type: ignore[attr-defined]  # (not in the stubs)
+        kind = type(target)
+        names = {field.name for field in dataclasses.fields(kind)} if kind in _BUILDABLE else None
+        if names is not None and "__setstate__" in vars(kind):
+            fits = isinstance(state, tuple)  # (TensorProperties': its own fields, from a tuple)
+        else:
+            fits = names is not None and isinstance(state, dict) and set(state) <= names
+        if not fits:
+            what = f"the class {target.__qualname__}" if isinstance(target, type) else kind.__name__
+            raise UnsafeCheckpointError(
+                f"the checkpoint's DCP metadata sets the state of {what} in a way "
+                "torch never writes (only the fields of DCP's metadata dataclasses are): refused"
+            )
+        super().load_build()  # type: ignore[misc]  # (not in the stubs)
+
+    dispatch[pickle.BUILD[0]] = load_build  # type: ignore[assignment]  # (takes this subclass)
 
 
 def read_metadata(directory: Path) -> Metadata:
