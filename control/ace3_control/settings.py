@@ -18,6 +18,7 @@ from pydantic_settings import SettingsConfigDict
 from ace3_control.s3_uris import parse_sources
 from ace3_control.worker_settings import (
     WorkerSettings,
+    disk_share_bytes,
     parse_device_list,
     physical_memory_bytes,
     usable_cores,
@@ -354,6 +355,15 @@ class Settings(WorkerSettings):
     @property
     def resolved_work_dir(self) -> Path:
         return (self.work_dir or self.data_dir / "jobs").resolve()
+
+    @property
+    def resolved_job_disk_bytes(self) -> int:
+        """ACE3_JOB_DISK_BYTES, else a share of what is free on the work directory's filesystem
+        (:func:`~ace3_control.worker_settings.disk_share_bytes`, read when this is called: the
+        worker reads it once per process, when it starts)."""
+        if self.job_disk_bytes is not None:
+            return self.job_disk_bytes
+        return disk_share_bytes(self.resolved_work_dir, self.worker_slots)
 
     @property
     def resolved_worker_stale_after_seconds(self) -> float:

@@ -104,8 +104,48 @@ class WorkerSettings(EnvironmentSettings):
     job_memory_bytes: int | None = Field(
         None,
         ge=1 << 26,
-        description="Memory one process of a job may allocate (RLIMIT_DATA; also the size of "
-        "its /dev/shm); default: the machine's memory divided by the worker's slots.",
+        description="Memory a job's processes may hold together: past it the worker kills the "
+        "attempt ('out of memory: the job's processes used N bytes, the limit is M'; the "
+        "micro-batch is halved where the out-of-memory back-off applies, else the job fails). "
+        "Enforced by a memory cgroup where ACE3_JOB_CGROUP_ROOT is set, else measured by the "
+        "worker (the processes' proportional set size, PSS, plus the job's /dev/shm) every "
+        "ACE3_JOB_USAGE_CHECK_SECONDS. Also each process's RLIMIT_DATA and the size of the "
+        "job's /dev/shm. Default: the machine's memory divided by the worker's slots.",
+    )
+    job_disk_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="Bytes a job's writable directories (its output, home and temporary "
+        "directories) may hold together, measured as allocated blocks every "
+        "ACE3_JOB_USAGE_CHECK_SECONDS (or less often while a measurement takes long): past it "
+        "the attempt is killed and the job fails naming the limit, without a retry. Also each "
+        "file's size limit (RLIMIT_FSIZE). Default: the space free on the work directory's "
+        "filesystem when the worker starts, divided by its slots plus one (the last share is "
+        "left to everything else on that filesystem).",
+    )
+    job_max_files: int = Field(
+        1_000_000,
+        ge=1000,
+        description="Files and directories a job's writable directories may hold together (the "
+        "disk measurement walks them all, so this bounds its cost; the filesystem's inodes are "
+        "a shared resource too): past it the attempt is killed and the job fails naming the "
+        "limit, without a retry.",
+    )
+    job_usage_check_seconds: float = Field(
+        0.5,
+        ge=0.05,
+        le=10,
+        description="How often the worker measures each running job's disk and memory; a job "
+        "writing as fast as it can passes ACE3_JOB_DISK_BYTES by at most its write rate times "
+        "this (plus one measurement's duration) before it is stopped.",
+    )
+    job_cgroup_root: Path | None = Field(
+        None,
+        description="A cgroup v2 directory delegated to the worker (writable by it, with the "
+        "memory controller available, and holding none of the worker's own processes): each "
+        "job sandbox then runs in a child cgroup of its own whose memory.max is "
+        "ACE3_JOB_MEMORY_BYTES (memory.swap.max 0), enforced by the kernel. Unset: the "
+        "worker's own measurement (docs/security.md).",
     )
     job_max_processes: int = Field(
         4096,
@@ -224,6 +264,15 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def disk_share_bytes(path: Path, slots: int) -> int:
+    """One job's default share of the filesystem holding ``path`` (or its nearest existing
+    parent): the space free there now divided by ``slots`` plus one, at least 1 MiB."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    stats = os.statvfs(path)
+    return max(1 << 20, stats.f_bavail * stats.f_frsize // (slots + 1))
 
 
 def physical_memory_bytes() -> int:

@@ -243,6 +243,43 @@ def build_model(marker="", **kwargs):
         time.sleep(0.2)
 """
 
+# Fills its temporary directory as fast as it can, in files smaller than the job's disk limit
+# (a file's own size limit, RLIMIT_FSIZE, is that limit too), saying how much it wrote by when;
+# it gives up at `megabytes` (a worker that does not stop it must not fill the test machine).
+DISK_FILLER = """
+import time
+
+
+def build_model(megabytes_per_file=8, megabytes=2048, **kwargs):
+    block = b"\\xa5" * (1 << 20)
+    written, started = 0, time.monotonic()
+    for index in range(megabytes // megabytes_per_file):
+        with open(os.path.join(os.environ["TMPDIR"], f"fill-{index}"), "wb") as file:
+            for _ in range(megabytes_per_file):
+                file.write(block)
+        written += megabytes_per_file << 20
+        print(f"ACE3-FILL {written} {time.monotonic() - started:.6f}", flush=True)
+    return tiny_model()
+"""
+
+# Every rank holds `megabytes` it wrote (less than each process may allocate), one rank after
+# the other (rank 0 first: it says so in a file of the node's /tmp), for `seconds`.
+MEMORY_HOG = """
+import time
+
+
+def build_model(megabytes=0, seconds=60, **kwargs):
+    rank = int(os.environ.get("RANK", "0"))
+    marker = os.path.join(os.environ["TMPDIR"], f"rank-{rank - 1}-holds")
+    while rank > 0 and not os.path.exists(marker):
+        time.sleep(0.05)
+    held = b"\\x01" * (megabytes << 20)
+    print(f"rank {rank} holds {len(held) >> 20} MiB", flush=True)
+    open(os.path.join(os.environ["TMPDIR"], f"rank-{rank}-holds"), "w").close()
+    time.sleep(seconds)
+    return tiny_model()
+"""
+
 
 def model_source(attack: str) -> str:
     return PRELUDE + attack

@@ -35,9 +35,10 @@ from ace3_worker.membership import Membership
 from ace3_worker.sandbox.identity import JobIdentity
 from ace3_worker.sandbox.limits import JobLimits
 from ace3_worker.shard_feed import ShardFeed
+from ace3_worker.usage_monitor import UsageMonitor
 from ace3_worker.warm import WarmSlot
 from ace3_worker.warm_sandbox import WarmSandbox
-from ace3_worker.watch import AttemptWatch, RunState, Watcher, apply_beat, stop_for
+from ace3_worker.watch import AttemptWatch, RunState, Watcher, apply_beat, kill_for, stop_for
 from ace3_worker.workspace import Workspace
 
 logger = logging.getLogger(__name__)
@@ -213,9 +214,11 @@ class AttemptRunner:
             apply_beat(watch, membership.beat(), running.process, membership.name)
 
         feed = self._feed(job, directory, watch, running)
+        usage = self._usage_monitor(directory, watch, running, identity)
         try:
             returncode = self.watcher.watch(job, directory, watch, running, events, artifacts, beat)
         finally:
+            usage.stop()
             if feed is not None:
                 feed.stop()
 
@@ -231,6 +234,25 @@ class AttemptRunner:
             self.watcher.through_outage(watch, beat, drain)
             membership.report(job, watch, returncode, events, beat)
         membership.decide(watch)
+
+    def _usage_monitor(
+        self,
+        directory: JobDirectory,
+        watch: AttemptWatch,
+        running: RunningTorchrun,
+        identity: JobIdentity | None,
+    ) -> UsageMonitor:
+        """The attempt's disk and memory measurements, started: a limit the job passes kills
+        the attempt at once, saying so in its log (:mod:`ace3_worker.usage_monitor`)."""
+
+        def on_limit(reason: str, out_of_memory: bool) -> None:
+            logger.warning("job %s attempt %d: %s", watch.job_id, watch.attempt, reason)
+            running.lines.put(service_line(f"ace3: stopping the attempt: {reason}"))
+            kill_for(watch, running.process, reason, out_of_memory=out_of_memory)
+            running.activity.set()
+
+        uid = identity.uid if identity is not None else None
+        return UsageMonitor(self.limits, directory, running.process, uid, on_limit).start()
 
     def _feed(
         self, job: Job, directory: JobDirectory, watch: AttemptWatch, running: RunningTorchrun

@@ -17,6 +17,8 @@ from ace3_control.settings import get_settings
 from ace3_worker.device import device_pool_problem, local_capacity
 from ace3_worker.drain import request_drain
 from ace3_worker.registration import Registration
+from ace3_worker.sandbox.cgroup import CgroupUnavailableError, check_cgroup_root, sweep_cgroups
+from ace3_worker.sandbox.limits import JobLimits
 from ace3_worker.sandbox.plan import SandboxUnavailableError, sandbox_plan
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,14 @@ def _register(sender: Any = None, **_: Any) -> None:
     if problem := device_pool_problem(settings):  # (a GPU the machine lacks: refuse now)
         logger.critical("ace3 worker: %s", problem)
         raise SystemExit(f"ace3 worker: {problem}")
+    if settings.job_cgroup_root is not None:  # (jobs' memory cgroups: refuse what cannot work)
+        try:
+            check_cgroup_root(settings.job_cgroup_root)
+        except CgroupUnavailableError as exc:
+            logger.critical("ace3 worker: %s", exc)
+            raise SystemExit(f"ace3 worker: {exc}") from exc
+        sweep_cgroups(settings.job_cgroup_root)
+    logger.info("job limits: %s", JobLimits.from_settings(settings).describe())
     # `ace3 worker --concurrency N` overrides ACE3_WORKER_SLOTS.
     concurrency = getattr(sender, "concurrency", None)
     slots = concurrency if isinstance(concurrency, int) and concurrency > 0 else None

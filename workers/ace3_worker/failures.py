@@ -139,6 +139,8 @@ def limit_hint(exception: str, limits: JobLimits | None) -> str:
         return f" (each process of a job may allocate {limits.memory_bytes >> 20} MiB)"
     if "Resource temporarily unavailable" in exception and "Errno 11" in exception:
         return f" (a job may run {limits.max_processes} processes and threads)"
+    if "File too large" in exception and "Errno 27" in exception and limits.disk_bytes:
+        return f" (a job's files may hold {limits.disk_bytes} bytes: ACE3_JOB_DISK_BYTES)"
     return ""
 
 

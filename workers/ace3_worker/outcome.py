@@ -67,10 +67,13 @@ def final_metrics(events: reports.EventTail) -> dict[str, Any] | None:
 
 
 def ran_out_of_memory(watch: AttemptWatch) -> bool:
-    """A rank left with OUT_OF_MEMORY_EXIT_CODE: it ran out of memory inside a step of a
+    """The worker stopped the attempt for the job's memory limit (ace3_worker.usage_monitor), or
+    a rank left with OUT_OF_MEMORY_EXIT_CODE: it ran out of memory inside a step of a
     multi-process job (ace3.runtime.loop.steps), and torchrun stopped the others. Any rank of
     torchrun's summary counts, not only its root cause: a peer waiting in the all-reduce can
     fail first on the closed connection ("Connection closed by peer")."""
+    if watch.run.out_of_memory:
+        return True
     if watch.run.stopped_for is not None:
         return False
     return any(
@@ -177,8 +180,8 @@ class Outcomes:
                 returncode = OUT_OF_MEMORY_EXIT_CODE  # (the verdict halves the micro-batch)
             elif stopped is None and preempted_from_outside(watch):
                 returncode = -int(signal.SIGTERM)  # (the verdict retries it, from the budget)
-            elif returncode == 0:
-                returncode = 1  # stopped by the service on its own: a failure of this node
+            elif returncode == 0 or watch.run.stopped_for is not None:
+                returncode = 1  # stopped by the service on its own (not a signal to retry)
         return NodeExit(returncode, error, stopped)
 
     # -- deciding --------------------------------------------------------------------------------
@@ -213,7 +216,9 @@ class Outcomes:
         if preempted_for is not None:
             self.requeue_preempted(job, watch.attempt, preempted_for, returncode)
             return
-        if ran_out_of_memory(watch) and self.halve_micro_batch(job, watch.attempt):
+        if ran_out_of_memory(watch) and self.halve_micro_batch(
+            job, watch.attempt, watch.run.stopped_for if watch.run.out_of_memory else None
+        ):
             return
         error, retryable = self.failure(watch, returncode)
         if retryable and self.retry(job.id, watch.attempt, error):
@@ -321,16 +326,20 @@ class Outcomes:
             f"{self.settings.max_preemptions} times (ACE3_MAX_PREEMPTIONS)",
         )
 
-    def halve_micro_batch(self, job: Job, attempt: int) -> bool:
+    def halve_micro_batch(self, job: Job, attempt: int, stopped_for: str | None = None) -> bool:
         """Queue the next attempt with twice the micro-batch split (job.json), from the job's
         newest checkpoint; False when the micro-batch cannot be halved again (the attempt then
         fails like any other). The update itself bounds the halvings by
-        :func:`max_micro_batch_halvings`, whatever a job's exit status claims."""
+        :func:`max_micro_batch_halvings`, whatever a job's exit status claims. ``stopped_for``:
+        the worker stopped the attempt for the job's memory limit, saying this."""
         limit = max_micro_batch_halvings(job.config, job.num_processes)
         split = 2 ** ((job.micro_batch_halvings or 0) + 1)
+        what = "ran out of memory inside a training step"
+        if stopped_for:
+            what = f"was stopped ({stopped_for})"
         reason = (
-            f"attempt {attempt} ran out of memory inside a training step; the next one runs "
-            f"micro-batch split {split} (the effective batch unchanged)"
+            f"attempt {attempt} {what}; the next one runs micro-batch split {split} (the "
+            "effective batch unchanged)"
         )
         with self.sessions() as session:
             result = session.execute(

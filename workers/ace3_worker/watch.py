@@ -50,8 +50,10 @@ class RunState:
     lease_lost: bool = False
     # Multi-node: why another node made this one stop (its failure, its silence).
     peer_trouble: str | None = None
-    # Why the service stopped the attempt on its own (max_runtime_seconds).
+    # Why the service stopped the attempt on its own (max_runtime_seconds, a per-job limit).
     stopped_for: str | None = None
+    # The stop was for the job's memory limit: the out-of-memory back-off applies.
+    out_of_memory: bool = False
     # Why this worker preempted the attempt (it is draining: ace3_worker.drain), and the grace
     # its ranks have to checkpoint before SIGKILL. Only single-node attempts are preempted.
     preemptible: bool = True
@@ -96,6 +98,23 @@ def stop_for(watch: AttemptWatch, process: SandboxedProcess, reason: str) -> Non
     if watch.run.stopped_for is None:
         watch.run.stopped_for = reason
     stop_processes(watch, process)
+
+
+def kill_for(
+    watch: AttemptWatch, process: SandboxedProcess, reason: str, *, out_of_memory: bool = False
+) -> None:
+    """Kill the attempt at once for a limit the job passed (its disk or memory:
+    :mod:`ace3_worker.usage_monitor`): no grace, in which it would only write or allocate more.
+    The job fails with ``reason`` without a retry, or, for memory (``out_of_memory``), gets the
+    out-of-memory back-off where it applies (:mod:`ace3_worker.outcome`). Safe from another
+    thread, like :func:`stop_for`."""
+    if watch.run.stopped_for is None:
+        watch.run.out_of_memory = out_of_memory
+        watch.run.stopped_for = reason
+    if watch.run.terminate_sent_at is None:
+        watch.run.terminate_sent_at = time.monotonic()
+    process.kill()
+    watch.run.killed = True
 
 
 def apply_beat(watch: AttemptWatch, beat: Beat, process: SandboxedProcess, who: str) -> None:

@@ -10,6 +10,10 @@ SIGKILLs the process group, which holds ``bwrap`` and the sandbox's init: when t
 namespace dies the kernel kills everything in it, however a process detached itself. Without
 namespaces (``ACE3_SANDBOX=uid``) SIGTERM goes to torchrun's process group and SIGKILL also to
 every process of the job's uid.
+
+Where the worker has a delegated cgroup v2 directory (``ACE3_JOB_CGROUP_ROOT``), each sandbox
+runs in a memory cgroup of its own (:mod:`ace3_worker.sandbox.cgroup`), joined before anything
+of it runs and removed when it is closed.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field, replace
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from ace3.runtime.process import parent_death
 from ace3_worker.job_dir import JobDirectory, JobOwner
+from ace3_worker.job_usage import used_bytes
 from ace3_worker.sandbox.bubblewrap import SandboxView, UidSwitch, bubblewrap_argv, setpriv_prefix
+from ace3_worker.sandbox.cgroup import JobCgroup
 from ace3_worker.sandbox.gpus import gpu_device_nodes
 from ace3_worker.sandbox.identity import JobIdentity, kill_processes_of, tasks_of
 from ace3_worker.sandbox.limits import JobLimits, prlimit_prefix
@@ -66,6 +72,7 @@ class SandboxedProcess:
     process: subprocess.Popen[bytes]
     plan: SandboxPlan
     identity: JobIdentity | None
+    cgroup: JobCgroup | None = None  # its memory cgroup (ACE3_JOB_CGROUP_ROOT)
     _init_pid: int | None = None
     _init_pidfd: int | None = None  # (signals through it can never reach a reused PID)
     _info_ready: threading.Event = field(default_factory=threading.Event)
@@ -125,6 +132,15 @@ class SandboxedProcess:
             return False
         return True
 
+    def shm_bytes(self) -> int | None:
+        """What the sandbox's own ``/dev/shm`` holds (seen through its init's root, which is
+        checked alive after the read: the number was not another process's meanwhile); None
+        without one (not bubblewrap, or its init is not known or gone)."""
+        if self.plan.mode != "bwrap" or self._init_pid is None or not self._init_alive():
+            return None
+        used = used_bytes(Path(f"/proc/{self._init_pid}/root/dev/shm"))
+        return used if self._init_alive() else None
+
     def _torchrun_pid(self) -> int | None:
         """torchrun: the child of the sandbox's init (found by its parent PID)."""
         if self._init_pid is None or not self._init_alive():
@@ -163,11 +179,14 @@ class SandboxedProcess:
             kill_processes_of(self.identity.uid)
 
     def close(self) -> None:
-        """Release the handle on the sandbox's init (once the attempt is over)."""
+        """Release the handle on the sandbox's init and remove its cgroup (once the attempt is
+        over: its processes were killed)."""
         if self._init_pidfd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._init_pidfd)
             self._init_pidfd = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 def _pidfd_of_child(pid: int, parent: int) -> int | None:
@@ -268,7 +287,11 @@ def launch(
         )
     else:
         argv = _parent_death_prefix() + command
+    cgroup = None
     try:
+        if limits.cgroup_root is not None:
+            cgroup = JobCgroup.create(limits.cgroup_root, limits.memory_bytes)
+            argv = cgroup.wrap(argv)
         process = subprocess.Popen(
             argv,
             cwd=directory.root,
@@ -279,10 +302,14 @@ def launch(
             start_new_session=True,
             pass_fds=[*pass_fds, *inherited_fds],
         )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove(wait=0)
+        raise
     finally:
         for fd in pass_fds:
             os.close(fd)
-    sandboxed = SandboxedProcess(process, plan, identity)
+    sandboxed = SandboxedProcess(process, plan, identity, cgroup)
     if info_read is not None:
         threading.Thread(
             target=sandboxed._read_info, args=(info_read,), daemon=True, name="ace3-bwrap-info"
