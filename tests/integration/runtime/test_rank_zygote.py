@@ -42,6 +42,15 @@ time.sleep(600)
 """
 
 
+def _signal_mask(pid: int, field: str) -> int:
+    """A /proc/<pid>/status signal mask (SigIgn: the signals the process ignores)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -86,6 +95,10 @@ def test_ranks_are_forks_of_a_one_thread_zygote_and_die_with_the_launcher(tmp_pa
             assert rank["job_variable"] == "1" and rank["launcher_variable"] is None
         zygote = ranks[0]["parent"]
         assert ranks[1]["parent"] == zygote
+        # A SIGTERM to the group must not end the zygote (its ranks would die unsaved).
+        ignored = _signal_mask(zygote, "SigIgn")
+        assert all(ignored & (1 << (number - 1)) for number in (signal.SIGTERM, signal.SIGHUP))
+        # (the engine's ranks put the defaults back: forked_rank._new_interpreter_signals)
 
         os.kill(launcher.pid, signal.SIGKILL)  # (the agent dies: nothing may stay behind)
         launcher.wait(timeout=30)

@@ -20,6 +20,9 @@ entered in a fork instead of a new interpreter.
 
 It dies with the launcher (``PR_SET_PDEATHSIG``), and each rank dies with it
 (:func:`ace3.runtime.process.parent_death.exit_with_parent`): a rank never outlives its agent.
+It ignores SIGTERM, SIGHUP and SIGQUIT (each rank puts the defaults back,
+:mod:`ace3.runtime.process.forked_rank`): a SIGTERM to the whole process group must reach the
+ranks as a request to checkpoint, not as their parent's death.
 Where the interpreter's ``forkserver`` internals are not the ones this knows, or the launcher
 already runs a second thread, :func:`start` says why and leaves :mod:`multiprocessing` to start
 its own forkserver (preloading the launcher's modules): slower, never unsafe.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -62,9 +66,10 @@ def start(fallback_preload: Sequence[str], threads_when_preloaded: int) -> str |
     ``threads_when_preloaded``: :func:`threads` once the launcher had imported everything (the
     idle pool of numpy's OpenBLAS, which shuts itself down around a fork): a thread started
     since then refuses the fork."""
+    # (also what a stock forkserver imports, should the zygote die and multiprocessing start one)
+    forkserver.set_forkserver_preload(list(fallback_preload))
     reason = _why_not(threads_when_preloaded) or _ranks_get_the_agents_environment()
     if reason is not None:
-        forkserver.set_forkserver_preload(list(fallback_preload))
         return reason
     resource_tracker.ensure_running()  # (its fd goes to every rank: started here, not per rank)
     server: Any = forkserver._forkserver  # (private: its state is checked by _why_not)
@@ -145,6 +150,11 @@ def _serve(listener_fd: int, alive_r: int, alive_w: int, parent: int) -> None:
     try:
         os.close(alive_w)  # (the agent's and its ranks' copies keep the zygote alive)
         exit_with_parent(parent)
+        # A SIGTERM to the whole group (a drain, systemd's control-group kill) must not end the
+        # zygote: its death would SIGKILL the ranks (their parent-death signal) before they
+        # checkpoint. It ends with the launcher, or once the agent and every rank are gone.
+        for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(number, signal.SIG_IGN)
         with contextlib.suppress(OSError, AttributeError):
             import ctypes
 
