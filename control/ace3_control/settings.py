@@ -358,9 +358,8 @@ class Settings(WorkerSettings):
 
     @property
     def resolved_job_disk_bytes(self) -> int:
-        """ACE3_JOB_DISK_BYTES, else a share of what is free on the work directory's filesystem
-        (:func:`~ace3_control.worker_settings.disk_share_bytes`, read when this is called: the
-        worker reads it once per process, when it starts)."""
+        """ACE3_JOB_DISK_BYTES, else a share of the work directory's filesystem's size
+        (:func:`~ace3_control.worker_settings.disk_share_bytes`)."""
         if self.job_disk_bytes is not None:
             return self.job_disk_bytes
         return disk_share_bytes(self.resolved_work_dir, self.worker_slots)

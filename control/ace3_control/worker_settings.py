@@ -268,11 +268,14 @@ def usable_cores() -> int:
 
 def disk_share_bytes(path: Path, slots: int) -> int:
     """One job's default share of the filesystem holding ``path`` (or its nearest existing
-    parent): the space free there now divided by ``slots`` plus one, at least 1 MiB."""
+    parent): its size divided by ``slots`` plus one, at least 1 MiB. Its size, not what is free:
+    each worker slot reads this when its process starts, and a share of what is free then (other
+    slots' jobs already writing, a slot's process restarted on a fuller disk) could come out
+    tiny, failing every job of that slot without a retry."""
     while not path.exists() and path.parent != path:
         path = path.parent
     stats = os.statvfs(path)
-    return max(1 << 20, stats.f_bavail * stats.f_frsize // (slots + 1))
+    return max(1 << 20, stats.f_blocks * stats.f_frsize // (slots + 1))
 
 
 def physical_memory_bytes() -> int:

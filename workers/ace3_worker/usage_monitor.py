@@ -22,7 +22,9 @@ the database for seconds, and the bounds below must not.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +33,11 @@ from pathlib import Path
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.job_usage import (
     MAX_DEPTH,
+    ProcessEntry,
     disk_usage,
     job_processes,
     memory_usage,
+    open_deleted_bytes,
     owned_bytes,
     process_table,
 )
@@ -128,14 +132,18 @@ class UsageMonitor:
         assert self.limits.disk_bytes is not None
         started = time.monotonic()
         usage = disk_usage(self.roots, self.limits.max_files)
+        held = open_deleted_bytes(self._processes(), self._devices())
         took = time.monotonic() - started
-        self.peak_disk = max(self.peak_disk, usage.bytes)
+        used = usage.bytes + held
+        self.peak_disk = max(self.peak_disk, used)
+        if self._done.is_set():
+            return took  # (the processes ended meanwhile: the run's own outcome stands)
         if usage.too_deep:
             self._limit(depth_reason(), out_of_memory=False)
         elif not usage.complete:
             self._limit(files_reason(self.limits.max_files), out_of_memory=False)
-        elif usage.bytes > self.limits.disk_bytes:
-            self._limit(disk_reason(usage.bytes, self.limits.disk_bytes), out_of_memory=False)
+        elif used > self.limits.disk_bytes:
+            self._limit(disk_reason(used, self.limits.disk_bytes), out_of_memory=False)
         return took
 
     def check_memory(self) -> None:
@@ -146,11 +154,7 @@ class UsageMonitor:
             return
         if self.process.returncode is not None:
             return
-        # (in a PID namespace every process of the job is below its first; outside one, a
-        # process of the job's uid may have left the tree)
-        uid = self.uid if self.process.plan.mode == "uid" else None
-        table = process_table(uids=uid is not None)
-        processes = job_processes(table, self.process.pid, uid)
+        processes = self._processes()
         shm = self.process.shm_bytes()
         if shm is None and self.uid is not None:  # (the host's /dev/shm: its files of the job)
             shm = owned_bytes(HOST_SHM, self.uid, MAX_HOST_SHM_ENTRIES)
@@ -160,6 +164,23 @@ class UsageMonitor:
         self.peak_memory = max(self.peak_memory, usage.bytes)
         if usage.bytes > self.limits.memory_bytes:
             self._limit(memory_reason(usage.bytes, self.limits.memory_bytes), out_of_memory=True)
+
+    def _processes(self) -> list[ProcessEntry]:
+        """The job's processes now (none once its first process was reaped)."""
+        if self.process.returncode is not None:
+            return []
+        # (in a PID namespace every process of the job is below its first; outside one, a
+        # process of the job's uid may have left the tree)
+        uid = self.uid if self.process.plan.mode == "uid" else None
+        return job_processes(process_table(uids=uid is not None), self.process.pid, uid)
+
+    def _devices(self) -> set[int]:
+        """The filesystems the job's directories are on."""
+        devices = set()
+        for root in self.roots:
+            with contextlib.suppress(OSError):
+                devices.add(os.stat(root).st_dev)
+        return devices
 
     def check_cgroup(self) -> None:
         """The kernel's OOM killer took a process of the sandbox's memory cgroup."""

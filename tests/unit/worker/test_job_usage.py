@@ -21,6 +21,7 @@ from ace3_worker.job_usage import (
     disk_usage,
     job_processes,
     memory_usage,
+    open_deleted_bytes,
     owned_bytes,
     parse_rollup,
     process_table,
@@ -220,3 +221,37 @@ def test_a_tmpfs_s_use_and_a_uid_s_files_in_it(tmp_path: Path) -> None:
     finally:
         shm.unlink(missing_ok=True)
     assert used_bytes(tmp_path / "absent") == 0
+
+
+def test_files_deleted_while_open_still_count_once_on_the_job_s_filesystem(tmp_path: Path) -> None:
+    """A job that deletes what it writes but keeps it open holds the blocks all the same, and
+    no walk by names meets them."""
+    script = textwrap.dedent(
+        """
+        import os, sys, time
+        directory = sys.argv[1]
+        kept = []
+        for name in ("a", "b"):
+            path = os.path.join(directory, name)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.write(fd, os.urandom(4 << 20))
+            os.unlink(path)
+            kept += [fd, os.dup(fd)]  # (the same file twice: one inode)
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        assert disk_usage([tmp_path], 1000).bytes < MIB, "the walk sees nothing"
+        processes = job_processes(process_table(), holder.pid, None)
+        device = os.stat(tmp_path).st_dev
+        held = open_deleted_bytes(processes, {device})
+        assert 8 * MIB <= held < 9 * MIB
+        assert open_deleted_bytes(processes, {device + 1}) == 0, "another filesystem's"
+    finally:
+        holder.kill()
+        holder.wait()
