@@ -201,11 +201,17 @@ class UsageMonitor:
             delay = max(self.limits.check_seconds, took * DISK_WALK_SPACING)
 
     def _watch_memory(self) -> None:
-        while not self._done.wait(self.limits.check_seconds) and not self._fired:
+        delay = self.limits.check_seconds
+        while not self._done.wait(delay) and not self._fired:
+            started = time.monotonic()
             try:
                 self.check_memory()
             except Exception:
                 logger.exception("could not measure a job's memory")
+            # (a job of many processes with many mappings makes a pass slow: it is the worker's
+            # CPU, so passes are spaced as the disk walks are)
+            took = time.monotonic() - started
+            delay = max(self.limits.check_seconds, took * DISK_WALK_SPACING)
 
     def _limit(self, reason: str, *, out_of_memory: bool) -> None:
         with self._lock:
