@@ -184,20 +184,29 @@ def _reopen(name: str, parent: int | None) -> bool:
 
 
 def owned_bytes(root: Path, uid: int, max_entries: int) -> int:
-    """What the files of ``uid`` directly under ``root`` hold (the host's ``/dev/shm``, for a
-    job without one of its own), reading at most ``max_entries`` entries."""
-    total = 0
-    try:
-        with os.scandir(root) as entries:
-            for _, entry in zip(range(max_entries), entries, strict=False):
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if info.st_uid == uid and stat.S_ISREG(info.st_mode):
-                    total += info.st_blocks * BLOCK_BYTES
-    except OSError:
-        pass
+    """What the files of ``uid`` under ``root`` hold, in its directories too (the host's
+    ``/dev/shm``, for a job without one of its own), reading at most ``max_entries`` entries
+    and ``MAX_DEPTH`` levels, following no link."""
+    total = seen = 0
+    pending = [(str(root), 0)]
+    while pending and seen < max_entries:
+        directory, depth = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > max_entries:
+                        break
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH:
+                        pending.append((entry.path, depth + 1))
+                    elif info.st_uid == uid and stat.S_ISREG(info.st_mode):
+                        total += info.st_blocks * BLOCK_BYTES
+        except OSError:
+            continue
     return total
 
 

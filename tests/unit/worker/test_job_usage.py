@@ -255,3 +255,15 @@ def test_files_deleted_while_open_still_count_once_on_the_job_s_filesystem(tmp_p
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_uid_s_files_count_in_the_directories_it_made_too(tmp_path: Path) -> None:
+    """(ACE3_SANDBOX=uid: the host's /dev/shm, where a job may make directories of its own.)"""
+    _write(tmp_path / "top", MIB)
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    _write(nested / "deep", 2 * MIB)
+    (tmp_path / "link").symlink_to(nested)  # (never followed: counted once)
+    counted = owned_bytes(tmp_path, os.geteuid(), 100)
+    assert 3 * MIB <= counted < 4 * MIB
+    assert owned_bytes(tmp_path, 3_999_999_999, 100) == 0
