@@ -30,14 +30,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ace3_worker.deleted_files import open_deleted_bytes
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.job_usage import (
     MAX_DEPTH,
     ProcessEntry,
     disk_usage,
     job_processes,
+    memory_bound,
     memory_usage,
-    open_deleted_bytes,
     owned_bytes,
     process_table,
 )
@@ -158,6 +159,8 @@ class UsageMonitor:
         shm = self.process.shm_bytes()
         if shm is None and self.uid is not None:  # (the host's /dev/shm: its files of the job)
             shm = owned_bytes(HOST_SHM, self.uid, MAX_HOST_SHM_ENTRIES)
+        if memory_bound(processes, shm or 0) <= self.limits.memory_bytes:
+            return  # (well under the limit: no need for the PSS, which costs the worker more)
         usage = memory_usage(processes, shm or 0)
         if self.process.returncode is not None:
             return  # (reaped meanwhile: the numbers may no longer be the job's)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ace3_worker.deleted_files import open_deleted_bytes
 from ace3_worker.job_usage import (
     MAX_DEPTH,
     ProcessEntry,
@@ -21,7 +22,6 @@ from ace3_worker.job_usage import (
     disk_usage,
     job_processes,
     memory_usage,
-    open_deleted_bytes,
     owned_bytes,
     parse_rollup,
     process_table,

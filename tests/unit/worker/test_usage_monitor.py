@@ -21,7 +21,13 @@ import pytest
 from ace3.errors import OUT_OF_MEMORY_EXIT_CODE
 from ace3_control.settings import Settings
 from ace3_worker.failures import failure_message
-from ace3_worker.job_usage import MAX_DEPTH
+from ace3_worker.job_usage import (
+    MAX_DEPTH,
+    job_processes,
+    memory_bound,
+    memory_usage,
+    process_table,
+)
 from ace3_worker.outcome import Outcomes, ran_out_of_memory
 from ace3_worker.sandbox.launch import SandboxedProcess, launch
 from ace3_worker.sandbox.limits import JobLimits, prlimit_prefix
@@ -203,7 +209,11 @@ def test_processes_under_the_memory_limit_together_are_left_alone(
         limits, _directory(tmp_path), process, None, lambda *r: reasons.append(r)
     )  # type: ignore[arg-type]
     monitor.check_memory()
-    assert reasons == [] and 64 * MIB <= monitor.peak_memory < 140 * MIB, monitor.peak_memory
+    assert reasons == [] and monitor.peak_memory == 0  # (its bound was under: no PSS was read)
+    running = job_processes(process_table(), process.pid, None)
+    usage = memory_usage(running, 0)
+    assert 64 * MIB <= usage.bytes < 140 * MIB, usage
+    assert memory_bound(running, 0) >= usage.bytes, "the cheap bound must bound the PSS"
 
 
 def test_the_file_size_backstop_is_the_disk_limit_and_is_named() -> None:
