@@ -229,7 +229,14 @@ def test_the_job_shows_its_phase_and_environment(api: API) -> None:
         session.execute(
             update(Job)
             .where(Job.id == job_id)
-            .values(state="starting", phase="preparing_environment", environment_hash=env_hash)
+            .values(
+                state="starting",
+                phase="preparing_environment",
+                environment_hash=env_hash,
+                # (a lease that holds: the stack's reconciler re-queues a starting job without
+                # one within its 2 s interval, before this test's reads were done on a slow run)
+                lease_expires_at=utcnow() + timedelta(minutes=10),
+            )
         )
         session.commit()
     shown = api.owner.get(f"/v1/jobs/{job_id}").json()
