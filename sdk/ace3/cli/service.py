@@ -211,9 +211,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         flush=True,
     )
 
+    stopped: set[int] = set()  # the children this process sent a SIGTERM
+
     def stop(*_: object) -> None:
         for child in children:
             if child.poll() is None:
+                stopped.add(child.pid)
                 child.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
@@ -228,7 +231,20 @@ def cmd_up(args: argparse.Namespace) -> int:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
-    return max((child.returncode or 0) for child in children)
+                child.wait()
+    return max(up_exit_code(child.returncode, child.pid in stopped) for child in children)
+
+
+def up_exit_code(returncode: int, stopped: bool) -> int:
+    """What one child of ``ace3 up`` adds to its exit code: 0 for a clean exit, and for a child
+    this process stopped with SIGTERM that died of it (uvicorn re-raises the signal after its
+    shutdown; a worker still starting has no handler yet); a child killed by signal N
+    otherwise as 128 + N, as a shell reports it (not ``sys.exit(-N)``, which reads as 256 - N)."""
+    if returncode >= 0:
+        return returncode
+    if stopped and -returncode == signal.SIGTERM:
+        return 0
+    return 128 - returncode
 
 
 def add_parsers(sub: Any) -> None:
