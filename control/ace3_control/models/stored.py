@@ -43,6 +43,9 @@ class StoredModel(Base):
     tree_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     # A package's requirements.txt, read at upload (ace3.config.requirements); None: none.
     requirements: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    # What the built model's forward takes, read from the source at upload where certain
+    # (ace3_server.upload_checks.model_forward); None: unknown, or compute_loss feeds it.
+    forward_signature: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
@@ -74,6 +77,9 @@ class StoredDataset(Base):
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None, deferred=True)
     shard_count: Mapped[int | None] = mapped_column(Integer, default=None)
     samples: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # The engine's batches: {"kind": "pair"} ((inputs, targets)) or {"kind": "dict", "keys":
+    # [...]}; None where the data decides (a dataset.py, WebDataset members) or before 0021.
+    batch_layout: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
