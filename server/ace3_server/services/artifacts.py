@@ -38,12 +38,14 @@ from ace3_server.archives import (
     safe_extract,
 )
 from ace3_server.errors import field_error
+from ace3_server.services.batch_fit import PAIR
 from ace3_server.services.job_requirements import read_package_requirements
 from ace3_server.services.shard_store import delete_unshared_shards
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.storable import text_problem
 from ace3_server.upload_checks import UploadCheckError
 from ace3_server.upload_checks.datasets import check_dataset_file, check_dataset_tree
+from ace3_server.upload_checks.model_forward import forward_signature
 from ace3_server.upload_checks.model_source import check_model_source
 
 DATASET_FILE_FORMATS = {".pt": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
@@ -119,7 +121,7 @@ def prepare_model(
     base_key = f"models/{owner_id}/{staged.sha256}-{variant_digest}"
     if display.endswith(".py"):
         try:
-            check_model_source(staged.path.read_bytes(), display, factory)
+            source = check_model_source(staged.path.read_bytes(), display, factory)
         except UploadCheckError as exc:
             raise _refuse(exc) from None
         fields: dict[str, Any] = {
@@ -127,6 +129,7 @@ def prepare_model(
             "entry_module": None,
             "variant": variant,
             "requirements": None,
+            "forward_signature": forward_signature(source, factory),
         }
         return PreparedArtifact(
             staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged)
@@ -150,7 +153,7 @@ def prepare_model(
         )
     try:
         entry_name = entry_file.relative_to(tree).as_posix()
-        check_model_source(entry_file.read_bytes(), entry_name, factory)
+        source = check_model_source(entry_file.read_bytes(), entry_name, factory)
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
         raise _refuse(exc, f"{display}: ") from None
@@ -165,6 +168,7 @@ def prepare_model(
         "variant": variant,
         "requirements": requirements,
         "tree_sha256": tree_digest(tree),
+        "forward_signature": forward_signature(source, factory),
     }
     return PreparedArtifact(tree, f"{base_key}/tree", fields | _common(display, factory, staged))
 
@@ -212,7 +216,8 @@ def prepare_dataset(
         except UploadCheckError as exc:
             raise _refuse(exc, f"{display}: ") from None
         key = f"{base_key}/data{suffix}"
-        return PreparedArtifact(staged.path, key, common | {"kind": "file", "format": data_format})
+        fields: dict[str, Any] = {"kind": "file", "format": data_format, "batch_layout": PAIR}
+        return PreparedArtifact(staged.path, key, common | fields)
     if kind != "directory":
         raise field_error(["body", "kind"], f"kind must be 'file' or 'directory', not {kind!r}")
     if not is_archive_name(display):
@@ -227,11 +232,16 @@ def prepare_dataset(
             ["body", "file"], f"the directory holds no dataset.py and no data file ({expected})"
         )
     try:
-        check_dataset_tree(tree)
+        one_data_file = check_dataset_tree(tree)
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
         raise _refuse(exc, f"{display}: ") from None
-    fields = {"kind": "directory", "format": "directory", "tree_sha256": tree_digest(tree)}
+    fields = {
+        "kind": "directory",
+        "format": "directory",
+        "tree_sha256": tree_digest(tree),
+        "batch_layout": PAIR if one_data_file else None,
+    }
     return PreparedArtifact(tree, f"{base_key}/tree", common | fields)
 
 

@@ -24,6 +24,7 @@ from ace3_control.settings import Settings
 from ace3_control.source_client import source_client
 from ace3_server.errors import field_error
 from ace3_server.schemas import DatasetRegister
+from ace3_server.services.batch_fit import batch_layout_of_format
 from ace3_server.storable import INT64_MAX
 
 #: Dataset kinds whose data is streamed shard by shard.
@@ -172,6 +173,7 @@ async def save_manifest_dataset(
         manifest=document,
         shard_count=len(manifest.shards),
         samples=manifest.total_samples,
+        batch_layout=batch_layout_of_format(manifest.format),
     )
     session.add(row)
     try:

@@ -26,20 +26,22 @@ def check_dataset_file(path: Path, data_format: str) -> None:
     CHECKERS[data_format](path)
 
 
-def check_dataset_tree(tree: Path) -> None:
+def check_dataset_tree(tree: Path) -> bool:
     """A directory without a ``dataset.py`` is read from its one top-level data file (the
-    engine's rule): check that file, naming it. With a ``dataset.py``, or any other number of
-    data files, nothing is certain here (the engine's own message says which)."""
+    engine's rule): check that file, naming it, and return True (its batches are then (inputs,
+    targets) pairs). With a ``dataset.py``, or any other number of data files, nothing is
+    certain here (the engine's own message says which): False."""
     if (tree / "dataset.py").is_file():
-        return
+        return False
     files = [
         p
         for p in tree.iterdir()
         if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in DIRECTORY_SUFFIXES
     ]
     if len(files) != 1:
-        return
+        return False
     try:
         check_dataset_file(files[0], DIRECTORY_SUFFIXES[files[0].suffix.lower()])
     except UploadCheckError as exc:
         raise UploadCheckError(f"{files[0].name}: {exc}") from None
+    return True

@@ -21,55 +21,55 @@ from ace3_server.upload_checks.errors import UploadCheckError
 _BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While)
 
 
-def _module_statements(body: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
+def module_statements(body: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
     """Every statement that runs at module level: ``body`` and the blocks nested in it, but not
     function or class bodies."""
     for statement in body:
         yield statement
         if isinstance(statement, _BLOCKS):
             for field in ("body", "orelse", "finalbody"):
-                yield from _module_statements(getattr(statement, field, []))
+                yield from module_statements(getattr(statement, field, []))
             for handler in getattr(statement, "handlers", []):
-                yield from _module_statements(handler.body)
+                yield from module_statements(handler.body)
         elif isinstance(statement, ast.Match):
             for case in statement.cases:
-                yield from _module_statements(case.body)
+                yield from module_statements(case.body)
 
 
-def _target_names(target: ast.expr) -> Iterator[str]:
+def target_names(target: ast.expr) -> Iterator[str]:
     if isinstance(target, ast.Name):
         yield target.id
     elif isinstance(target, (ast.Tuple, ast.List)):
         for element in target.elts:
-            yield from _target_names(element)
+            yield from target_names(element)
     elif isinstance(target, ast.Starred):
-        yield from _target_names(target.value)
+        yield from target_names(target.value)
 
 
-def _bound_names(statement: ast.stmt) -> Iterator[str]:
+def bound_names(statement: ast.stmt) -> Iterator[str]:
     if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         yield statement.name
     elif isinstance(statement, ast.Assign):
         for target in statement.targets:
-            yield from _target_names(target)
+            yield from target_names(target)
     elif isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
         if not isinstance(statement, ast.AnnAssign) or statement.value is not None:
-            yield from _target_names(statement.target)
+            yield from target_names(statement.target)
     elif isinstance(statement, (ast.For, ast.AsyncFor)):
-        yield from _target_names(statement.target)
+        yield from target_names(statement.target)
     elif isinstance(statement, (ast.With, ast.AsyncWith)):
         for item in statement.items:
             if item.optional_vars is not None:
-                yield from _target_names(item.optional_vars)
+                yield from target_names(item.optional_vars)
     elif isinstance(statement, (ast.Import, ast.ImportFrom)):
         for alias in statement.names:
             yield alias.asname or alias.name.split(".")[0]
     for node in ast.walk(statement) if isinstance(statement, (ast.Expr, ast.Assign)) else ():
         if isinstance(node, ast.NamedExpr):
-            yield from _target_names(node.target)
+            yield from target_names(node.target)
 
 
-def _may_bind_unseen_names(statements: list[ast.stmt]) -> bool:
+def may_bind_unseen_names(statements: list[ast.stmt]) -> bool:
     """A star import, a module ``__getattr__`` (PEP 562) or a write through ``globals()`` /
     ``setattr`` may define the factory where the parser cannot see it."""
     for statement in statements:
@@ -112,11 +112,11 @@ def check_defines_factory(tree: ast.Module, display: str, factory: str) -> None:
             f"{display} is empty (no statements, only whitespace or comments); a model file "
             f"defines {factory}"
         )
-    statements = list(_module_statements(tree.body))
+    statements = list(module_statements(tree.body))
     bound: list[str] = []
     for statement in statements:
-        bound.extend(_bound_names(statement))
-    if factory in bound or _may_bind_unseen_names(statements):
+        bound.extend(bound_names(statement))
+    if factory in bound or may_bind_unseen_names(statements):
         return
     callables = sorted(
         {
@@ -134,6 +134,8 @@ def check_defines_factory(tree: ast.Module, display: str, factory: str) -> None:
     )
 
 
-def check_model_source(source: bytes, display: str, factory: str) -> None:
-    """Parse ``source`` and check it defines ``factory`` (see the module docstring)."""
-    check_defines_factory(parse_module(source, display), display, factory)
+def check_model_source(source: bytes, display: str, factory: str) -> ast.Module:
+    """Parse ``source`` and check it defines ``factory`` (see the module docstring); the tree."""
+    tree = parse_module(source, display)
+    check_defines_factory(tree, display, factory)
+    return tree

@@ -1,0 +1,122 @@
+"""Does a model take a dataset's batches? Checked at submission where both are known: the
+model's ``forward`` signature read from its source at upload
+(:mod:`ace3_server.upload_checks.model_forward`) and the dataset's batch layout recorded when it
+was stored (:func:`batch_layout_of_format`).
+
+The engine passes ``(inputs, targets)`` batches as ``model(inputs)`` and dict batches as
+``model(**batch)`` (:mod:`ace3.runtime.loop.losses`); a model module with ``compute_loss``
+records no signature, so it is never checked here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PAIR: dict[str, Any] = {"kind": "pair"}
+"""The layout of every dataset the engine reads as a ``TensorDataset`` of (inputs, targets)."""
+TOKEN_FIELDS = ("input_ids", "labels")
+
+
+def dict_layout(keys: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    return {"kind": "dict", "keys": list(keys)}
+
+
+def batch_layout_of_format(data_format: str) -> dict[str, Any] | None:
+    """The layout of a sharded dataset's batches by its format; None where the shards decide
+    (a WebDataset sample is keyed by its members' extensions)."""
+    if data_format in ("parquet", "jsonl"):
+        return PAIR
+    if data_format == "tokens":
+        return dict_layout(TOKEN_FIELDS)
+    return None
+
+
+def _render(signature: dict[str, Any]) -> str:
+    """``Net.forward(self, x, /, mask=..., *args, scale, **kwargs)``."""
+
+    def spelled(param: dict[str, Any]) -> str:
+        return param["name"] + ("" if param["required"] else "=...")
+
+    params = signature["params"]
+    parts = ["self"]
+    positional_only = [spelled(p) for p in params if p["kind"] == "positional_only"]
+    if positional_only:
+        parts += [*positional_only, "/"]
+    parts += [spelled(p) for p in params if p["kind"] == "positional"]
+    keyword_only = [spelled(p) for p in params if p["kind"] == "keyword_only"]
+    if signature["var_positional"]:
+        parts.append("*args")
+    elif keyword_only:
+        parts.append("*")
+    parts += keyword_only
+    if signature["var_keyword"]:
+        parts.append("**kwargs")
+    return f"{signature['method']}({', '.join(parts)})"
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(repr(name) for name in names)
+
+
+def pair_problem(signature: dict[str, Any]) -> str | None:
+    """Why ``model(inputs)`` cannot bind, or None."""
+    params = signature["params"]
+    positional = [p for p in params if p["kind"] != "keyword_only"]
+    if positional:
+        rest = [p for p in params if p is not positional[0]]
+    elif signature["var_positional"]:
+        rest = params
+    else:
+        return f"{_render(signature)} takes no positional argument"
+    missing = [p["name"] for p in rest if p["required"]]
+    if missing:
+        return f"{_render(signature)} also requires {_names(missing)}"
+    return None
+
+
+def dict_problem(signature: dict[str, Any], keys: list[str]) -> str | None:
+    """Why ``model(**batch)`` with these keys cannot bind, or None."""
+    params = signature["params"]
+    by_keyword = {p["name"] for p in params if p["kind"] != "positional_only"}
+    unexpected = [] if signature["var_keyword"] else [k for k in keys if k not in by_keyword]
+    missing = [
+        p["name"]
+        for p in params
+        if p["required"] and (p["kind"] == "positional_only" or p["name"] not in keys)
+    ]
+    reasons = []
+    if unexpected:
+        reasons.append(f"has no parameter {_names(unexpected)}")
+    if missing:
+        reasons.append(f"requires {_names(missing)}, which the batches lack")
+    if not reasons:
+        return None
+    return f"{_render(signature)} " + " and ".join(reasons)
+
+
+def batch_fit_problem(
+    signature: dict[str, Any] | None, layout: dict[str, Any] | None, model_file: str
+) -> str | None:
+    """Why the model cannot take the dataset's batches, or None (also when either is unknown)."""
+    if signature is None or layout is None:
+        return None
+    hint = (
+        f"; define compute_loss(model, batch) in {model_file} to feed the model yourself, or "
+        "choose a dataset whose batches its forward takes"
+    )
+    if layout["kind"] == "pair":
+        problem = pair_problem(signature)
+        if problem is not None:
+            return (
+                "the dataset gives (inputs, targets) batches, which the engine passes as "
+                f"model(inputs), but {problem}{hint}"
+            )
+        return None
+    keys = list(layout["keys"])
+    problem = dict_problem(signature, keys)
+    if problem is not None:
+        return (
+            f"the dataset gives dict batches of {_names(keys)}, which the engine passes as "
+            f"model(**batch), but {problem}{hint}"
+        )
+    return None
