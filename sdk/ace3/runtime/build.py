@@ -40,7 +40,7 @@ from ace3.runtime.parallel import ParallelDims, Strategy, strategy_for
 from ace3.runtime.process.distributed import DistContext
 from ace3.runtime.techniques.compression import compression_extensions
 from ace3.runtime.techniques.distillation import make_distiller
-from ace3.runtime.techniques.freezing import apply_freezing
+from ace3.runtime.techniques.freezing import ParameterCounts, apply_freezing
 from ace3.runtime.techniques.initial_weights import load_initial_weights, read_weights
 from ace3.runtime.techniques.lora import apply_lora, remove_adapters
 from ace3.runtime.techniques.lora_merge import LoRAExtension
@@ -203,6 +203,7 @@ def assemble(
     apply_dropout_override(model, config, ctx)
     frozen = apply_freezing(model, config)
     adapters = apply_lora(model, config)  # after freezing: trainable=[...] also trains fully
+    counts = ParameterCounts(model) if adapters is None else None  # (LoRA counts its own)
     if ctx.is_main and (adapters is not None or frozen is not None):
         ENGINE.info((adapters or frozen).describe())  # type: ignore[union-attr]  # one is set: checked above
     precision = resolve_precision(config, ctx.device)
@@ -257,6 +258,8 @@ def assemble(
         parts.extensions.append(parts.batch_plan)
     if adapters is not None:  # an in-process run's module gets the merged weights instead
         parts.extensions.append(LoRAExtension(adapters, precision, write_merged=not live_module))
+    if counts is not None:
+        parts.extensions.append(counts)
     if distiller is not None:  # its loss is the step's; the projections step with the student
         parts.extensions.append(distiller)
     if ckpt is not None:

@@ -68,6 +68,31 @@ def _attached_loss(output: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) else None
 
 
+def _has_loss_field(output: Any) -> bool:
+    """An output that has a loss field, set or not (a ``ModelOutput``'s ``.loss``)."""
+    return hasattr(output, "loss") or (isinstance(output, Mapping) and "loss" in output)
+
+
+def _no_loss_message(batch: Mapping[str, Any], output: Any) -> str:
+    """What was passed, what came back, and what is missing, for a dict batch without a loss."""
+    fields = ", ".join(repr(str(key)) for key in batch)
+    got = (
+        f"{type(output).__name__} with loss None"
+        if _has_loss_field(output)
+        else f"{type(output).__name__} with no .loss (nor a 'loss' key)"
+    )
+    missing = (
+        "; the batch has no 'labels', which a Hugging Face model needs to compute its loss "
+        "(name the targets 'labels')"
+        if "labels" not in batch
+        else ""
+    )
+    return (
+        f"a dict batch is passed as model(**batch), with the fields {fields}, and the model "
+        f"returned {got}{missing}; otherwise define compute_loss(model, batch) in the model file"
+    )
+
+
 def _as_scalar(loss: Any, origin: str) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"{origin} must return a torch.Tensor loss, got {type(loss).__name__}")
@@ -108,12 +133,10 @@ def forward_loss(model: nn.Module, batch: Any, user_loss: LossFn | None) -> Forw
             return ForwardResult(_as_scalar(loss, "compute_loss(model, batch)"), outputs, targets)
         return ForwardResult(_as_scalar(returned, "compute_loss(model, batch)"))
     if isinstance(batch, Mapping):
-        loss = _attached_loss(model(**batch))
+        output = model(**batch)
+        loss = _attached_loss(output)
         if loss is None:
-            raise ValueError(
-                "a dict batch is passed as model(**batch), and the output must have a .loss "
-                "(or a 'loss' key); otherwise define compute_loss(model, batch) in the model file"
-            )
+            raise ValueError(_no_loss_message(batch, output))
         return ForwardResult(_as_scalar(loss, "the model output's loss"))
     if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
         kind = (
@@ -131,6 +154,14 @@ def forward_loss(model: nn.Module, batch: Any, user_loss: LossFn | None) -> Forw
     if attached is not None:
         return ForwardResult(_as_scalar(attached, "the model output's loss"))
     if not isinstance(outputs, torch.Tensor):
+        if _has_loss_field(outputs):  # (a Hugging Face output: its loss needs labels)
+            raise ValueError(
+                "(inputs, targets) batches are passed as model(inputs), and the model returned "
+                f"{type(outputs).__name__} with no loss: a Hugging Face model computes its loss "
+                "only when given labels; give it dict batches with 'labels' (a tokens dataset, "
+                "or a dataset.py whose samples are dicts) or define compute_loss(model, batch) "
+                "in the model file"
+            )
         raise TypeError(
             f"the model returned {type(outputs).__name__}; the default loss needs a tensor of "
             "outputs (or an output with .loss, or compute_loss(model, batch) in the model file)"

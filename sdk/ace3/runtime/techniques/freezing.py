@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from torch import nn
 
 from ace3.config import TrainingConfig
+from ace3.runtime.loop.extensions import LoopExtension
+from ace3.runtime.loop.view import LoopView
 
 
 @dataclass(frozen=True)
@@ -73,3 +76,17 @@ def apply_freezing(model: nn.Module, config: TrainingConfig) -> FrozenReport | N
             "would be frozen"
         )
     return report
+
+
+class ParameterCounts(LoopExtension):
+    """``final_metrics["trainable_parameters"]`` and ``["total_parameters"]`` (elements) of a run
+    without LoRA, whose extension reports its own: counted on the whole model as built, before
+    a strategy splits or shards it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        params = list(model.parameters())  # (a tied weight once)
+        self.trainable = sum(p.numel() for p in params if p.requires_grad)
+        self.total = sum(p.numel() for p in params)
+
+    def finish(self, loop: LoopView) -> dict[str, Any]:
+        return {"trainable_parameters": self.trainable, "total_parameters": self.total}

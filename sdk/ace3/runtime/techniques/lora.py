@@ -29,6 +29,8 @@ import contextlib
 import functools
 import hashlib
 import re
+import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -43,6 +45,8 @@ ADAPTER = "default"  # peft's adapter name; the parameter names hold it (fc1.lor
 FINGERPRINT_KEY = "_ace3_lora_base_sha256"
 _ATTRIBUTE = "_ace3_lora_adapters"  # on the adapted model: its LoRAAdapters
 ADAPTABLE = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+ADAPTABLE_NAMES = "nn.Linear, nn.Embedding, nn.Conv1d/2d/3d, transformers' Conv1D"
+ALL_LINEAR = "all-linear"
 PEFT_HINT = (
     "lora needs the peft package where the training runs: pip install 'ace3[finetune]' "
     "(or pip install peft); workers install it with the worker extra"
@@ -63,25 +67,79 @@ def _matches(name: str, pattern: str) -> bool:
     return fnmatchcase(name, pattern) or fnmatchcase(name, "*." + pattern)
 
 
-def select_targets(model: nn.Module, patterns: list[str]) -> list[str]:
-    """The full names of the layers to adapt. ValueError naming the entry and listing the
-    model's modules when an entry matches no layer LoRA adapts."""
+def _hf_conv1d() -> type[nn.Module] | None:
+    """``transformers``' ``Conv1D`` (GPT-2's attention and MLP layers: a Linear whose weight is
+    stored transposed) when a model made of it was built: transformers is imported then, and
+    never imported here otherwise."""
+    utils = sys.modules.get("transformers.pytorch_utils")
+    conv1d = getattr(utils, "Conv1D", None)
+    return conv1d if isinstance(conv1d, type) else None
+
+
+def adaptable(module: nn.Module) -> bool:
+    """A layer peft's LoRA adapts."""
+    conv1d = _hf_conv1d()
+    return isinstance(module, ADAPTABLE) or (conv1d is not None and isinstance(module, conv1d))
+
+
+def _linear(module: nn.Module) -> bool:
+    conv1d = _hf_conv1d()
+    return isinstance(module, nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
+
+
+def _output_layer(model: nn.Module, linear: list[tuple[str, nn.Module]]) -> str | None:
+    """The model's output layer: what ``get_output_embeddings()`` returns (a Hugging Face
+    model's ``lm_head``) when the model has that method, else its last Linear or Conv1D."""
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter):
+        try:
+            output = getter()
+        except (NotImplementedError, AttributeError):
+            output = None
+        if isinstance(output, nn.Module):
+            found = [name for name, module in linear if module is output]
+            return found[0] if found else None
+    return linear[-1][0] if linear else None
+
+
+def all_linear_targets(model: nn.Module) -> list[str]:
+    """``target_modules="all-linear"``: every nn.Linear and Conv1D of the model except its
+    output layer (:func:`_output_layer`). ValueError when that leaves none."""
+    linear = [(name, module) for name, module in model.named_modules() if name and _linear(module)]
+    output = _output_layer(model, linear)
+    targets = [name for name, _ in linear if name != output]
+    if not targets:
+        held = f" besides its output layer {output!r}" if output else ""
+        raise ValueError(
+            f"lora.target_modules: 'all-linear' finds no nn.Linear or Conv1D layer in the "
+            f"model{held}; name the layers to adapt"
+        )
+    return targets
+
+
+def select_targets(model: nn.Module, patterns: list[str] | str) -> list[str]:
+    """The full names of the layers to adapt. ValueError naming the entry (and a few of the
+    layers LoRA could adapt) when an entry matches no layer LoRA adapts."""
+    if patterns == ALL_LINEAR:
+        return all_linear_targets(model)
     named = [(name, module) for name, module in model.named_modules() if name]
+    layers = [name for name, module in named if adaptable(module)]
     chosen: dict[str, None] = {}
     for pattern in patterns:
-        hits = [n for n, m in named if isinstance(m, ADAPTABLE) and _matches(n, pattern)]
+        hits = [n for n, m in named if adaptable(m) and _matches(n, pattern)]
         if not hits:
-            shown = ", ".join(f"{n} ({type(m).__name__})" for n, m in named[:24])
-            more = f", ... ({len(named)} in all)" if len(named) > 24 else ""
             others = [n for n, _ in named if _matches(n, pattern)]
             why = (
                 f"matches {', '.join(others[:5])}, none of them a layer LoRA adapts"
                 if others
                 else "matches no module of the model"
             )
+            shown = ", ".join(layers[:8]) + (
+                f", ... ({len(layers)} in all)" if len(layers) > 8 else ""
+            )
             raise ValueError(
-                f"lora.target_modules: {pattern!r} {why} (nn.Linear, nn.Embedding, "
-                f"nn.Conv1d/2d/3d); the model's modules: {shown or 'none'}{more}"
+                f"lora.target_modules: {pattern!r} {why} ({ADAPTABLE_NAMES}); layers it "
+                f"could adapt: {shown or 'none'} (or 'all-linear')"
             )
         chosen.update(dict.fromkeys(hits))
     return list(chosen)
@@ -220,7 +278,11 @@ def apply_lora(model: nn.Module, config: TrainingConfig) -> LoRAAdapters | None:
         bias=lora.bias,
         target_modules="^(?:" + "|".join(map(re.escape, targets)) + ")$",
     )
-    peft.inject_adapter_in_model(peft_config, model, adapter_name=ADAPTER)
+    with warnings.catch_warnings():
+        # peft sets fan_in_fan_out per layer (True for Conv1D, whose weight is transposed) and
+        # warns each time it flips it
+        warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        peft.inject_adapter_in_model(peft_config, model, adapter_name=ADAPTER)
     for param in model.parameters():
         if id(param) in keep:
             param.requires_grad_(True)
