@@ -8,7 +8,7 @@ from typing import Any
 
 from ace3.cli import output
 from ace3.cli.common import add_json_flag, add_list_parser, cancel_run, list_runs, make_client
-from ace3.cli.errors import NOT_FOUND, OK, RUN_FAILED, CLIError
+from ace3.cli.errors import BAD_INPUT, NOT_FOUND, OK, RUN_FAILED, CLIError
 
 
 def _best_value(job: Any) -> str:
@@ -165,9 +165,11 @@ def pick_checkpoint(checkpoints: list[Any], wanted: str, job_id: str) -> Any:
 def cmd_download(args: argparse.Namespace) -> int:
     client = make_client()
     client.jobs.retrieve(args.id)
+    if args.artifacts or args.prefix:
+        return _download_artifacts(client, args)
     checkpoint = pick_checkpoint(client.jobs.checkpoints(args.id), args.checkpoint, args.id)
-    target = Path(args.output)
-    if args.output.endswith(("/", "\\")):
+    target = Path(args.output or ".")
+    if (args.output or ".").endswith(("/", "\\")):
         target.mkdir(parents=True, exist_ok=True)
     elif not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -176,6 +178,26 @@ def cmd_download(args: argparse.Namespace) -> int:
         output.print_json({"path": str(path), "checkpoint": checkpoint})
     else:
         print(path)
+    return OK
+
+
+def _download_artifacts(client: Any, args: argparse.Namespace) -> int:
+    """``--artifacts``: every artifact (or those under ``--prefix``) into ``-o`` (default: a
+    directory named after the job), keeping their relative paths."""
+    directory = Path(args.output or args.id)
+    try:
+        paths = client.jobs.download_artifacts(args.id, directory, prefix=args.prefix)
+    except ValueError as exc:  # (a symbolic link in the way, or a bad --prefix)
+        raise CLIError(str(exc), BAD_INPUT) from None
+    if args.json:
+        output.print_json({"directory": str(directory), "paths": [str(p) for p in paths]})
+    elif not paths:
+        print(
+            f"job {args.id} has no artifacts" + (f" under {args.prefix!r}" if args.prefix else "")
+        )
+    else:
+        for path in paths:
+            print(path)
     return OK
 
 
@@ -201,12 +223,27 @@ def add_parsers(sub: Any) -> None:
     cancel = verbs.add_parser("cancel", help="ask a job to stop")
     cancel.set_defaults(func=cmd_cancel)
 
-    download = verbs.add_parser("download", help="download one of a job's checkpoints")
+    download = verbs.add_parser(
+        "download", help="download one of a job's checkpoints, or (--artifacts) every artifact"
+    )
     download.add_argument(
         "--checkpoint", default="latest", help="latest (default), best, or a name or id"
     )
     download.add_argument(
-        "-o", "--output", default=".", help="a file, or a directory to put it in (default .)"
+        "--artifacts",
+        action="store_true",
+        help="every artifact of the job (merged models, exports, TensorBoard files), keeping "
+        "their relative paths under -o (default: a directory named after the job)",
+    )
+    download.add_argument(
+        "--prefix", default=None, help="with --artifacts: only this file or directory"
+    )
+    download.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="a file, or a directory to put the checkpoint in (default .); with --artifacts "
+        "the directory to fill",
     )
     download.set_defaults(func=cmd_download)
 

@@ -15,6 +15,7 @@ from urllib.parse import quote
 from ace3.client._sse import decode_event, follow_events
 from ace3.config import TrainingConfig
 from ace3.config.specs import ARTIFACT_SCHEME
+from ace3.files import sha256_file
 
 if TYPE_CHECKING:
     pass
@@ -242,6 +243,43 @@ class Jobs(_Runs[Job]):
         """
         target, _ = self._download_artifact(job_id, path, destination, verify=verify)
         return target
+
+    def download_artifacts(
+        self,
+        job_id: str,
+        directory: str | os.PathLike[str],
+        *,
+        prefix: str | None = None,
+        verify: bool = True,
+    ) -> builtins.list[Path]:
+        """Download every artifact of the job (with ``prefix``, that file or directory only)
+        into ``directory``, keeping their relative paths (``directory/huggingface/config.json``),
+        and return the paths, in the listing's order.
+
+        Each file appears only once complete and (with ``verify``) checked as by
+        :meth:`download_artifact`; a file already there with the artifact's sha256 is kept (a
+        download cut short resumes where it stopped). Nothing is written through a symbolic
+        link: a path in ``directory`` that is one is refused with ``ValueError`` (a job names
+        its own artifact paths).
+        """
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        written: builtins.list[Path] = []
+        for artifact in self.artifacts(job_id, prefix=prefix):
+            relative = _artifact_path(artifact.path, "path")
+            target = root
+            for part in relative.split("/"):
+                target = target / part
+                if target.is_symlink():
+                    raise ValueError(
+                        f"{target} is a symbolic link: artifacts are never written through one "
+                        f"(artifact {relative!r} of job {job_id})"
+                    )
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not (target.is_file() and sha256_file(target) == artifact.sha256):
+                self._download_artifact(job_id, artifact, target, verify=verify)
+            written.append(target)
+        return written
 
     def _download_artifact(
         self,

@@ -102,7 +102,10 @@ def cli(stack: Stack, digits_files: DigitsFiles, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="module")
 def detached(cli: CLI) -> str:
     """A job submitted with --detach: its id, printed alone."""
-    out = cli.run("train", "job.yaml", "name=cli-detached", "--detach")
+    out = cli.run(
+        "train", "job.yaml", "name=cli-detached", "training.tensorboard.log_dir=artifact://tb",
+        "--detach",
+    )  # fmt: skip
     job_id = out.strip()
     assert job_id and len(out.splitlines()) == 1, out
     return job_id
@@ -148,6 +151,15 @@ def test_a_detached_job_is_inspected_with_the_jobs_verbs(
     assert path.parent == tmp_path / "ckpt" and path.stat().st_size > 0
     assert path.name == downloaded["checkpoint"]["name"]
     cli.run("jobs", "download", detached, "--checkpoint", "no-such", code=3)
+
+    # every artifact (its TensorBoard files), under their relative paths
+    every = cli.json("jobs", "download", detached, "--artifacts", "-o", f"{tmp_path}/art")
+    paths = [Path(p) for p in every["paths"]]
+    assert paths and all(tmp_path / "art" / "tb" in p.parents for p in paths), paths
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert cli.run("jobs", "download", detached, "--prefix", "no-such", "-o", f"{tmp_path}/n").strip() == (
+        f"job {detached} has no artifacts under 'no-such'"
+    )  # fmt: skip
 
 
 def test_jobs_cancel_stops_a_running_job(cli: CLI) -> None:

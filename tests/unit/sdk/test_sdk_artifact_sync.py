@@ -38,6 +38,7 @@ class FakeArtifacts:
         self.versions[path] = self.versions.get(path, 0) + 1
 
     def listing(self, request: httpx.Request) -> httpx.Response:
+        prefix = request.url.params.get("prefix")
         data = [
             {
                 "path": path,
@@ -48,6 +49,7 @@ class FakeArtifacts:
                 "updated_at": "2025-01-01T00:00:00Z",
             }
             for path, content in sorted(self.files.items())
+            if not prefix or path == prefix or path.startswith(prefix + "/")
         ]
         return httpx.Response(200, json={"data": data})
 
@@ -99,6 +101,52 @@ def test_artifact_prefix_is_sent_and_paths_that_leave_the_directory_are_refused(
     for bad in ("../secret", "a//b", "/", "a/./b"):
         with pytest.raises(ValueError, match="path="):
             client.jobs.download_artifact("job_1", bad, tmp_path)
+
+
+def test_download_artifacts_keeps_relative_paths_resumes_and_never_follows_a_link(
+    api: MockAPI, tmp_path: Path
+) -> None:
+    fake = FakeArtifacts(api)
+    fake.put("huggingface/config.json", b"{}")
+    fake.put("huggingface/model.safetensors", b"weights")
+    fake.put("adapter/adapter_config.json", b"{'r': 8}")
+    client = api.client()
+    out = tmp_path / "out"
+
+    paths = client.jobs.download_artifacts("job_1", out)
+    assert paths == [out / "adapter/adapter_config.json", out / "huggingface/config.json",
+                     out / "huggingface/model.safetensors"]  # fmt: skip
+    assert (out / "huggingface/model.safetensors").read_bytes() == b"weights"
+
+    # again: the files already there (same sha256) are kept; a changed one is fetched again
+    fake.downloads.clear()
+    fake.put("huggingface/config.json", b'{"a": 1}')
+    assert client.jobs.download_artifacts("job_1", out) == paths
+    assert fake.downloads == ["huggingface/config.json"]
+    assert (out / "huggingface/config.json").read_bytes() == b'{"a": 1}'
+
+    # only under a prefix
+    fake.downloads.clear()
+    only = client.jobs.download_artifacts("job_1", tmp_path / "only", prefix="adapter")
+    assert only == [tmp_path / "only/adapter/adapter_config.json"]
+    assert fake.downloads == ["adapter/adapter_config.json"]
+
+    # a corrupt download leaves nothing behind and raises
+    fake.corrupt.add("huggingface/model.safetensors")
+    with pytest.raises(ace3.ChecksumMismatchError):
+        client.jobs.download_artifacts("job_1", tmp_path / "bad")
+    assert not (tmp_path / "bad/huggingface/model.safetensors").exists()
+
+    # a symbolic link in the way (a job names its artifact paths) is refused, nothing written
+    fake.corrupt.clear()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "huggingface").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        client.jobs.download_artifacts("job_1", linked)
+    assert list(outside.iterdir()) == []
 
 
 # -- checkpoints: find by sha256, resume_from_checkpoint ---------------------------------------
