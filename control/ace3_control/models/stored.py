@@ -20,7 +20,9 @@ from ace3_control.storage.base import is_tree_key
 
 
 class StoredModel(Base):
-    """Uploaded model code: a .py file or an archive of a package. Stored once per owner."""
+    """Uploaded model code: a .py file or an archive of a package (kind "file", "archive"), or
+    a Hugging Face model directory (kind "huggingface": a tree like a package's, built with
+    from_pretrained, no entry module). Stored once per owner."""
 
     __tablename__ = "models"
     __table_args__ = (
@@ -46,6 +48,15 @@ class StoredModel(Base):
     # What the built model's forward takes, read from the source at upload where certain
     # (ace3_server.upload_checks.model_forward); None: unknown, or compute_loss feeds it.
     forward_signature: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # A Hugging Face model directory's (kind "huggingface"; None for the other kinds), read at
+    # upload from config.json and the safetensors headers (ace3_server.upload_checks.hf_model):
+    # config.json's architectures (None when it names none), the parameters the weights hold,
+    # the modules that own them (tensor names less their last component, sorted), and
+    # {model_type, max_position_embeddings, has_tokenizer, has_chat_template}.
+    architectures: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    parameter_count: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    module_names: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    hf_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
