@@ -27,11 +27,14 @@ class Page(BaseModel, Generic[Item]):
     next_cursor: str | None = None
 
 
+_HF = "kind huggingface (a Hugging Face model directory; null for the others): "
+
+
 class ModelOut(_Out):
     id: str
     name: str
     filename: str
-    kind: str
+    kind: str = Field(description="file (a .py), archive (a package) or huggingface.")
     entry_module: str | None
     factory: str
     sha256: str
@@ -40,6 +43,13 @@ class ModelOut(_Out):
         None,
         description="A package's requirements.txt, read at upload (canonical PEP 508 entries): "
         "merged into the requirements of every job that trains it; null: none.",
+    )
+    architectures: list[str] | None = Field(None, description=f"{_HF}config.json's classes.")
+    parameter_count: int | None = Field(None, description=f"{_HF}the parameters in its weights.")
+    module_names: list[str] | None = Field(None, description=f"{_HF}the modules owning weights.")
+    hf_config: dict[str, Any] | None = Field(
+        None,
+        description=f"{_HF}model_type, max_position_embeddings, has_tokenizer, has_chat_template.",
     )
     created_at: datetime
 

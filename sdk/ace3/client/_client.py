@@ -19,7 +19,7 @@ from typing import Any, Literal
 import httpx
 
 from ace3.client._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
-from ace3.client._packing import pack_directory
+from ace3.client._packing import HF_FACTORY, HUGGINGFACE, is_hf_model, pack_directory
 from ace3.client.handles import JobHandleLike, SearchHandleLike, job_handle, search_handle
 from ace3.client.jobs import Jobs
 from ace3.client.resources import (
@@ -216,8 +216,25 @@ class Client:
         ``.tar.gz``/``.tar``/``.zip`` archive, with ``entry_module`` the dotted module defining the
         factory (e.g. ``"mypkg.model"``). A directory holding an ``__init__.py`` is packed
         under its own name, so ``load_model("src/mypkg", entry_module="mypkg.model")`` works.
+
+        Without ``entry_module``, a directory with a ``config.json`` at its top (what
+        ``save_pretrained`` writes), or an archive of one, is a Hugging Face model: packed and
+        uploaded with ``kind="huggingface"`` (factory ``"from_pretrained"``; safetensors
+        weights, tokenizer files kept), and built in the job with ``from_pretrained``.
         """
         source = _existing_path(path, "model")
+        if not entry_module and is_hf_model(source):
+            if factory not in ("build_model", HF_FACTORY):
+                raise ValueError(
+                    f"{source} is a Hugging Face model directory, built with {HF_FACTORY}: "
+                    "leave factory out"
+                )
+            if not source.is_dir():
+                return self._upload_model(source, HF_FACTORY, None, name, kind=HUGGINGFACE)
+            with tempfile.TemporaryDirectory(prefix="ace3-pack-") as scratch:
+                archive = Path(scratch) / f"{source.resolve().name}.tar.gz"
+                pack_directory(source, archive)
+                return self._upload_model(archive, HF_FACTORY, None, name, kind=HUGGINGFACE)
         if source.is_dir():
             if not entry_module:
                 raise ValueError(
@@ -303,13 +320,20 @@ class Client:
         )
 
     def _upload_model(
-        self, file: Path, factory: str, entry_module: str | None, name: str | None
+        self,
+        file: Path,
+        factory: str,
+        entry_module: str | None,
+        name: str | None,
+        kind: Literal["huggingface"] | None = None,
     ) -> ModelRef:
         digest = sha256_file(file)
         for model in self.models.list(sha256=digest).data:
             if model.factory == factory and (model.entry_module or None) == entry_module:
                 return ModelRef(model, self, uploaded=False)
-        model = self.models.create(file, name=name, entry_module=entry_module, factory=factory)
+        model = self.models.create(
+            file, name=name, entry_module=entry_module, factory=factory, kind=kind
+        )
         if model.factory != factory or (model.entry_module or None) != entry_module:
             warnings.warn(
                 f"the server already had these bytes as model {model.id} with "

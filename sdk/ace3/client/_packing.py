@@ -14,15 +14,20 @@ import io
 import os
 import stat
 import tarfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 from ace3.errors import PackingError
 
 # Never packed: caches and version-control folders (they change without the code changing).
 EXCLUDED_NAMES = frozenset({"__pycache__", ".git", ".hg", ".svn", ".DS_Store"})
 EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
+HUGGINGFACE: Final = "huggingface"  # the model kind of a Hugging Face model directory
+HF_CONFIG = "config.json"  # what marks one (at its top)
+HF_FACTORY = "from_pretrained"  # the factory its record names
 
 
 def _is_excluded(name: str) -> bool:
@@ -135,3 +140,28 @@ def pack_directory_bytes(directory: str | os.PathLike[str], *, prefix: str | Non
     buffer = io.BytesIO()
     pack_directory(directory, buffer, prefix=prefix)
     return buffer.getvalue()
+
+
+def archive_has_top_level_file(archive: str | os.PathLike[str], name: str) -> bool:
+    """Whether the ``.tar.gz``/``.tgz``/``.tar``/``.zip`` ``archive`` holds the file ``name``
+    at its top (``name`` or ``./name``); False for an archive that cannot be read (the server
+    says what is wrong with it)."""
+    wanted = {name, f"./{name}"}
+    try:
+        if str(archive).lower().endswith(".zip"):
+            with zipfile.ZipFile(archive) as packed:
+                return any(member in wanted for member in packed.namelist())
+        with tarfile.open(archive) as packed:  # (stops at the first match: no full read)
+            return any(member.name in wanted and member.isfile() for member in packed)
+    except (OSError, tarfile.TarError, zipfile.BadZipFile):
+        return False
+
+
+def is_hf_model(source: Path) -> bool:
+    """Whether ``source`` is a Hugging Face model directory (a ``config.json`` at its top, as
+    ``save_pretrained`` writes) or an archive of one."""
+    if source.is_dir():
+        return (source / HF_CONFIG).is_file()
+    return source.name.lower().endswith(ARCHIVE_SUFFIXES) and archive_has_top_level_file(
+        source, HF_CONFIG
+    )

@@ -90,7 +90,8 @@ class _Stored(_Resource, Generic[StoredT]):
 
 
 class Models(_Stored[Model]):
-    """``/v1/models``: uploaded model code (a ``.py`` file or a package archive)."""
+    """``/v1/models``: uploaded model code (a ``.py`` file or a package archive) and Hugging
+    Face model directories."""
 
     _path = "/v1/models"
     _item_type = Model
@@ -104,11 +105,14 @@ class Models(_Stored[Model]):
         entry_module: str | None = None,
         factory: str = "build_model",
         idempotency_key: str | None = None,
+        kind: Literal["huggingface"] | None = None,
     ) -> Model:
-        """Upload model code. The server answers with the existing model when this owner
-        already uploaded the same bytes, so the upload is retried (under one idempotency key,
-        a new uuid4 unless given) when the connection fails or the server is busy."""
-        fields = {"name": name, "entry_module": entry_module, "factory": factory}
+        """Upload model code, or with ``kind="huggingface"`` an archive of a Hugging Face
+        model directory (``config.json`` and safetensors weights at its top). The server
+        answers with the existing model when this owner already uploaded the same bytes, so
+        the upload is retried (under one idempotency key, a new uuid4 unless given) when the
+        connection fails or the server is busy."""
+        fields = {"name": name, "entry_module": entry_module, "factory": factory, "kind": kind}
         return self._create(file, filename, fields, idempotency_key)
 
 

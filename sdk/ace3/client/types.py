@@ -33,7 +33,7 @@ class Model(_APIObject):
     id: str
     name: str | None = None
     filename: str | None = None
-    kind: str = "file"  # "file" or "archive"
+    kind: str = "file"  # "file", "archive" or "huggingface" (a Hugging Face model directory)
     entry_module: str | None = None
     factory: str = "build_model"
     sha256: str
@@ -41,6 +41,14 @@ class Model(_APIObject):
     # A package's requirements.txt, as the service read it at upload (canonical PEP 508
     # entries): merged into every job that trains it. None: none.
     requirements: list[str] | None = None
+    # kind "huggingface" only (None otherwise): config.json's architectures, the parameters
+    # its safetensors weights hold, the modules owning them (tensor names less their last
+    # component, sorted), and {model_type, max_position_embeddings, has_tokenizer,
+    # has_chat_template}
+    architectures: list[str] | None = None
+    parameter_count: int | None = None
+    module_names: list[str] | None = None
+    hf_config: dict[str, Any] | None = None
     created_at: datetime | None = None
 
 

@@ -70,7 +70,7 @@ def safe_display_name(filename: str | None, fallback: str) -> str:
     return name[:255] or fallback
 
 
-def _refuse(problem: UploadCheckError, prefix: str = "") -> HTTPException:
+def refuse(problem: UploadCheckError, prefix: str = "") -> HTTPException:
     """A checker's problem as the API's 422 on the uploaded file."""
     return field_error(["body", "file"], f"{prefix}{problem}")
 
@@ -84,7 +84,7 @@ def _entry_module_file(tree: Path, entry_module: str) -> Path | None:
     return None
 
 
-def _extract_staged(
+def extract_staged(
     staged: StagedUpload, filename: str, staging_dir: Path, max_bytes: int, max_members: int
 ) -> Path:
     tree = Path(tempfile.mkdtemp(dir=staging_dir, prefix="tree-"))
@@ -123,7 +123,7 @@ def prepare_model(
         try:
             source = check_model_source(staged.path.read_bytes(), display, factory)
         except UploadCheckError as exc:
-            raise _refuse(exc) from None
+            raise refuse(exc) from None
         fields: dict[str, Any] = {
             "kind": "file",
             "entry_module": None,
@@ -132,7 +132,7 @@ def prepare_model(
             "forward_signature": forward_signature(source, factory),
         }
         return PreparedArtifact(
-            staged.path, f"{base_key}/model.py", fields | _common(display, factory, staged)
+            staged.path, f"{base_key}/model.py", fields | stored_fields(display, factory, staged)
         )
     if not is_archive_name(display):
         raise field_error(
@@ -141,9 +141,10 @@ def prepare_model(
     if not entry_module or not _DOTTED.match(entry_module):
         raise field_error(
             ["body", "entry_module"],
-            "an archive needs entry_module, the dotted module that defines the factory (e.g. mypkg.model)",
+            "an archive needs entry_module, the dotted module that defines the factory (e.g. "
+            "mypkg.model); a Hugging Face model directory is uploaded with kind=huggingface",
         )
-    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
+    tree = extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
     relative = Path(*entry_module.split("."))
     entry_file = _entry_module_file(tree, entry_module)
     if entry_file is None:
@@ -156,7 +157,7 @@ def prepare_model(
         source = check_model_source(entry_file.read_bytes(), entry_name, factory)
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
-        raise _refuse(exc, f"{display}: ") from None
+        raise refuse(exc, f"{display}: ") from None
     try:
         requirements = read_package_requirements(tree, entry_module)
     except ValueError as exc:  # (a RequirementError names the entry)
@@ -170,10 +171,12 @@ def prepare_model(
         "tree_sha256": tree_digest(tree),
         "forward_signature": forward_signature(source, factory),
     }
-    return PreparedArtifact(tree, f"{base_key}/tree", fields | _common(display, factory, staged))
+    return PreparedArtifact(
+        tree, f"{base_key}/tree", fields | stored_fields(display, factory, staged)
+    )
 
 
-def _common(display: str, factory: str, staged: StagedUpload) -> dict[str, Any]:
+def stored_fields(display: str, factory: str, staged: StagedUpload) -> dict[str, Any]:
     return {
         "filename": display,
         "factory": factory,
@@ -214,7 +217,7 @@ def prepare_dataset(
         try:
             check_dataset_file(staged.path, data_format)
         except UploadCheckError as exc:
-            raise _refuse(exc, f"{display}: ") from None
+            raise refuse(exc, f"{display}: ") from None
         key = f"{base_key}/data{suffix}"
         fields: dict[str, Any] = {"kind": "file", "format": data_format, "batch_layout": PAIR}
         return PreparedArtifact(staged.path, key, common | fields)
@@ -224,7 +227,7 @@ def prepare_dataset(
         raise field_error(
             ["body", "file"], f"{display}: a directory is uploaded as a .tar.gz, .tar or .zip"
         )
-    tree = _extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
+    tree = extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
     if not _has_data(tree):
         shutil.rmtree(tree, ignore_errors=True)
         expected = ", ".join(sorted(DATASET_FILE_FORMATS))
@@ -235,7 +238,7 @@ def prepare_dataset(
         one_data_file = check_dataset_tree(tree)
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
-        raise _refuse(exc, f"{display}: ") from None
+        raise refuse(exc, f"{display}: ") from None
     fields = {
         "kind": "directory",
         "format": "directory",

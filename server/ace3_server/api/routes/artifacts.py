@@ -6,7 +6,7 @@ Uploads are authenticated before their body is read (``middleware.UploadGuardMid
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, File, Form, Path, Query, Response, UploadFile, status
 from pydantic import BaseModel
@@ -24,6 +24,7 @@ from ace3_server.errors import not_found
 from ace3_server.schemas import DatasetOut, DatasetRegister, ModelOut, Page
 from ace3_server.services import artifacts
 from ace3_server.services.dataset_registry import register_dataset
+from ace3_server.services.hf_models import HUGGINGFACE, prepare_hf_model
 from ace3_server.services.pagination import paginate
 from ace3_server.services.uploads import stage_upload
 
@@ -99,14 +100,29 @@ async def upload_model(
     owner_id: OwnerDep,
     settings: SettingsDep,
     store: StoreDep,
-    file: Annotated[UploadFile, File(description="A .py file, or an archive of a package.")],
+    file: Annotated[
+        UploadFile,
+        File(
+            description="A .py file, an archive of a package, or (kind=huggingface) an "
+            "archive of a Hugging Face model directory."
+        ),
+    ],
     name: Name = None,
     factory: Annotated[StoredText, Form(max_length=200)] = "build_model",
     entry_module: Annotated[StoredText | None, Form(max_length=200)] = None,
+    kind: Annotated[
+        Literal["huggingface"] | None,
+        Form(
+            description="huggingface: the archive holds a Hugging Face model directory "
+            "(config.json and safetensors weights at its top), built in the job with "
+            "from_pretrained. Left out: a .py file or a package archive (with entry_module)."
+        ),
+    ] = None,
 ) -> StoredModel:
     upload = _Upload(response, session, owner_id, settings, store, file, name)
     fields = {"factory": factory, "entry_module": entry_module}
-    return await upload.stored(StoredModel, artifacts.prepare_model, fields)
+    prepare = prepare_hf_model if kind == HUGGINGFACE else artifacts.prepare_model
+    return await upload.stored(StoredModel, prepare, fields)
 
 
 @datasets_router.post(

@@ -1,0 +1,87 @@
+"""Hugging Face model directories uploaded as models (``POST /v1/models`` with
+``kind=huggingface``): the archive is extracted, checked (``upload_checks.hf_model``) and stored
+as a tree exactly like a package (kind ``"huggingface"``, no entry module, factory
+``"from_pretrained"``), so a job fetches it as it fetches a package and builds it in its sandbox
+with ``from_pretrained``."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from ace3_control.storage import tree_digest
+from ace3_server.archives import DEFAULT_MAX_MEMBERS, is_archive_name
+from ace3_server.errors import field_error
+from ace3_server.services.artifacts import (
+    PreparedArtifact,
+    extract_staged,
+    refuse,
+    safe_display_name,
+    stored_fields,
+)
+from ace3_server.services.uploads import StagedUpload
+from ace3_server.upload_checks import UploadCheckError
+from ace3_server.upload_checks.hf_model import CONFIG, check_hf_model, is_hf_model_dir
+
+HUGGINGFACE = "huggingface"
+FROM_PRETRAINED = "from_pretrained"
+# The form's default factory, or the one this kind records: anything else is a mistake.
+ACCEPTED_FACTORIES = ("build_model", FROM_PRETRAINED)
+
+
+def prepare_hf_model(
+    staged: StagedUpload,
+    *,
+    owner_id: str,
+    filename: str | None,
+    factory: str,
+    entry_module: str | None,
+    staging_dir: Path,
+    max_extracted_bytes: int,
+    max_archive_members: int = DEFAULT_MAX_MEMBERS,
+) -> PreparedArtifact:
+    """The uploaded archive of a model directory as a model record; a 422 naming the file and
+    what is wrong (nothing is stored) unless it is one ``from_pretrained`` loads safely."""
+    display = safe_display_name(filename, "model.tar.gz")
+    if entry_module:
+        raise field_error(
+            ["body", "entry_module"],
+            "a Hugging Face model directory has no entry module: leave entry_module out",
+        )
+    if factory not in ACCEPTED_FACTORIES:
+        raise field_error(
+            ["body", "factory"],
+            f"a Hugging Face model is built with {FROM_PRETRAINED}: leave factory out",
+        )
+    if not is_archive_name(display):
+        raise field_error(
+            ["body", "file"], f"{display}: upload the model directory as a .tar.gz, .tar or .zip"
+        )
+    tree = extract_staged(staged, display, staging_dir, max_extracted_bytes, max_archive_members)
+    try:
+        if not is_hf_model_dir(tree):
+            raise UploadCheckError(
+                f"no {CONFIG} at the top of the archive (pack the model directory's contents, "
+                "not the directory itself)"
+            )
+        model = check_hf_model(tree)
+    except UploadCheckError as exc:
+        shutil.rmtree(tree, ignore_errors=True)
+        raise refuse(exc, f"{display}: ") from None
+    variant = f"{FROM_PRETRAINED}|"
+    variant_digest = hashlib.sha256(variant.encode()).hexdigest()[:16]
+    fields = {
+        "kind": HUGGINGFACE,
+        "entry_module": None,
+        "variant": variant,
+        "requirements": None,
+        "tree_sha256": tree_digest(tree),
+        "forward_signature": None,
+        "architectures": model.architectures,
+        "parameter_count": model.parameter_count,
+        "module_names": model.module_names,
+        "hf_config": model.summary(),
+    }
+    key = f"models/{owner_id}/{staged.sha256}-{variant_digest}/tree"
+    return PreparedArtifact(tree, key, fields | stored_fields(display, FROM_PRETRAINED, staged))
