@@ -10,7 +10,10 @@ records no signature, so it is never checked here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from ace3.config import runs_pipeline
 
 PAIR: dict[str, Any] = {"kind": "pair"}
 """The layout of every dataset the engine reads as a ``TensorDataset`` of (inputs, targets)."""
@@ -84,11 +87,16 @@ def dict_problem(signature: dict[str, Any], keys: list[str]) -> str | None:
         for p in params
         if p["required"] and (p["kind"] == "positional_only" or p["name"] not in keys)
     ]
+    by_position = [p["name"] for p in params if p["required"] and p["kind"] == "positional_only"]
+    missing = [name for name in missing if name not in by_position]
     reasons = []
     if unexpected:
-        reasons.append(f"has no parameter {_names(unexpected)}")
+        noun = "parameter" if len(unexpected) == 1 else "parameters"
+        reasons.append(f"has no {noun} {_names(unexpected)}")
     if missing:
         reasons.append(f"requires {_names(missing)}, which the batches lack")
+    if by_position:
+        reasons.append(f"takes {_names(by_position)} only by position, which model(**batch) cannot")
     if not reasons:
         return None
     return f"{_render(signature)} " + " and ".join(reasons)
@@ -120,3 +128,51 @@ def batch_fit_problem(
             f"model(**batch), but {problem}{hint}"
         )
     return None
+
+
+def huggingface_batch_problem(layout: dict[str, Any] | None) -> str | None:
+    """A Hugging Face causal LM (a stored model directory) computes its loss only when given
+    ``labels``, which (inputs, targets) batches, passed as ``model(inputs)``, never give it."""
+    if layout is None or layout["kind"] != "pair":
+        return None
+    return (
+        "the dataset gives (inputs, targets) batches, which the engine passes as model(inputs), "
+        "but a Hugging Face model computes its loss only when given labels: train it on a "
+        "dataset of dict batches with 'input_ids' and 'labels' (a tokens dataset, or a "
+        "dataset.py whose samples are such dicts)"
+    )
+
+
+LAYOUT_FIELDS = frozenset({"parallelism", "pipeline_parallel_size"})
+"""Fields that can make a run a pipeline (which feeds the model's stages, not its forward)."""
+
+
+def searched(config: Any) -> set[str]:
+    """The fields a search's ``search_space`` varies (none for a job's config)."""
+    space = getattr(config, "search_space", None)
+    return set(space) if isinstance(space, Mapping) else set()
+
+
+def batch_problems(
+    model: Any, datasets: Mapping[str, Any], config: Any, searched_fields: set[str]
+) -> list[dict[str, Any]]:
+    """Each dataset (``datasets``: the request field -> the owned row) whose batches the model
+    (its stored row) cannot take, where both are known. Unchecked: a pipeline or layer-parallel
+    run (it feeds the model's stages, not its forward), also when a search may make its trials
+    one; a package (its other modules may change the model unseen)."""
+    if model is None or runs_pipeline(config) or searched_fields & LAYOUT_FIELDS:
+        return []
+    problems = []
+    for field, dataset in datasets.items():
+        if model.kind == "huggingface":
+            problem = huggingface_batch_problem(dataset.batch_layout)
+        elif model.kind == "file":
+            problem = batch_fit_problem(
+                model.forward_signature, dataset.batch_layout, model.filename
+            )
+        else:
+            problem = None
+        if problem is not None:
+            msg = f"dataset {dataset.name!r} does not fit model {model.name!r}: {problem}"
+            problems.append({"loc": ["body", field], "msg": msg, "type": "value_error"})
+    return problems

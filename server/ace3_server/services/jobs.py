@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from ace3.config import runs_pipeline, unsupported_settings
+from ace3.config import unsupported_settings
 from ace3.locations import url_scheme
 from ace3_control import job_transitions
 from ace3_control.models import (
@@ -27,7 +27,7 @@ from ace3_control.worker_registry import advertised_packages, live_workers
 from ace3_server.schemas import JobCreate
 from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
-from ace3_server.services.batch_fit import batch_fit_problem
+from ace3_server.services.batch_fit import batch_problems, searched
 from ace3_server.services.dataset_registry import stream_problems
 from ace3_server.services.job_requirements import RequirementsCheck, check_requirements
 from ace3_server.services.publishing import Publisher
@@ -144,28 +144,11 @@ async def reference_problems(
         loc.append("base_config")
     return (
         problems
-        + batch_problems(stored_model, datasets, training)
+        + batch_problems(stored_model, datasets, training, searched(body.config))
         + stream_problems(training, datasets, loc)
         + await weights_problems(session, owner_id, training, loc)
         + await teacher_problems(session, owner_id, training, loc)
     )
-
-
-def batch_problems(
-    model: StoredModel | None, datasets: dict[str, StoredDataset], config: Any
-) -> list[dict[str, Any]]:
-    """Each dataset (``datasets``: the request field -> the owned row) whose batches the model's
-    forward cannot take, where both are known (:mod:`ace3_server.services.batch_fit`). A
-    pipeline or layer-parallel layout feeds the model's stages, not its forward: unchecked."""
-    if model is None or runs_pipeline(config):
-        return []
-    problems = []
-    for field, dataset in datasets.items():
-        problem = batch_fit_problem(model.forward_signature, dataset.batch_layout, model.filename)
-        if problem is not None:
-            msg = f"dataset {dataset.name!r} does not fit model {model.name!r}: {problem}"
-            problems.append({"loc": ["body", field], "msg": msg, "type": "value_error"})
-    return problems
 
 
 async def teacher_problems(

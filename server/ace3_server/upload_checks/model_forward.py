@@ -9,11 +9,16 @@ dict batches, unless the model module defines ``compute_loss(model, batch)``
 - the factory is a module-level ``def`` (or ``class``) bound once, and every ``return`` in it
   gives an instance of one module-level class bound once: ``return Net(...)``, or ``return
   model`` where ``model = Net(...)`` is the function's only binding of that name;
-- that class, or the first class up its chain of module-level single bases, defines
-  ``forward`` as a plain undecorated method, and no class on the way defines ``__call__``,
-  assigns ``forward``, uses a metaclass or a decorator; or the chain (or the factory itself)
-  reaches ``torch.nn.Sequential``, whose ``forward(input)`` takes one positional argument;
-- nothing in the module assigns an attribute ``forward`` or ``__call__``.
+- that class and every class up its chain of module-level single bases is plain (its body
+  holds only a docstring, assignments of names other than ``forward``/``__call__``, and
+  undecorated methods, none of them a dunder other than ``__init__``; no decorator, keyword or
+  metaclass), one of them defines ``forward``, and the chain ends at ``nn.Module`` or
+  ``nn.Sequential`` (whose ``forward(input)`` takes one positional argument; the factory may
+  also return an ``nn.Sequential`` itself);
+- nothing in the module could change what ``model(...)`` runs or which names are bound: no
+  module-level call (``patch(Net)``), no ``setattr``, ``__dict__``, ``__class__``,
+  ``sys.modules``, hook registration (``register_forward_pre_hook``), ``global``/``nonlocal``,
+  walrus or ``match`` anywhere, no attribute ``forward``/``__call__`` assigned, no star import.
 
 Anything else (a base from another package, such as a ``PreTrainedModel``, a factory that
 returns ``Net().to(...)``, a class imported from another module) records nothing, and nothing
@@ -25,23 +30,21 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from ace3_server.upload_checks.model_source import (
-    bound_names,
-    may_bind_unseen_names,
-    module_statements,
-    target_names,
-)
+from ace3_server.upload_checks.model_source import bound_names, module_statements, target_names
 
 _NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr}"
-    return None
+    """``a.b.c`` for a chain of names and attributes (iteratively: any depth), else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 def _own_nodes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
@@ -174,61 +177,102 @@ def _returned_class(function: ast.FunctionDef, scope: _Scope) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def _plain_method(class_def: ast.ClassDef, name: str) -> ast.FunctionDef | bool | None:
-    """The class body's plain ``def name``; None when the body does not bind ``name``; False
-    when it binds it some other way (an assignment, a decorator, ``async def``)."""
-    found: ast.FunctionDef | bool | None = None
-    for statement in class_def.body:
-        if name not in bound_names(statement):
+def _plain_class(class_def: ast.ClassDef) -> ast.FunctionDef | bool:
+    """A plain class's ``def forward`` (True when it has none); False when the class is not
+    plain (see the module docstring)."""
+    if class_def.decorator_list or class_def.keywords:
+        return False
+    forward: ast.FunctionDef | bool = True
+    for index, statement in enumerate(class_def.body):
+        if isinstance(statement, ast.Expr) and index == 0:
+            continue  # (the docstring)
+        if isinstance(statement, ast.FunctionDef):
+            name = statement.name
+            if statement.decorator_list and name == "forward":
+                return False
+            if name.startswith("__") and name.endswith("__") and name != "__init__":
+                return False
+            if name == "forward":
+                if forward is not True:
+                    return False
+                forward = statement
             continue
-        if found is not None or not isinstance(statement, ast.FunctionDef):
-            return False
-        if statement.decorator_list:
-            return False
-        found = statement
-    return found
+        if isinstance(statement, (ast.Assign, ast.AnnAssign)):
+            names = list(bound_names(statement))
+            if "forward" in names or any(n.startswith("__") for n in names):
+                return False
+            continue
+        if isinstance(statement, ast.Pass):
+            continue
+        return False  # (a nested block, an async def, an import, ...)
+    return forward
 
 
 def _forward_of(class_name: str, scope: _Scope) -> dict[str, Any] | None:
-    """The signature of the ``forward`` up ``class_name``'s chain of single bases, else None."""
+    """The signature of the ``forward`` on ``class_name``'s chain of single bases, when every
+    class on it is plain and it ends at nn.Module or nn.Sequential; else None."""
     seen: set[str] = set()
     current = class_name
-    while current not in seen and current != SEQUENTIAL:
+    found: dict[str, Any] | None = None
+    while current != SEQUENTIAL:
+        if current in seen:
+            return None
         seen.add(current)
         class_def = scope.classes[current]
-        if class_def.decorator_list or class_def.keywords:
-            return None
-        if _plain_method(class_def, "__call__") is not None:
-            return None
-        forward = _plain_method(class_def, "forward")
+        forward = _plain_class(class_def)
         if forward is False:
             return None
-        if isinstance(forward, ast.FunctionDef):
-            signature = _parameters(forward)
-            return None if signature is None else {"method": f"{current}.forward", **signature}
+        if found is None and isinstance(forward, ast.FunctionDef):
+            found = _parameters(forward)
+            if found is None:
+                return None
+            found = {"method": f"{current}.forward", **found}
         if len(class_def.bases) != 1:
             return None
-        base = scope.class_of(class_def.bases[0], set())
-        if base is None:  # nn.Module's own forward raises (the engine says so), or a library's
-            return None
-        current = base
-    return dict(_SEQUENTIAL_FORWARD) if current == SEQUENTIAL else None
+        base = class_def.bases[0]
+        if scope.torch_nn(base) == "torch.nn.Module":
+            return found
+        following = scope.class_of(base, set())
+        if following is None:
+            return None  # a library's class, other than nn.Sequential
+        current = following
+    return found if found is not None else dict(_SEQUENTIAL_FORWARD)
 
 
-def _patches_forward(tree: ast.Module) -> bool:
-    """Anything in the module assigns an attribute ``forward`` or ``__call__`` (``self.forward
-    = ...`` in ``__init__``, ``Net.forward = ...``): the class's own def may not be what runs."""
+_DYNAMIC_CALLS = frozenset({"setattr", "delattr", "globals", "vars", "exec", "eval", "locals"})
+_DYNAMIC_ATTRIBUTES = frozenset({"__dict__", "__class__", "__setattr__", "_call_impl"})
+
+
+def _dynamic(tree: ast.Module) -> bool:
+    """Anything that could change which names are bound or what ``model(...)`` runs, unseen by
+    the analysis (see the module docstring)."""
+    for statement in tree.body:
+        if isinstance(statement, (*_NESTED_SCOPES, ast.Import, ast.ImportFrom)):
+            continue
+        if any(isinstance(node, ast.Call) for node in ast.walk(statement)):
+            return True  # a module-level call: patch(Net), _install(), ...
     for node in ast.walk(tree):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            targets = [node.target]
-        for target in targets:
-            for element in ast.walk(target):
-                if isinstance(element, ast.Attribute) and element.attr in ("forward", "__call__"):
-                    return True
+        if isinstance(node, (ast.Global, ast.Nonlocal, ast.NamedExpr, ast.Match)):
+            return True
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "__getattr__":
+            return True
+        if isinstance(node, ast.Call) and _dotted(node.func) in _DYNAMIC_CALLS:
+            return True
+        if isinstance(node, ast.Attribute) and _dynamic_attribute(node):
+            return True
     return False
+
+
+def _dynamic_attribute(node: ast.Attribute) -> bool:
+    if node.attr in ("forward", "__call__") and isinstance(node.ctx, ast.Store):
+        return True
+    if node.attr in _DYNAMIC_ATTRIBUTES:
+        return True  # obj.__dict__[...] = ..., type.__setattr__(...), model.__class__ = ...
+    if node.attr == "modules" and _dotted(node.value) == "sys":
+        return True
+    return node.attr.startswith("register_") and node.attr.endswith("hook")
 
 
 def _parameters(forward: ast.FunctionDef) -> dict[str, Any] | None:
@@ -252,12 +296,19 @@ def _parameters(forward: ast.FunctionDef) -> dict[str, Any] | None:
 
 def forward_signature(tree: ast.Module, factory: str) -> dict[str, Any] | None:
     """``{"method": "Net.forward", "params": [...], "var_positional", "var_keyword"}`` for the
-    model ``factory`` builds, when certain (see the module docstring); None otherwise."""
-    statements = list(module_statements(tree.body))
-    if may_bind_unseen_names(statements) or _patches_forward(tree):
+    model ``factory`` builds, when certain (see the module docstring); None otherwise (also for
+    a tree too deep to walk)."""
+    try:
+        return _signature(tree, factory)
+    except (RecursionError, MemoryError):
+        return None
+
+
+def _signature(tree: ast.Module, factory: str) -> dict[str, Any] | None:
+    if _dynamic(tree):
         return None
     bound: dict[str, list[ast.stmt]] = {}
-    for statement in statements:
+    for statement in module_statements(tree.body):
         for name in bound_names(statement):
             bound.setdefault(name, []).append(statement)
     if "compute_loss" in bound:

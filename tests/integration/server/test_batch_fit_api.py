@@ -142,7 +142,7 @@ def _listed(api: httpx.Client, path: str) -> list[str]:
         (
             "takes_x", "tokens", "dataset_id",
             "the dataset gives dict batches of 'input_ids', 'labels', which the engine passes as "
-            "model(**batch), but Net.forward(self, x) has no parameter 'input_ids', 'labels' and "
+            "model(**batch), but Net.forward(self, x) has no parameters 'input_ids', 'labels' and "
             "requires 'x', which the batches lack",
         ),
     ],

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from ace3.runtime.loop.losses import forward_loss
-from ace3_server.services.batch_fit import PAIR, batch_fit_problem, dict_layout
+from ace3_server.services.batch_fit import (
+    PAIR,
+    batch_fit_problem,
+    dict_layout,
+    huggingface_batch_problem,
+)
 from ace3_server.upload_checks.model_forward import forward_signature
 
 EXAMPLE_MODEL = Path(__file__).parents[3] / "examples" / "digits" / "model.py"
@@ -159,6 +164,38 @@ def test_certain_factories_are_recorded(source: str, method: str) -> None:
         # the model is returned through another variable bound twice
         f"class Net(nn.Module):\n    def forward(self, x):\n        {LOSS}\n"
         "def build_model():\n    m = Net()\n    m = m.half()\n    return m\n",
+        # what model(...) runs may change unseen (a review found each of these refused falsely)
+        _model_with_forward("x, y").replace(
+            "    return Net()", "    m = Net()\n    m.register_forward_pre_hook(f)\n    return m"
+        ),
+        "class Base(nn.Module):\n    def __call__(self, *a, **k):\n        return 0\n"
+        + _model_with_forward("x, y").replace("class Net(nn.Module)", "class Net(Base)"),
+        "class Base(nn.Module):\n    def __init_subclass__(cls):\n        pass\n"
+        + _model_with_forward("x, y").replace("class Net(nn.Module)", "class Net(Base)"),
+        "class Meta(type):\n    pass\nclass Base(nn.Module, metaclass=Meta):\n    pass\n"
+        + _model_with_forward("x, y").replace("class Net(nn.Module)", "class Net(Base)"),
+        _model_with_forward("x, y") + "def accept(cls):\n    pass\naccept(Net)\n",
+        _model_with_forward("x, y") + "def f():\n    type.__setattr__(Net, 'forward', None)\n",
+        _model_with_forward("x, y").replace(
+            "    def forward",
+            "    def __init__(self):\n        super().__init__()\n"
+            "        object.__setattr__(self, 'forward', self.other)\n    def forward",
+        ),
+        _model_with_forward("x, y").replace(
+            "    return Net()", "    m = Net()\n    m.__class__ = Net\n    return m"
+        ),
+        _model_with_forward("x, y") + "def _s():\n    global Net\n    Net = nn.Linear\n",
+        _model_with_forward("x, y") + "if (Net := nn.Linear):\n    pass\n",
+        _model_with_forward("x, y").replace(
+            "    def forward",
+            "    if True:\n        def other(self):\n            pass\n    def forward",
+        ),
+        "import sys\n"
+        + _model_with_forward("x, y")
+        + "sys.modules[__name__].compute_loss = None\n",
+        "def build_model():\n    return torch"
+        + ".nn" * 1200
+        + ".Sequential()\n",  # deeper than recursion
         # a generator
         _model_with_forward("x").replace("return Net()", "yield Net()"),
     ],
@@ -220,7 +257,7 @@ def test_the_messages_say_what_is_passed_what_is_missing_and_what_to_do() -> Non
     one = _signature(_model_with_forward("x"))
     assert batch_fit_problem(one, TOKENS, "net.py") == (
         "the dataset gives dict batches of 'input_ids', 'labels', which the engine passes as "
-        "model(**batch), but Net.forward(self, x) has no parameter 'input_ids', 'labels' and "
+        "model(**batch), but Net.forward(self, x) has no parameters 'input_ids', 'labels' and "
         "requires 'x', which the batches lack; define compute_loss(model, batch) in net.py to "
         "feed the model yourself, or choose a dataset whose batches its forward takes"
     )
@@ -234,3 +271,32 @@ def test_nothing_is_checked_where_either_side_is_unknown() -> None:
     signature = _signature(_model_with_forward("input_ids"))
     assert batch_fit_problem(None, PAIR, "model.py") is None
     assert batch_fit_problem(signature, None, "model.py") is None
+
+
+def test_a_hugging_face_model_is_refused_pairs_only() -> None:
+    problem = huggingface_batch_problem(PAIR)
+    assert problem is not None and "computes its loss only when given labels" in problem
+    assert huggingface_batch_problem(TOKENS) is None
+    assert huggingface_batch_problem(None) is None
+
+
+def test_a_search_whose_space_may_make_trials_a_pipeline_is_not_checked() -> None:
+    from types import SimpleNamespace
+
+    from ace3.config import TrainingConfig
+    from ace3.hp import HPConfig
+    from ace3_server.services.batch_fit import batch_problems, searched
+
+    model = SimpleNamespace(kind="file", forward_signature=_signature(_model_with_forward("x, mask")),
+                            filename="model.py", name="m")  # fmt: skip
+    pairs = {"dataset_id": SimpleNamespace(batch_layout=PAIR, name="d")}
+    plain = TrainingConfig()
+    assert batch_problems(model, pairs, plain, set())  # refused as a job
+    search = HPConfig.model_validate(
+        {"search_space": {"pipeline_parallel_size": {"type": "choice", "options": [2]}},
+         "base_config": {"num_gpus": 2}}
+    )  # fmt: skip
+    assert searched(search) == {"pipeline_parallel_size"}
+    assert batch_problems(model, pairs, search.base_config, searched(search)) == []
+    package = SimpleNamespace(**{**vars(model), "kind": "archive"})
+    assert batch_problems(package, pairs, plain, set()) == []
