@@ -200,6 +200,18 @@ def _identity_files(directory: JobDirectory, owner: JobOwner | None) -> None:
     (directory.etc_dir / "hosts").write_text(ISOLATED_HOSTS)
 
 
+def set_token_labels(spec: dict[str, Any], model_kind: str) -> None:
+    """A Hugging Face causal LM (a stored model directory) shifts its labels itself: its
+    ``tokens`` streams give the input ids as labels (``StreamSpec.labels``), not the next
+    tokens, which it would shift once more."""
+    if model_kind != "huggingface":
+        return
+    for entry in (spec["dataset"], spec["validation_dataset"]):
+        stream = (entry or {}).get("stream")
+        if stream is not None and stream.get("format") == "tokens":
+            stream["labels"] = "inputs"
+
+
 def needs_initial_weights(job: Job, resume_from: JobCheckpoint | None) -> bool:
     """Whether an attempt gets the weights the job starts from: not when it resumes (a resume
     holds weights of its own), except a LoRA job's, whose checkpoints hold only the adapters."""
@@ -317,6 +329,7 @@ def prepare_job_directory(
         # Halved once for every earlier attempt that ran out of memory inside a step.
         "micro_batch_split": 2 ** (job.micro_batch_halvings or 0),
     }
+    set_token_labels(spec, model.kind)
     if environment is not None:
         link_tree(environment, root / "env")
         spec["environment"] = str(directory.visible(root / "env"))

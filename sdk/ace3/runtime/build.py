@@ -20,11 +20,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ace3.config import TrainingConfig, unsupported_settings
+from ace3.config import TrainingConfig, runs_pipeline, unsupported_settings
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.data.datasets import load_datasets
 from ace3.runtime.data.train_source import train_data_for
+from ace3.runtime.hf_export import HuggingFaceExport
 from ace3.runtime.job_spec import JobSpec
 from ace3.runtime.loop.batch_growth import batch_plan_for
 from ace3.runtime.loop.losses import forward_loss
@@ -257,9 +258,15 @@ def assemble(
     if parts.batch_plan is not None:
         parts.extensions.append(parts.batch_plan)
     if adapters is not None:  # an in-process run's module gets the merged weights instead
-        parts.extensions.append(LoRAExtension(adapters, precision, write_merged=not live_module))
+        # (a Hugging Face model's merged weights go to artifacts/huggingface/ instead)
+        write_merged = not live_module and user.source_dir is None
+        parts.extensions.append(LoRAExtension(adapters, precision, write_merged=write_merged))
     if counts is not None:
         parts.extensions.append(counts)
+    if user.source_dir is not None and not live_module:  # a Hugging Face model directory
+        parts.extensions.append(
+            HuggingFaceExport(model, user.source_dir, precision, adapters, runs_pipeline(config))
+        )
     if distiller is not None:  # its loss is the step's; the projections step with the student
         parts.extensions.append(distiller)
     if ckpt is not None:

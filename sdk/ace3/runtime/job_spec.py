@@ -22,8 +22,11 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """Where the user's model code lives and how to build the model from it."""
 
-    path: str = Field(description="kind=file: the .py file; kind=archive: a directory on sys.path.")
-    kind: Literal["file", "archive"] = "file"
+    path: str = Field(
+        description="kind=file: the .py file; kind=archive: a directory on sys.path; "
+        "kind=huggingface: a model directory (config.json, safetensors, tokenizer)."
+    )
+    kind: Literal["file", "archive", "huggingface"] = "file"
     entry_module: str | None = Field(None, description="kind=archive: dotted module to import.")
     factory: str = Field("build_model", min_length=1, description="Function or class to call.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the factory.")
@@ -52,6 +55,12 @@ class StreamSpec(_Strict):
     format: StreamFormat
     dtype: TokenDtype | None = None
     columns: dict[Literal["inputs", "targets"], str] | None = None
+    labels: Literal["next", "inputs"] = Field(
+        "next",
+        description="tokens: 'next', labels are the next tokens (input_ids shifted by one); "
+        "'inputs', labels are input_ids, for a model that shifts them itself (a Hugging Face "
+        "causal LM: the worker asks for it for a stored model directory).",
+    )
     shards: list[StreamShard] = Field(min_length=1, description="In the manifest's order.")
     requests: str = Field(description="The directory the readers write request files into.")
 

@@ -2,7 +2,8 @@
 
 ``kind='file'``: the ``.py`` file is imported as module ``ace3_user_model`` (its directory is put
 on ``sys.path`` so it can import its siblings). ``kind='archive'``: the directory goes on
-``sys.path`` and ``entry_module`` is imported. The module provides:
+``sys.path`` and ``entry_module`` is imported. ``kind='huggingface'``: a model directory built
+with ``from_pretrained`` (:mod:`ace3.runtime.hf_model`), nothing imported from it. The module provides:
 
 - the factory named by the job: a function ``build_model(**kwargs) -> nn.Module`` or a class;
 - optionally ``compute_loss(model, batch) -> Tensor`` (replaces the default loss). In training
@@ -32,6 +33,7 @@ from typing import Any
 
 from torch import nn
 
+from ace3.runtime.hf_model import FACTORY, pretrained_factory
 from ace3.runtime.job_spec import ModelSpec
 
 USER_MODULE_NAME = "ace3_user_model"
@@ -50,6 +52,7 @@ class UserCode:
     compute_loss: LossFn | None
     compute_metrics: MetricsFn | None
     configure_optimizers: Callable[[nn.Module], Any] | None = None
+    source_dir: Path | None = None  # kind='huggingface': the model directory it is built from
 
 
 def _add_sys_path(directory: Path, first: bool) -> None:
@@ -131,7 +134,14 @@ def _optional_callable(module: ModuleType, name: str) -> Any:
 
 
 def load_user_code(spec: ModelSpec, module_name: str = USER_MODULE_NAME) -> UserCode:
-    """Import the module and resolve its factory and optional hooks."""
+    """Import the module and resolve its factory and optional hooks; a Hugging Face model
+    directory's factory is ``from_pretrained`` (:mod:`ace3.runtime.hf_model`), with no hooks."""
+    if spec.kind == "huggingface":
+        directory = Path(spec.path).resolve()
+        factory = pretrained_factory(directory)
+        module = ModuleType(module_name, f"the Hugging Face model in {directory}")
+        module.from_pretrained = factory  # type: ignore[attr-defined]
+        return UserCode(module, factory, FACTORY, None, None, source_dir=directory)
     module = import_model_module(spec, module_name)
     factory = _resolve_attr(module, spec.factory)
     if not callable(factory):

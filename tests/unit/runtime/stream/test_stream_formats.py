@@ -94,6 +94,17 @@ def test_tokens_are_windows_of_length_plus_one_at_stride_length(tmp_path: Path) 
     assert reader.take(path, [2, 0])[2]["input_ids"].tolist() == [108, 109, 110, 111]
 
 
+def test_tokens_for_a_model_that_shifts_its_labels_give_the_input_ids_as_labels(
+    tmp_path: Path,
+) -> None:
+    path = write_tokens(tmp_path / "000000.bin", range(100, 114), dtype="uint32")
+    reader = shard_format("tokens", dtype="uint32", sequence_length=4, labels="inputs")
+    samples = list(reader.samples(path))
+    assert [s["labels"].tolist() for s in samples] == [s["input_ids"].tolist() for s in samples]
+    assert samples[1]["labels"].tolist() == [104, 105, 106, 107]
+    assert reader.take(path, [2])[2]["labels"].tolist() == [108, 109, 110, 111]
+
+
 def test_webdataset_groups_members_by_key_and_decodes_by_extension(tmp_path: Path) -> None:
     from PIL import Image
 

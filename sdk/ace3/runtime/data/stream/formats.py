@@ -7,7 +7,8 @@ lines and ``webdataset`` tar members without decoding them. A sample is:
 
 - parquet, jsonl: ``(inputs, targets)`` tensors, as today's dataset files give (floats and
   bools float32, integers int64; a list column is one more dimension);
-- tokens: ``{"input_ids", "labels"}``, int64 ``[L]`` (a window of L + 1 token ids, stride L);
+- tokens: ``{"input_ids", "labels"}``, int64 ``[L]`` (a window of L + 1 token ids, stride L;
+  labels are the next tokens, or, for a model that shifts them itself, the input ids);
 - webdataset: a dict keyed by extension (:mod:`.webdataset`).
 
 Errors name the file (and the line, row group or member).
@@ -51,6 +52,7 @@ class ShardFormat:
         if self.format == "tokens" and sequence_length is None:
             raise ValueError("sequence_length: a 'tokens' dataset needs it (tokens per sample)")
         self.sequence_length = sequence_length or 0
+        self.labels_are_inputs = stream.labels == "inputs"  # (the model shifts them itself)
 
     def count(self, size: int, recorded: int | None) -> int | None:
         """The shard's samples, when known before reading it."""
@@ -109,6 +111,8 @@ class ShardFormat:
         # into tensors of its own).
         span = tokens[index * length : index * length + length + 1]
         window = torch.from_numpy(np.asarray(span, dtype=np.int64))
+        if self.labels_are_inputs:
+            return {"input_ids": window[:-1], "labels": window[:-1]}
         return {"input_ids": window[:-1], "labels": window[1:]}
 
     def _tokens(self, path: Path, start: int) -> Generator[dict[str, torch.Tensor], None, None]:
