@@ -84,6 +84,13 @@ def test_a_hugging_face_directory_is_fine_tuned_with_lora_and_comes_back_deploya
     assert generated.shape[1] >= 3
     assert json.loads((out / "huggingface" / "config.json").read_text())["model_type"] == "gpt2"
 
+    # a LoRA target that matches no module of the stored directory: refused at submission
+    wrong = ace3.LoRAConfig(target_modules=["q_proj"])
+    with pytest.raises(ace3.errors.ValidationError, match=r"'q_proj' matches no module .* c_attn"):
+        ace3.DistributedTrainer(
+            ace3.TrainingConfig(max_steps=1, sequence_length=16, lora=wrong)
+        ).train(model=model, train_dataset=data)
+
     # (inputs, targets) pairs give a causal LM no labels: refused before anything runs
     pairs = tmp_path / "pairs.npz"
     np.savez(pairs, inputs=ids[:64].reshape(4, 16).astype(np.int64), targets=np.zeros(4, np.int64))
