@@ -38,7 +38,6 @@ from ace3_server.archives import (
     safe_extract,
 )
 from ace3_server.errors import field_error
-from ace3_server.services.batch_fit import PAIR
 from ace3_server.services.job_requirements import read_package_requirements
 from ace3_server.services.shard_store import delete_unshared_shards
 from ace3_server.services.uploads import StagedUpload
@@ -215,11 +214,11 @@ def prepare_dataset(
                 f"{expected}, or a directory (kind=directory)",
             )
         try:
-            check_dataset_file(staged.path, data_format)
+            layout = check_dataset_file(staged.path, data_format)
         except UploadCheckError as exc:
             raise refuse(exc, f"{display}: ") from None
         key = f"{base_key}/data{suffix}"
-        fields: dict[str, Any] = {"kind": "file", "format": data_format, "batch_layout": PAIR}
+        fields: dict[str, Any] = {"kind": "file", "format": data_format, "batch_layout": layout}
         return PreparedArtifact(staged.path, key, common | fields)
     if kind != "directory":
         raise field_error(["body", "kind"], f"kind must be 'file' or 'directory', not {kind!r}")
@@ -235,7 +234,7 @@ def prepare_dataset(
             ["body", "file"], f"the directory holds no dataset.py and no data file ({expected})"
         )
     try:
-        one_data_file = check_dataset_tree(tree)
+        tree_layout = check_dataset_tree(tree)
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
         raise refuse(exc, f"{display}: ") from None
@@ -243,7 +242,7 @@ def prepare_dataset(
         "kind": "directory",
         "format": "directory",
         "tree_sha256": tree_digest(tree),
-        "batch_layout": PAIR if one_data_file else None,
+        "batch_layout": tree_layout,
     }
     return PreparedArtifact(tree, f"{base_key}/tree", common | fields)
 

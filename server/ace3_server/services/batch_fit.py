@@ -106,7 +106,7 @@ def batch_fit_problem(
     signature: dict[str, Any] | None, layout: dict[str, Any] | None, model_file: str
 ) -> str | None:
     """Why the model cannot take the dataset's batches, or None (also when either is unknown)."""
-    if signature is None or layout is None:
+    if signature is None or layout is None or layout["kind"] not in ("pair", "dict"):
         return None
     hint = (
         f"; define compute_loss(model, batch) in {model_file} to feed the model yourself, or "
@@ -127,6 +127,28 @@ def batch_fit_problem(
             f"the dataset gives dict batches of {_names(keys)}, which the engine passes as "
             f"model(**batch), but {problem}{hint}"
         )
+    return None
+
+
+def records_problem(layout: dict[str, Any] | None, hf_config: dict[str, Any] | None) -> str | None:
+    """Text records are tokenized with a Hugging Face model's own tokenizer (``hf_config``: its
+    stored record; None for any other model); chat records need its chat template."""
+    if layout is None or layout["kind"] != "records":
+        return None
+    if hf_config is None:
+        return (
+            f"the dataset holds {layout['records'].replace('_', '/')} text records, which are "
+            "tokenized with a Hugging Face model's own tokenizer: train a Hugging Face model "
+            "directory (client.load_model(dir)) on them, or give this model numbers"
+        )
+    if layout["records"] == "chat" and not hf_config.get("has_chat_template", True):
+        return (
+            "the dataset holds chat records, and the model directory's tokenizer has no chat "
+            "template (chat_template.jinja, or chat_template in tokenizer_config.json) to "
+            "render them with: add one to the directory, or give prompt/completion records"
+        )
+    if not hf_config.get("has_tokenizer", True):
+        return "the dataset holds text records, and the model directory has no tokenizer"
     return None
 
 
@@ -164,14 +186,14 @@ def batch_problems(
         return []
     problems = []
     for field, dataset in datasets.items():
-        if model.kind == "huggingface":
+        hf_config = (model.hf_config or {}) if model.kind == "huggingface" else None
+        problem = records_problem(dataset.batch_layout, hf_config)
+        if problem is None and model.kind == "huggingface":
             problem = huggingface_batch_problem(dataset.batch_layout)
-        elif model.kind == "file":
+        elif problem is None and model.kind == "file":
             problem = batch_fit_problem(
                 model.forward_signature, dataset.batch_layout, model.filename
             )
-        else:
-            problem = None
         if problem is not None:
             msg = f"dataset {dataset.name!r} does not fit model {model.name!r}: {problem}"
             problems.append({"loc": ["body", field], "msg": msg, "type": "value_error"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ace3_server.upload_checks.errors import UploadCheckError
 from ace3_server.upload_checks.npz import check_npz
@@ -21,27 +22,31 @@ CHECKERS: dict[str, Callable[[Path], object]] = {
 DIRECTORY_SUFFIXES = {".pt": "pt", ".pth": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
 
 
-def check_dataset_file(path: Path, data_format: str) -> None:
-    """Run the checker of ``data_format`` on ``path``; :class:`UploadCheckError` on a problem."""
-    CHECKERS[data_format](path)
+def check_dataset_file(path: Path, data_format: str) -> dict[str, Any]:
+    """Run the checker of ``data_format`` on ``path``; :class:`UploadCheckError` on a problem.
+    Returns the engine's batch layout for it: (inputs, targets) pairs, or text records of a
+    kind (a ``.jsonl`` of chat, prompt/completion or text records, for language models)."""
+    found = CHECKERS[data_format](path)
+    if isinstance(found, str):
+        return {"kind": "records", "records": found}
+    return {"kind": "pair"}
 
 
-def check_dataset_tree(tree: Path) -> bool:
+def check_dataset_tree(tree: Path) -> dict[str, Any] | None:
     """A directory without a ``dataset.py`` is read from its one top-level data file (the
-    engine's rule): check that file, naming it, and return True (its batches are then (inputs,
-    targets) pairs). With a ``dataset.py``, or any other number of data files, nothing is
-    certain here (the engine's own message says which): False."""
+    engine's rule): check that file, naming it, and return its batch layout. With a
+    ``dataset.py``, or any other number of data files, nothing is certain here (the engine's own
+    message says which): None."""
     if (tree / "dataset.py").is_file():
-        return False
+        return None
     files = [
         p
         for p in tree.iterdir()
         if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in DIRECTORY_SUFFIXES
     ]
     if len(files) != 1:
-        return False
+        return None
     try:
-        check_dataset_file(files[0], DIRECTORY_SUFFIXES[files[0].suffix.lower()])
+        return check_dataset_file(files[0], DIRECTORY_SUFFIXES[files[0].suffix.lower()])
     except UploadCheckError as exc:
         raise UploadCheckError(f"{files[0].name}: {exc}") from None
-    return True

@@ -6,7 +6,8 @@ Only what is certain from the head is refused: text that is not UTF-8, a CSV wit
 of two columns or more, a row whose cell count differs from the header's, a cell that is not a
 number, a JSONL line that is not JSON or not a record ``{"inputs": ..., "target": ...}`` (or
 ``"targets"``, ``"label"``) of numbers, records whose inputs differ in shape, and a file with no
-data at all. The rest of the file is the engine's to read.
+data at all; a JSONL file of text records (chat, prompt/completion, text) is checked by
+:mod:`.text_records`. The rest of the file is the engine's to read.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 from pathlib import Path
 
 from ace3_server.upload_checks.errors import UploadCheckError
+from ace3_server.upload_checks.text_records import RecordKind, check_text_record, text_record_kind
 
 HEAD_BYTES = 1 << 20
 FIRST_ROWS = 200
@@ -117,10 +119,36 @@ def _record_shapes(line: str, line_no: int) -> tuple[_Shape, _Shape]:
     return shapes[0], shapes[1]
 
 
-def check_jsonl(path: Path) -> None:
-    """Check a JSON-lines dataset's first records."""
+def _first_record(lines: list[str]) -> object:
+    for line in lines:
+        if line.strip():
+            try:
+                return json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                return None  # (the checks below name the line)
+    return None
+
+
+def _check_text_records(lines: list[str], kind: RecordKind) -> RecordKind:
+    for line_no, line in enumerate(lines[:FIRST_ROWS], start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise UploadCheckError(f"line {line_no} is not valid JSON: {exc}") from None
+        check_text_record(record, kind, line_no)
+    return kind
+
+
+def check_jsonl(path: Path) -> RecordKind | None:
+    """Check a JSON-lines dataset's first records: text records (returns their kind:
+    :mod:`.text_records`), else (inputs, target) records (returns None)."""
     text, whole = _head_lines(path)
     lines = list(io.StringIO(text, newline=None))  # (the engine's text-mode lines)
+    kind = text_record_kind(_first_record(lines))
+    if kind is not None:
+        return _check_text_records(lines, kind)
     first: tuple[int, _Shape, _Shape] | None = None
     records = 0
     for line_no, line in enumerate(lines[:FIRST_ROWS], start=1):
@@ -138,3 +166,4 @@ def check_jsonl(path: Path) -> None:
             )
     if records == 0 and whole and len(lines) <= FIRST_ROWS:
         raise UploadCheckError("no records; expected one JSON object a line")
+    return None

@@ -1,0 +1,72 @@
+"""Text records at upload (chat, prompt/completion, text .jsonl): told by the first record,
+checked for its shape naming the line, recorded as the dataset's batch layout; and at submission
+refused for a model that has no tokenizer to read them with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ace3_server.services.batch_fit import records_problem
+from ace3_server.upload_checks import UploadCheckError
+from ace3_server.upload_checks.datasets import check_dataset_file
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+def _jsonl(path: Path, *records: object) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("records", "kind"),
+    [
+        ((CHAT, CHAT), "chat"),
+        (({"prompt": "2+2=", "completion": "4"},), "prompt_completion"),
+        (({"text": "once upon a time"}, {"text": "the end"}), "text"),
+    ],
+)
+def test_each_kind_is_told_by_its_first_record(tmp_path: Path, records: tuple, kind: str) -> None:
+    layout = check_dataset_file(_jsonl(tmp_path / "d.jsonl", *records), "jsonl")
+    assert layout == {"kind": "records", "records": kind}
+
+
+def test_pairs_stay_pairs(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", {"inputs": [1, 2], "target": 0})
+    assert check_dataset_file(path, "jsonl") == {"kind": "pair"}
+
+
+@pytest.mark.parametrize(
+    ("records", "reason"),
+    [
+        ((CHAT, {"text": "x"}), "line 2: expected a chat record like the first one, not text"),
+        (({"messages": []},), "line 1: 'messages' must be a non-empty list"),
+        (({"messages": [{"role": "robot", "content": "x"}]},), "role 'robot' is not one of"),
+        (
+            ({"messages": [{"role": "user", "content": 3}]},),
+            "messages[0]: 'content' must be a string",
+        ),
+        (({"messages": [{"role": "user", "content": "hi"}]},), "no assistant turn"),
+        (({"prompt": "a", "completion": None},), "line 1: 'completion' must be a string"),
+        (({"text": "a"}, "not an object"), "line 2: expected a text record"),
+    ],
+)
+def test_a_record_of_the_wrong_shape_is_refused_naming_the_line(
+    tmp_path: Path, records: tuple, reason: str
+) -> None:
+    with pytest.raises(UploadCheckError, match=reason.replace("[", r"\[").replace("]", r"\]")):
+        check_dataset_file(_jsonl(tmp_path / "d.jsonl", *records), "jsonl")
+
+
+def test_text_records_need_a_hugging_face_model_and_chats_its_template() -> None:
+    chat = {"kind": "records", "records": "chat"}
+    assert "a Hugging Face model's own tokenizer" in str(records_problem(chat, None))
+    no_template = {"has_tokenizer": True, "has_chat_template": False}
+    assert "no chat template" in str(records_problem(chat, no_template))
+    prompts = {"kind": "records", "records": "prompt_completion"}
+    assert records_problem(prompts, no_template) is None
+    assert records_problem(chat, {"has_tokenizer": True, "has_chat_template": True}) is None
+    assert records_problem({"kind": "pair"}, None) is None
