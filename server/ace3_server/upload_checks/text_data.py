@@ -103,7 +103,10 @@ def _record_shapes(line: str, line_no: int) -> tuple[_Shape, _Shape]:
     except (json.JSONDecodeError, RecursionError) as exc:
         raise UploadCheckError(f"line {line_no} is not valid JSON: {exc}") from None
     if not isinstance(record, dict) or "inputs" not in record:
-        raise UploadCheckError(f'line {line_no}: expected {{"inputs": [...], "target": ...}}')
+        raise UploadCheckError(
+            f'line {line_no}: expected {{"inputs": [...], "target": ...}} (or text records for '
+            'a language model: {"messages": [...]}, {"prompt", "completion"} or {"text"})'
+        )
     key = next((k for k in JSONL_TARGET_KEYS if k in record), None)
     if key is None:
         raise UploadCheckError(f"line {line_no}: no 'target' (or 'targets', 'label') key")

@@ -117,7 +117,7 @@ def test_a_package_importing_its_factory_from_a_submodule_is_accepted(owner: htt
         ("corrupt.npz", b"PK\x03\x04 not really a zip", "corrupt.npz: not a readable .npz"),
         ("keys.npz", _npz(a=np.ones(3), b=np.ones(3)), "keys.npz: expected arrays inputs/targets"),
         ("short.csv", b"a,b\n1,2\n3\n", "short.csv: line 3 has 1 cells"),
-        ("words.jsonl", b'{"text": "hello"}\n', 'words.jsonl: line 1: expected {"inputs"'),
+        ("words.jsonl", b'{"words": "hello"}\n', 'words.jsonl: line 1: expected {"inputs"'),
         ("shape.pt", _pt({"a": torch.ones(2)}), "shape.pt: expected keys inputs/targets"),
         ("garbage.pt", b"\x00" * 64, "garbage.pt: not a torch.save file"),
     ],
