@@ -7,6 +7,7 @@ computes what the trained model computes, and generates."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,6 @@ def _job(workdir: Path, **config: Any) -> dict[str, Any]:
             "max_steps": 6,
             "learning_rate": 0.05,
             "seed": 0,
-            "validation_split": 0.0,
             "log_interval": 1,
             **config,
         },
@@ -134,7 +134,9 @@ def test_lora_on_gpt2_exports_a_merged_directory_and_peft_adapters(
     assert generated.shape[1] >= 3
     [summary] = [e for e in events(tmp_path) if e["type"] == "summary"]
     c_attn = 2 * 4 * (16 + 48)  # two layers, r=4, 16 -> 48
-    assert summary["final_metrics"]["trainable_parameters"] == c_attn
+    final = summary["final_metrics"]
+    assert final["trainable_parameters"] == c_attn
+    assert final["val_perplexity"] == pytest.approx(math.exp(final["val_loss"]))
 
 
 def test_full_fine_tuning_with_zero3_gathers_the_weights_it_exports(

@@ -16,6 +16,7 @@ pass, for a strategy that runs its own forward passes (the pipeline).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -27,6 +28,8 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 from ace3.runtime.loop.losses import batch_size_of, count_correct, forward_loss, move_to_device
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.user_code import UserCode
+
+MAX_LOG_PERPLEXITY = 100.0
 
 
 def _padded(loader: DataLoader[Any], padding_batches: int) -> Iterator[tuple[Any, bool]]:
@@ -129,7 +132,9 @@ def evaluate(
     lockstep: bool = False,
     reduce_device: torch.device | None = None,
 ) -> dict[str, float]:
-    """``val_loss`` (and ``val_accuracy``, ``val_<metric>``) over the whole validation set.
+    """``val_loss`` (and ``val_accuracy``, ``val_<metric>``) over the whole validation set;
+    for a Hugging Face language model also ``val_perplexity``, ``exp(val_loss)`` (the loss
+    capped at :data:`MAX_LOG_PERPLEXITY`, so that it stays finite).
 
     ``model`` is the unwrapped module (not DDP): ranks may see different numbers of batches,
     unless ``lockstep`` (a sharded model; see the module docstring). ``reduce_device``: where
@@ -161,6 +166,8 @@ def evaluate(
     if samples == 0:
         return {}
     metrics = {"val_loss": loss_sum / samples}
+    if user.source_dir is not None:  # a Hugging Face language model: its loss is per token
+        metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], MAX_LOG_PERPLEXITY))
     if not_classification == 0:
         metrics["val_accuracy"] = correct / samples
     for name, total in zip(names, vector[4:].tolist(), strict=True):
