@@ -1,0 +1,196 @@
+"""Tokenize one text record with the model's own tokenizer and mask what the model should not learn.
+
+Labels are never shifted: a Hugging Face causal LM shifts them itself (``labels[t]`` is
+predicted from the logits at ``t - 1``), so ``labels[0]`` is never used and an example must
+learn at least one token after its first to teach anything. The tokenizer is duck-typed (a
+``transformers`` tokenizer); nothing here imports ``transformers``, so the module loads
+without it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+RecordKind = Literal["chat", "prompt_completion", "text"]
+RECORD_KINDS: tuple[RecordKind, ...] = ("chat", "prompt_completion", "text")
+IGNORE_INDEX = -100
+# `{% generation %}`, `{%- generation -%}`, ...: the blocks that give an assistant mask.
+GENERATION_BLOCK = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+@dataclass
+class TokenizedExample:
+    """One example's token ids, and per token the id to learn there or ``IGNORE_INDEX``."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+def learns_something(labels: Sequence[int]) -> bool:
+    """Whether any label after the first is learned (the first is dropped by the model's shift)."""
+    return any(label != IGNORE_INDEX for label in labels[1:])
+
+
+def tokenize_record(record: dict[str, Any], kind: RecordKind, tokenizer: Any) -> TokenizedExample:
+    """Tokenize a record of ``kind`` (already checked by ``read_records``) into ids and labels.
+
+    Raises ``ValueError`` when the example would learn nothing, saying why, so that no
+    example silently contributes nothing (or, alone in a batch, a NaN loss).
+    """
+    if kind == "chat":
+        example = _tokenize_chat(record["messages"], tokenizer)
+    elif kind == "prompt_completion":
+        example = _tokenize_prompt_completion(record["prompt"], record["completion"], tokenizer)
+    elif kind == "text":
+        input_ids = _encode(tokenizer, record["text"]) + _eos(tokenizer)
+        example = TokenizedExample(input_ids=input_ids, labels=list(input_ids))
+        if not learns_something(example.labels):
+            raise ValueError(
+                f"the text tokenizes to {len(input_ids)} token(s): a causal LM learns nothing "
+                "from fewer than 2 tokens; drop the record or give it more text"
+            )
+    else:
+        raise ValueError(f"unknown record kind {kind!r}; expected one of {list(RECORD_KINDS)}")
+    return example
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without the tokenizer's own BOS/EOS (we add EOS ourselves)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _eos(tokenizer: Any) -> list[int]:
+    eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    return [int(eos_token_id)] if eos_token_id is not None else []
+
+
+def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
+    length = 0
+    for a, b in zip(first, second, strict=False):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+def _tokenize_prompt_completion(prompt: str, completion: str, tokenizer: Any) -> TokenizedExample:
+    """The prompt's tokens are ignored; the completion's tokens (and EOS) are learned.
+
+    The rule at the boundary: the concatenation ``prompt + completion`` is tokenized once,
+    and the first learned token is the first one that differs from the prompt tokenized
+    alone. A token that merges the end of the prompt with the start of the completion is
+    therefore learned (the model has to write its completion part), and no token the
+    prompt's own tokenization holds unchanged is.
+    """
+    prompt_ids = _encode(tokenizer, prompt)
+    input_ids = _encode(tokenizer, prompt + completion) + _eos(tokenizer)
+    boundary = common_prefix_length(prompt_ids, input_ids)
+    labels = [IGNORE_INDEX] * boundary + input_ids[boundary:]
+    if not learns_something(labels):
+        raise ValueError(
+            "the completion adds no token to learn (it is empty and the tokenizer has no EOS "
+            "token, or it merges into the prompt's tokens); give the record a completion"
+        )
+    return TokenizedExample(input_ids=input_ids, labels=labels)
+
+
+def chat_template_of(tokenizer: Any) -> str:
+    """The tokenizer's default chat template, or a clear refusal when it has none."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError(
+            "the model's tokenizer has no chat template; chat records need one to be rendered "
+            "(add a chat_template.jinja to the model directory, or use prompt/completion or "
+            "text records)"
+        )
+    return template
+
+
+def _tokenize_chat(messages: list[dict[str, Any]], tokenizer: Any) -> TokenizedExample:
+    """Learn each assistant turn (its reply and end-of-turn tokens); ignore everything else.
+
+    A template with ``{% generation %}`` blocks gives the mask itself. Otherwise (or when
+    that mask is all zeros) each assistant turn is found by rendering the conversation up to
+    it with ``add_generation_prompt=True`` and up to and including it: the tokens between
+    the two are the reply. Trailing tokens after the last special token of that span (the
+    newline ChatML writes after ``<|im_end|>``) are not learned when they are only
+    whitespace: they are template separators the model never writes, since generation stops
+    at the end-of-turn token.
+    """
+    template = chat_template_of(tokenizer)
+    if GENERATION_BLOCK.search(template):
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        input_ids = [int(token) for token in rendered["input_ids"]]
+        mask = list(rendered["assistant_masks"])
+        if any(mask):
+            labels = [
+                token if learned else IGNORE_INDEX
+                for token, learned in zip(input_ids, mask, strict=True)
+            ]
+            return _checked_chat(TokenizedExample(input_ids=input_ids, labels=labels))
+    return _checked_chat(_chat_by_difference(messages, tokenizer))
+
+
+def _render_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool
+) -> list[int]:
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, add_generation_prompt=generation_prompt
+    )
+    return [int(token) for token in rendered["input_ids"]]
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    special = {int(token) for token in getattr(tokenizer, "all_special_ids", [])}
+    for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(added, "special", False):
+            special.add(int(token_id))
+    return special
+
+
+def _chat_by_difference(messages: list[dict[str, Any]], tokenizer: Any) -> TokenizedExample:
+    input_ids = _render_ids(tokenizer, messages, generation_prompt=False)
+    labels = [IGNORE_INDEX] * len(input_ids)
+    special_ids = _special_ids(tokenizer)
+    for turn, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render_ids(tokenizer, messages[:turn], generation_prompt=True) if turn else []
+        through = _render_ids(tokenizer, messages[: turn + 1], generation_prompt=False)
+        start = common_prefix_length(before, input_ids)
+        end = common_prefix_length(through, input_ids)
+        # A merge across a boundary may change a token or two; more means the template renders
+        # earlier turns differently once later ones follow, and the spans would be wrong.
+        if len(before) - start > 2 or len(through) - end > 2:
+            raise ValueError(
+                f"cannot find assistant turn {turn + 1} (message {turn + 1}): the chat template "
+                "renders the conversation differently once later messages follow; use a "
+                "template with {% generation %} blocks around the assistant replies"
+            )
+        last_special = max(
+            (position for position in range(start, end) if input_ids[position] in special_ids),
+            default=None,
+        )
+        if (
+            last_special is not None
+            and not tokenizer.decode(input_ids[last_special + 1 : end]).strip()
+        ):
+            end = last_special + 1
+        labels[start:end] = input_ids[start:end]
+    return TokenizedExample(input_ids=input_ids, labels=labels)
+
+
+def _checked_chat(example: TokenizedExample) -> TokenizedExample:
+    if not learns_something(example.labels):
+        raise ValueError(
+            "the chat's assistant turns give no token to learn (empty replies rendered to "
+            "nothing by the chat template); give each assistant turn some content"
+        )
+    return example

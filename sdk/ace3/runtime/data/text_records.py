@@ -1,0 +1,172 @@
+"""Text records for language-model fine-tuning: chat, prompt/completion and plain text in JSONL.
+
+A record is one JSON object per line: ``{"messages": [{"role", "content"}, ...]}`` (OpenAI's
+chat format), ``{"prompt", "completion"}`` or ``{"text"}``. This module reads and checks
+them, and gathers the public names of the pieces that tokenize (``text_masking``) and batch
+(``text_packing``) them, so the engine imports one module. It runs inside the job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ace3.runtime.data.text_masking import (
+    IGNORE_INDEX,
+    RECORD_KINDS,
+    RecordKind,
+    TokenizedExample,
+    chat_template_of,
+    tokenize_record,
+)
+from ace3.runtime.data.text_packing import (
+    TextReport,
+    TokenizedTextDataset,
+    collate_text,
+    padding_tokens,
+)
+
+__all__ = [
+    "CHAT_ROLES",
+    "IGNORE_INDEX",
+    "RECORD_KINDS",
+    "RecordKind",
+    "TextReport",
+    "TokenizedExample",
+    "TokenizedTextDataset",
+    "chat_template_of",
+    "check_record",
+    "collate_text",
+    "detect_record_kind",
+    "padding_tokens",
+    "read_records",
+    "tokenize_record",
+    "tokenize_records",
+]
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+# How many records detection looks at: enough to catch a file that mixes kinds early.
+DETECTION_RECORDS = 100
+EXPECTED = (
+    '{"messages": [{"role": ..., "content": ...}, ...]} (chat), '
+    '{"prompt": ..., "completion": ...} or {"text": ...}'
+)
+
+
+def kind_of(record: Any) -> RecordKind | None:
+    """The kind a record's keys say, or None when they match none."""
+    if not isinstance(record, dict):
+        return None
+    if "messages" in record:
+        return "chat"
+    if "prompt" in record and "completion" in record:
+        return "prompt_completion"
+    if "text" in record:
+        return "text"
+    return None
+
+
+def detect_record_kind(records: Iterable[dict[str, Any]]) -> RecordKind:
+    """The one kind of the first records; ``ValueError`` naming the (1-based) line otherwise."""
+    return _detect_numbered(enumerate(records, start=1))
+
+
+def _detect_numbered(numbered: Iterable[tuple[int, Any]]) -> RecordKind:
+    detected: RecordKind | None = None
+    for position, (line, record) in enumerate(numbered, start=1):
+        if position > DETECTION_RECORDS:
+            break
+        kind = kind_of(record)
+        if kind is None:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"line {line}: a record with {keys} is none of {EXPECTED}")
+        if detected is None:
+            detected = kind
+        elif kind != detected:
+            raise ValueError(
+                f"line {line}: a {kind} record among {detected} records; "
+                "a dataset holds one kind of text record"
+            )
+    if detected is None:
+        raise ValueError(f"no records: expected lines of {EXPECTED}")
+    return detected
+
+
+def check_record(record: Any, kind: RecordKind) -> None:
+    """Raise ``ValueError`` saying what is wrong when ``record`` is not of ``kind``'s shape."""
+    if kind_of(record) != kind:
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"a record with {keys} is not a {kind} record; expected {EXPECTED}")
+    if kind == "text":
+        if not isinstance(record["text"], str):
+            raise ValueError('"text" must be a string')
+    elif kind == "prompt_completion":
+        for key in ("prompt", "completion"):
+            if not isinstance(record[key], str):
+                raise ValueError(f'"{key}" must be a string')
+    else:
+        _check_messages(record["messages"])
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('"messages" must be a non-empty list of {"role", "content"} objects')
+    for index, message in enumerate(messages, start=1):
+        if not isinstance(message, dict):
+            raise ValueError(f"message {index} is not an object")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise ValueError(f"message {index}: role {role!r} is not one of {list(CHAT_ROLES)}")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f'message {index}: "content" must be a string')
+    if not any(message["role"] == "assistant" for message in messages):
+        raise ValueError("the chat has no assistant message: there is nothing to learn")
+
+
+def read_records(
+    path: Path, kind: RecordKind | None = None
+) -> tuple[RecordKind, list[dict[str, Any]]]:
+    """Read a ``.jsonl`` file of text records (blank lines skipped), each checked for its kind.
+
+    ``kind`` names the kind; without it the first records decide. Errors name the file and
+    the (1-based) line.
+    """
+    numbered: list[tuple[int, Any]] = []
+    with open(path, encoding="utf-8") as stream:
+        for line_number, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((line_number, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}, line {line_number}: not valid JSON ({exc})") from exc
+    if kind is None:
+        try:
+            kind = _detect_numbered(numbered)
+        except ValueError as exc:
+            raise ValueError(f"{path}, {exc}") from exc
+    elif kind not in RECORD_KINDS:
+        raise ValueError(f"unknown record kind {kind!r}; expected one of {list(RECORD_KINDS)}")
+    for line_number, record in numbered:
+        try:
+            check_record(record, kind)
+        except ValueError as exc:
+            raise ValueError(f"{path}, line {line_number}: {exc}") from exc
+    return kind, [record for _, record in numbered]
+
+
+def tokenize_records(
+    records: Iterable[dict[str, Any]], kind: RecordKind, tokenizer: Any
+) -> list[TokenizedExample]:
+    """``tokenize_record`` over records, errors naming the (1-based) record that failed."""
+    if kind == "chat":
+        chat_template_of(tokenizer)  # refuse once, before any record, without a template
+    examples: list[TokenizedExample] = []
+    for number, record in enumerate(records, start=1):
+        try:
+            examples.append(tokenize_record(record, kind, tokenizer))
+        except ValueError as exc:
+            raise ValueError(f"record {number}: {exc}") from exc
+    return examples
