@@ -91,6 +91,29 @@ def test_a_hugging_face_directory_is_fine_tuned_with_lora_and_comes_back_deploya
             ace3.TrainingConfig(max_steps=1, sequence_length=16, lora=wrong)
         ).train(model=model, train_dataset=data)
 
+    # chat records need the directory's chat template, which this one lacks: refused
+    turn = [{"role": "user", "content": "the quick"}, {"role": "assistant", "content": "brown fox"}]
+    chats = tmp_path / "chat.jsonl"
+    chats.write_text(json.dumps({"messages": turn}) + "\n")
+    with pytest.raises(ace3.errors.ValidationError, match="has no chat template"):
+        ace3.DistributedTrainer(ace3.TrainingConfig(max_steps=1)).train(
+            model=model, train_dataset=client.load_dataset(chats)
+        )
+    # prompt/completion records are tokenized in the job and only the completions learned
+    words = TEXT.split()
+    records = [
+        {"prompt": " ".join(words[i % 9 : i % 9 + 3]), "completion": " " + words[i % 9 + 3]}
+        for i in range(32)
+    ]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tuned = ace3.DistributedTrainer(
+        ace3.TrainingConfig(num_gpus=2, batch_size=4, max_steps=4, learning_rate=0.05, packing=True)
+    ).train(model=model, train_dataset=client.load_dataset(prompts))
+    assert tuned.final_metrics["val_perplexity"] > 1
+    logs = "\n".join(line.line for line in client.jobs.iter_logs(tuned.job_id))
+    assert "32 prompt/completion example(s)" in logs and "packed into" in logs, logs[-3000:]
+
     # (inputs, targets) pairs give a causal LM no labels: refused before anything runs
     pairs = tmp_path / "pairs.npz"
     np.savez(pairs, inputs=ids[:64].reshape(4, 16).astype(np.int64), targets=np.zeros(4, np.int64))

@@ -200,7 +200,15 @@ class TrainingConfig(
         ge=1,
         le=1 << 20,
         description="Tokens per sample of a 'tokens' dataset (windows of sequence_length + 1 "
-        "token ids, stride sequence_length; labels shifted by one). Required for one.",
+        "token ids, stride sequence_length; labels shifted by one; required for one), or the "
+        "most tokens of a tokenized text example (longer ones are truncated; for a Hugging "
+        "Face model the default is its max_position_embeddings, at most 2048).",
+    )
+    packing: bool = Field(
+        False,
+        description="Text records (chat, prompt/completion, text) for a Hugging Face model: "
+        "pack examples into sequences of sequence_length tokens (position ids restart per "
+        "example) instead of padding each one.",
     )
     seed: int = Field(
         42,

@@ -24,6 +24,7 @@ from ace3.config import TrainingConfig, runs_pipeline, unsupported_settings
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.data.datasets import load_datasets
+from ace3.runtime.data.text_datasets import load_text_datasets, text_records_file
 from ace3.runtime.data.train_source import train_data_for
 from ace3.runtime.hf_export import HuggingFaceExport
 from ace3.runtime.job_spec import JobSpec
@@ -129,7 +130,13 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
         ckpt = load_checkpoint(Path(job.resume_from), job.resume_sha256)
     seed_all(config.seed)
     user = load_user_code(job.model)
-    data = load_datasets(job.dataset, job.validation_dataset, config, _data_replica(job, ctx))
+    text_file = text_records_file(job.dataset) if user.source_dir is not None else None
+    text = None
+    if text_file is not None and user.source_dir is not None:  # chat or text records
+        text = load_text_datasets(text_file, job.validation_dataset, config, user.source_dir)
+        data = text.datasets
+    else:
+        data = load_datasets(job.dataset, job.validation_dataset, config, _data_replica(job, ctx))
     for note in data.notes if ctx.is_main else ():
         ENGINE.info(note)
     torch.manual_seed(config.seed)
@@ -148,6 +155,8 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
         teacher=teacher,
     )  # fmt: skip
     parts.micro_batch_split = job.micro_batch_split
+    if text is not None:  # padded dict batches of the tokenized examples
+        parts.collate_fn = text.collate
     if job.micro_batch_split > 1 and ctx.is_main:
         micro = -(-parts.per_rank_batch // job.micro_batch_split)
         ENGINE.info(

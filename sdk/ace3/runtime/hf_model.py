@@ -49,6 +49,11 @@ def pretrained_factory(directory: Path) -> Callable[..., nn.Module]:
             trust_remote_code=custom_code,
             **options,
         )
+        # No key/value cache while training: it costs memory for nothing, and without it (and
+        # without an attention mask) transformers keeps the examples of a packed sequence apart
+        # by their restarting position ids (ace3.runtime.data.text_datasets).
+        if hasattr(model, "config") and hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
         return model
 
     return from_pretrained

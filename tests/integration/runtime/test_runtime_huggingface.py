@@ -107,10 +107,11 @@ def _logits(model: Any) -> torch.Tensor:
         return model(PROBE).logits
 
 
+@pytest.mark.parametrize("bias", ["none", "lora_only"])
 def test_lora_on_gpt2_exports_a_merged_directory_and_peft_adapters(
-    workdir: Path, tmp_path: Path
+    workdir: Path, tmp_path: Path, bias: str
 ) -> None:
-    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"]}
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "bias": bias}
     done = run_job(_job(workdir, lora=lora), tmp_path, nproc=2)
     assert_ok(done)
     artifacts = tmp_path / "output" / "artifacts"
@@ -133,7 +134,7 @@ def test_lora_on_gpt2_exports_a_merged_directory_and_peft_adapters(
     generated = merged.generate(**tokenizer("the quick", return_tensors="pt"), max_new_tokens=3)
     assert generated.shape[1] >= 3
     [summary] = [e for e in events(tmp_path) if e["type"] == "summary"]
-    c_attn = 2 * 4 * (16 + 48)  # two layers, r=4, 16 -> 48
+    c_attn = 2 * 4 * (16 + 48) + (2 * 48 if bias == "lora_only" else 0)  # (+ their biases)
     final = summary["final_metrics"]
     assert final["trainable_parameters"] == c_attn
     assert final["val_perplexity"] == pytest.approx(math.exp(final["val_loss"]))
@@ -151,3 +152,73 @@ def test_full_fine_tuning_with_zero3_gathers_the_weights_it_exports(
     moved = [n for n, p in base.named_parameters() if not torch.equal(p, names[n])]
     assert len(moved) == len(names), "every weight trained and was gathered whole"
     assert torch.isfinite(_logits(trained)).all()
+
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WORDS = TEXT.split()
+
+
+def _chat(index: int) -> dict[str, Any]:
+    question = " ".join(WORDS[index % 7 : index % 7 + 3])
+    answer = " ".join(WORDS[index % 5 : index % 5 + 2 + index % 3])
+    return {"messages": [{"role": "user", "content": question},
+                         {"role": "assistant", "content": answer}]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chat_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hf-chat")
+    source = root / "gpt2"
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    special = ["<unk>", "<eos>", "<pad>", "<|im_start|>", "<|im_end|>"]
+    bpe.train_from_iterator(
+        [TEXT], tokenizers.trainers.BpeTrainer(vocab_size=80, special_tokens=special)
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>"
+    )
+    fast.chat_template = CHATML
+    fast.save_pretrained(str(source))
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=16, n_layer=2,
+                                     n_head=2, eos_token_id=1, bos_token_id=1)  # fmt: skip
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(source))
+    (root / "chat.jsonl").write_text("".join(json.dumps(_chat(i)) + "\n" for i in range(48)))
+    return root
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_chat_records_are_tokenized_masked_and_trained_on_two_ranks(
+    chat_workdir: Path, tmp_path: Path, packing: bool
+) -> None:
+    job = {
+        "job_id": "chat",
+        "config": {
+            "batch_size": 4,
+            "max_steps": 6,
+            "learning_rate": 0.05,
+            "seed": 0,
+            "log_interval": 1,
+            "packing": packing,
+            "sequence_length": 24,
+        },
+        "model": {
+            "path": str(chat_workdir / "gpt2"),
+            "kind": "huggingface",
+            "factory": "from_pretrained",
+        },
+        "dataset": {"path": str(chat_workdir / "chat.jsonl")},
+    }
+    done = run_job(job, tmp_path, nproc=2)
+    assert_ok(done)
+    logged = done.stdout + done.stderr
+    assert "chat.jsonl: 48 chat example(s)" in logged, logged[-3000:]
+    assert ("packed into" in logged) == packing
+    [summary] = [e for e in events(tmp_path) if e["type"] == "summary"]
+    final = summary["final_metrics"]
+    assert math.isfinite(final["train_loss"]) and math.isfinite(final["val_perplexity"])
+    assert (tmp_path / "output" / "artifacts" / "huggingface" / "tokenizer_config.json").is_file()
