@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 
@@ -17,6 +18,12 @@ MAX_TENSORS = 200_000
 MAX_DIMENSIONS = 64
 MAX_DIMENSION = 2**63 - 1
 MAX_NAME_LENGTH = 1000
+# JSON items (commas and containers outside strings) a header may hold per tensor it may hold:
+# a tensor's entry has 3 containers and 4 + ndims commas (real shapes have at most 5 sizes), so
+# 16 is generous; SLACK_ITEMS covers the outer object and a small __metadata__.
+ITEMS_PER_TENSOR = 16
+SLACK_ITEMS = 1024
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # safetensors dtypes and their size in bits
 DTYPE_BITS = {
     "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "I16": 16, "U16": 16, "F16": 16,
@@ -59,9 +66,18 @@ def _check_entry(name: str, entry: object, data_bytes: int) -> tuple[int, int]:
     return offsets[0], offsets[1]
 
 
-def read_safetensors_shapes(path: Path) -> dict[str, list[int]]:
+def json_item_count(raw: bytes) -> int:
+    """How many commas, ``[`` and ``{`` the JSON text ``raw`` holds outside its strings: a bound
+    on the values ``json.loads`` would build (each costs tens of bytes, so a few MB of
+    ``[],[],...`` cost hundreds of MB), counted with two C scans before parsing anything."""
+    bare = _JSON_STRING.sub(b"", raw)
+    return bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+
+
+def read_safetensors_shapes(path: Path, max_tensors: int = MAX_TENSORS) -> dict[str, list[int]]:
     """Each tensor's shape, by name, in the safetensors file at ``path``; UploadCheckError
-    saying what is wrong otherwise (byte ranges must tile the data exactly)."""
+    saying what is wrong otherwise (byte ranges must tile the data exactly, at most
+    ``max_tensors`` tensors, and a header whose JSON is no larger than they need)."""
     size = path.stat().st_size
     with path.open("rb") as handle:
         prefix = handle.read(8)
@@ -71,8 +87,8 @@ def read_safetensors_shapes(path: Path) -> dict[str, list[int]]:
         if header_bytes > min(MAX_HEADER_BYTES, size - 8):
             raise UploadCheckError("not a safetensors file (bad header length)")
         raw = handle.read(header_bytes)
-    if raw.count(b"{") > 2 * MAX_TENSORS + 2:  # before parsing: bounded memory
-        raise UploadCheckError(f"more than {MAX_TENSORS} tensors")
+    if json_item_count(raw) > ITEMS_PER_TENSOR * max_tensors + SLACK_ITEMS:  # bounded memory
+        raise UploadCheckError(f"more than {max_tensors} tensors' worth of header")
     try:
         header = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError, MemoryError):  # (JSONDecodeError, UnicodeDecodeError,
@@ -87,8 +103,8 @@ def read_safetensors_shapes(path: Path) -> dict[str, list[int]]:
         raise UploadCheckError("__metadata__ must map strings to strings")
     if not header:
         raise UploadCheckError("the file holds no tensor")
-    if len(header) > MAX_TENSORS:
-        raise UploadCheckError(f"more than {MAX_TENSORS} tensors")
+    if len(header) > max_tensors:
+        raise UploadCheckError(f"more than {max_tensors} tensors")
     data_bytes = size - 8 - header_bytes
     ranges = []
     for name, entry in header.items():

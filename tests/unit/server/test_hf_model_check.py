@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from ace3_server.upload_checks import UploadCheckError
-from ace3_server.upload_checks.hf_model import check_hf_model, is_hf_model_dir
+from ace3_server.upload_checks.hf_model import (
+    MAX_CONFIG_ITEMS,
+    MAX_JSON_ITEMS,
+    MAX_MODEL_TENSORS,
+    MAX_MODULE_NAMES,
+    check_hf_model,
+    is_hf_model_dir,
+)
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -72,6 +79,7 @@ def test_a_saved_gpt2_is_described(gpt2: Any, tmp_path: Path, shard_size: str | 
     assert model.max_position_embeddings is None  # GPT-2 calls it n_positions
     # the tied lm_head is saved once: torch's parameters() counts it once too
     assert model.parameter_count == sum(p.numel() for p in gpt2.parameters())
+    assert model.module_names is not None
     assert "transformer.h.0.attn.c_attn" in model.module_names
     assert "transformer.wte" in model.module_names
     assert model.module_names == sorted(set(model.module_names))
@@ -266,7 +274,8 @@ def test_shards_are_checked_against_the_index(tmp_path: Path) -> None:
         (
             {"a.weight": "s1.safetensors", "b": "s2.safetensors"},
             {"s1.safetensors": "one", "s2.safetensors": "one"},
-            "s2.safetensors: tensor 'a.weight' is also in s1.safetensors",
+            "s2.safetensors: holds 'a.weight', but model.safetensors.index.json puts it in "
+            "s1.safetensors",
         ),
         (
             {"a.weight": "s1.safetensors"},
@@ -281,3 +290,128 @@ def test_bad_shards_are_refused(
     contents = {"one": _safetensors({"a.weight": ("F32", [2])}), "bad": b"x"}
     files = _sharded(weight_map, {name: contents[kind] for name, kind in shards.items()})
     assert _refusal(tmp_path, files).startswith(expected)
+
+
+# A review's reproducer: header-only shards tiled with zero-byte tensors the index never names,
+# or an index naming more tensors than any model has, made the API build millions of module
+# names (+567 MB, 19 s for 118 MB of shards). Each is now refused before it costs anything.
+
+
+def _empty_tensors(count: int, name: str = "m{}.w") -> dict[str, tuple[str, list[int]]]:
+    return {name.format(i): ("F32", [0]) for i in range(count)}
+
+
+def test_a_shard_holding_tensors_the_index_does_not_name_is_refused(tmp_path: Path) -> None:
+    one_more = _safetensors({"a.weight": ("F32", [2]), "x.weight": ("F32", [0])})
+    files = _sharded({"a.weight": "s1.safetensors"}, {"s1.safetensors": one_more})
+    assert _refusal(tmp_path, files) == (
+        "s1.safetensors: more than 1 tensors (model.safetensors.index.json puts 1 in it)"
+    )
+    other = _safetensors({"x.weight": ("F32", [2])})
+    files = _sharded({"a.weight": "s1.safetensors"}, {"s1.safetensors": other})
+    assert _refusal(tmp_path, files) == (
+        "s1.safetensors: holds 'x.weight', but model.safetensors.index.json does not name it "
+        "(1 such tensor(s))"
+    )
+    tiled = _safetensors({"a.weight": ("F32", [2])} | _empty_tensors(150_000))
+    files = _sharded({"a.weight": "s1.safetensors"}, {"s1.safetensors": tiled})
+    assert _refusal(tmp_path, files) == (
+        "s1.safetensors: more than 1 tensors' worth of header "
+        "(model.safetensors.index.json puts 1 in it)"
+    )
+
+
+def test_a_model_holds_at_most_max_model_tensors(tmp_path: Path) -> None:
+    count = MAX_MODEL_TENSORS + 1
+    names = [f"m{i}.w" for i in range(count)]
+    shards = {"s1.safetensors": names[: count // 2], "s2.safetensors": names[count // 2 :]}
+    files = _sharded(
+        {name: shard for shard, held in shards.items() for name in held},
+        {shard: _safetensors({n: ("F32", [0]) for n in held}) for shard, held in shards.items()},
+    )
+    assert _refusal(tmp_path, files) == (
+        f"model.safetensors.index.json: names {count} tensors, more than the "
+        f"{MAX_MODEL_TENSORS} a model may hold"
+    )
+    single: dict[str, bytes | dict[str, Any]] = {
+        "config.json": GPT2_CONFIG,
+        "model.safetensors": _safetensors(_empty_tensors(count)),
+    }
+    (tmp_path / "single").mkdir()
+    assert _refusal(tmp_path / "single", single).startswith(
+        f"model.safetensors: more than {MAX_MODEL_TENSORS} tensors"
+    )
+
+
+def test_too_many_module_names_are_not_recorded(tmp_path: Path) -> None:
+    count = MAX_MODULE_NAMES + 1
+    files: dict[str, bytes | dict[str, Any]] = {
+        "config.json": GPT2_CONFIG,
+        "model.safetensors": _safetensors({"w.weight": ("F32", [2])} | _empty_tensors(count - 1)),
+    }
+    model = check_hf_model(_tree(tmp_path, files))
+    assert model.module_names is None and model.parameter_count == 2
+    assert model.summary()["module_names_omitted"] == count
+    files["model.safetensors"] = _safetensors(_empty_tensors(MAX_MODULE_NAMES))
+    model = check_hf_model(_tree(tmp_path, files))
+    assert model.module_names is not None and len(model.module_names) == MAX_MODULE_NAMES
+    assert "module_names_omitted" not in model.summary()
+    long_names = _empty_tensors(2000, "m{}" + "x" * 600 + ".w")  # 1.2 MB of names in all
+    files["model.safetensors"] = _safetensors(long_names)
+    assert check_hf_model(_tree(tmp_path, files)).module_names is None
+
+
+def _list_of_lists(count: int) -> bytes:
+    return b"[" + b"[]," * count + b"[]]"
+
+
+@pytest.mark.parametrize(
+    ("name", "limit"),
+    [
+        ("config.json", MAX_CONFIG_ITEMS),
+        ("tokenizer_config.json", MAX_JSON_ITEMS),
+        ("model.safetensors.index.json", MAX_JSON_ITEMS),
+    ],
+)
+def test_json_of_too_many_values_is_refused_before_parsing(
+    tmp_path: Path, name: str, limit: int
+) -> None:
+    # (a 32 MB [[],[],...] costs the parser ~685 MB)
+    files: dict[str, bytes | dict[str, Any]] = {
+        "config.json": GPT2_CONFIG,
+        "model.safetensors": WEIGHTS,
+        name: b'{"weight_map": {"a": "s1.safetensors"}, "x": ' + _list_of_lists(limit) + b"}",
+    }
+    if name == "model.safetensors.index.json":
+        del files["model.safetensors"]
+    assert _refusal(tmp_path, files) == f"{name}: more than {limit} JSON values"
+    # strings do not count: commas and brackets in them are text
+    files[name] = {"model_type": "gpt2", "weight_map": {"a.weight": "s1.safetensors"}} | {
+        "x": "[],{" * limit
+    }
+    files["s1.safetensors"] = _safetensors({"a.weight": ("F32", [2])})
+    check_hf_model(_tree(tmp_path, files))
+
+
+def test_a_header_of_too_many_values_is_refused_before_parsing(tmp_path: Path) -> None:
+    entry = json.dumps({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}).encode()
+
+    def weights(items: int) -> bytes:
+        raw = b'{"w": ' + entry + b', "x": ' + _list_of_lists(items) + b"}"
+        return struct.pack("<Q", len(raw)) + raw + bytes(4)
+
+    # 16 values a tensor, and 1024 more: 1.6M for a whole model in one file
+    single: dict[str, bytes | dict[str, Any]] = {
+        "config.json": GPT2_CONFIG,
+        "model.safetensors": weights(16 * MAX_MODEL_TENSORS),
+    }
+    assert _refusal(tmp_path, single) == (
+        f"model.safetensors: more than {MAX_MODEL_TENSORS} tensors' worth of header"
+    )
+    # a shard is allowed what the index puts in it
+    files = _sharded({"w": "s1.safetensors"}, {"s1.safetensors": weights(1000)})
+    (tmp_path / "sharded").mkdir()
+    assert _refusal(tmp_path / "sharded", files) == (
+        "s1.safetensors: more than 1 tensors' worth of header "
+        "(model.safetensors.index.json puts 1 in it)"
+    )
