@@ -54,7 +54,8 @@ def artifact_key(job_id: str, sha256: str) -> str:
 
 
 def is_temporary(name: str) -> bool:
-    """A hidden temporary file of an atomic write (``.model.pt.tmp-123``): renamed soon."""
+    """A hidden temporary file or directory of an atomic write (``.model.pt.tmp-123``): renamed
+    soon."""
     return name.startswith(".") and ".tmp" in name
 
 
@@ -161,6 +162,8 @@ class ArtifactSync:
             return found
         seen = 0
         for directory, subdirectories, names in os.walk(self.root, followlinks=False):
+            # (a directory being written whole, then renamed into place: .huggingface.tmp-12)
+            subdirectories[:] = [name for name in subdirectories if not is_temporary(name)]
             seen += len(names) + len(subdirectories)
             if seen > MAX_ENTRIES:  # (a walk costs the worker time on every pass)
                 self._report_once(

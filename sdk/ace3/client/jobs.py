@@ -264,6 +264,7 @@ class Jobs(_Runs[Job]):
         """
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
+        inside = root.resolve()
         written: builtins.list[Path] = []
         for artifact in self.artifacts(job_id, prefix=prefix):
             relative = _artifact_path(artifact.path, "path")
@@ -275,6 +276,10 @@ class Jobs(_Runs[Job]):
                         f"{target} is a symbolic link: artifacts are never written through one "
                         f"(artifact {relative!r} of job {job_id})"
                     )
+            if not target.resolve().is_relative_to(inside):  # (a drive, "D:", on Windows)
+                raise ValueError(
+                    f"artifact {relative!r} of job {job_id} would be written outside {root}"
+                )
             target.parent.mkdir(parents=True, exist_ok=True)
             if not (target.is_file() and sha256_file(target) == artifact.sha256):
                 self._download_artifact(job_id, artifact, target, verify=verify)

@@ -9,23 +9,30 @@ writes, under ``output_dir/artifacts``:
 - with LoRA also ``adapter/``: the adapters in peft's own format (``adapter_config.json``,
   ``adapter_model.safetensors``), for ``PeftModel.from_pretrained(base, "adapter")``.
 
-Weights a strategy sharded (DTensors) are gathered whole first, on every rank.
+Weights a strategy sharded (DTensors) are gathered onto rank 0 alone; unsharded weights are read
+from rank 0's own copy (no other rank copies the model). Each directory is written beside its
+place and renamed into it, so a killed attempt leaves no half export; a failure to write it
+fails the job saying that training finished.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ace3.runtime.hf_model import read_model_config
 from ace3.runtime.loop.extensions import LoopExtension
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.loop.view import LoopView
+from ace3.runtime.parallel.sharding import full_model_state_dict
 from ace3.runtime.techniques.lora import ADAPTER, LoRAAdapters
 from ace3.runtime.techniques.lora_merge import merged_state_dict
 
@@ -49,37 +56,48 @@ COMPANION_FILES = (
 )
 
 
-def _full_state(model: nn.Module, precision: Precision) -> dict[str, torch.Tensor]:
-    """Every weight of ``model`` as float32 CPU tensors, gathered whole on every rank where a
-    strategy sharded it (DTensors: a collective, so every rank calls this)."""
-    state = precision.model_state_dict(model)
-    whole: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        full = getattr(value, "full_tensor", None)
-        tensor = full() if callable(full) else value
-        whole[key] = tensor.detach().to("cpu", torch.float32).clone().contiguous()
-    return whole
+def _full_state(model: nn.Module, precision: Precision, is_main: bool) -> dict[str, torch.Tensor]:
+    """Every weight of ``model`` as float32 CPU tensors on rank 0 (an empty dict elsewhere):
+    gathered onto rank 0 alone where a strategy sharded it (DTensors: a collective, so every
+    rank calls this), else read from rank 0's own whole copy (its float32 masters under O2)."""
+    sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    if sharded:
+        state = full_model_state_dict(model, sharded=True, everywhere=False)
+    elif is_main:
+        state = precision.model_state_dict(model)
+    else:
+        return {}
+    return {
+        key: value.detach().to("cpu", torch.float32).clone().contiguous()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
-def _adapter_state(adapters: LoRAAdapters) -> dict[str, torch.Tensor]:
-    """The adapters (and the biases that trained) under peft's saved names:
-    ``base_model.model.<layer>.lora_A.weight`` (the adapter name left out)."""
+def _adapter_state(adapters: LoRAAdapters, precision: Precision) -> dict[str, torch.Tensor]:
+    """The adapters (and the biases that trained) under peft's saved names: the adapter name
+    left out (``base_model.model.<layer>.lora_A.weight``), an adapted layer's bias under its
+    ``base_layer``; the full-precision values (the masters under O2)."""
     lora = adapters.config.lora
     assert lora is not None
-    saved: dict[str, torch.Tensor] = {}
-    for name, param in adapters.model.named_parameters():
-        is_adapter = ".lora_" in name
-        is_bias = name.endswith("bias") and param.requires_grad and lora.bias != "none"
-        if not (is_adapter or is_bias):
-            continue
-        key = "base_model.model." + name.replace(f".{ADAPTER}.", ".").replace(".base_layer.", ".")
-        saved[key] = param.detach().to("cpu", torch.float32).clone().contiguous()
-    return saved
+    trained_biases = {
+        name
+        for name, param in adapters.model.named_parameters()
+        if name.endswith("bias") and param.requires_grad and lora.bias != "none"
+    }
+    with adapters.whole_state():
+        state = precision.model_state_dict(adapters.model)
+    return {
+        "base_model.model." + key.replace(f".{ADAPTER}.", "."): value.detach()
+        .to("cpu", torch.float32)
+        .clone()
+        .contiguous()
+        for key, value in state.items()
+        if ".lora_" in key or key in trained_biases
+    }
 
 
-def write_adapter(adapters: LoRAAdapters, target: Path) -> None:
+def write_adapter(adapters: LoRAAdapters, precision: Precision, target: Path) -> None:
     """``adapter/`` in peft's format (see the module docstring)."""
     import peft
     from safetensors.torch import save_file
@@ -95,12 +113,13 @@ def write_adapter(adapters: LoRAAdapters, target: Path) -> None:
         target_modules=sorted(adapters.layers),
         task_type="CAUSAL_LM",
     ).save_pretrained(str(target))
-    save_file(_adapter_state(adapters), str(target / "adapter_model.safetensors"))
+    save_file(_adapter_state(adapters, precision), str(target / "adapter_model.safetensors"))
 
 
 def write_model_directory(state: dict[str, torch.Tensor], source: Path, target: Path) -> None:
     """``huggingface/``: config, weights (safetensors, sharded with an index past
-    :data:`MAX_SHARD_SIZE`) and the companion files of ``source``."""
+    :data:`MAX_SHARD_SIZE`), the companion files of ``source``, and, for a model with its own
+    code (``auto_map``), the source's top-level ``.py`` files."""
     from huggingface_hub import save_torch_state_dict
 
     target.mkdir(parents=True, exist_ok=True)
@@ -109,9 +128,23 @@ def write_model_directory(state: dict[str, torch.Tensor], source: Path, target: 
     config.pop("torch_dtype", None)
     (target / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_torch_state_dict(state, str(target), max_shard_size=MAX_SHARD_SIZE)
-    for name in COMPANION_FILES:
-        if (source / name).is_file():
+    names = list(COMPANION_FILES)
+    if "auto_map" in config:
+        names += [p.name for p in source.glob("*.py")]
+    for name in names:
+        if (source / name).is_file() and not (source / name).is_symlink():
             shutil.copyfile(source / name, target / name)
+
+
+def _in_place(write: Callable[[Path], None], target: Path) -> None:
+    """Write a directory whole beside ``target`` (a hidden ``.<name>.tmp-<pid>`` that the
+    artifact sync skips) and rename it into place: a killed attempt never leaves half an
+    export that looks finished."""
+    scratch = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    write(scratch)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(scratch, target)
 
 
 class HuggingFaceExport(LoopExtension):
@@ -136,18 +169,37 @@ class HuggingFaceExport(LoopExtension):
                 "checkpoint into the model directory's model instead"
             )
             return {}
+        try:
+            self._export(loop)
+        except Exception as exc:
+            raise RuntimeError(
+                f"training finished and its checkpoints are saved, but writing the Hugging Face "
+                f"model to artifacts/{EXPORT_DIR}/ failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        return {}
+
+    def _export(self, loop: LoopView) -> None:
+        is_main = loop.ctx.is_main
         if self.adapters is not None:  # (LoRA runs unsharded: rank 0 holds every weight)
-            state = merged_state_dict(self.adapters, self.precision) if loop.ctx.is_main else {}
+            state = merged_state_dict(self.adapters, self.precision) if is_main else {}
         else:
-            state = _full_state(self.model, self.precision)
-        if not loop.ctx.is_main:
-            return {}
+            state = _full_state(self.model, self.precision, is_main)
+        if not is_main:
+            return
         artifacts = loop.place.output_dir / "artifacts"
-        write_model_directory(state, self.source, artifacts / EXPORT_DIR)
+        artifacts.mkdir(parents=True, exist_ok=True)
+        _in_place(lambda at: write_model_directory(state, self.source, at), artifacts / EXPORT_DIR)
         written = f"artifacts/{EXPORT_DIR}/"
-        if self.adapters is not None:
-            write_adapter(self.adapters, artifacts / ADAPTER_DIR)
+        adapters = self.adapters
+        if adapters is not None and adapters.config.trainable:
+            loop.log(
+                f"no artifacts/{ADAPTER_DIR}/: the parameters trainable= names trained fully, "
+                f"beside the adapters, and live only in artifacts/{EXPORT_DIR}/"
+            )
+        elif adapters is not None:
+            _in_place(
+                lambda at: write_adapter(adapters, self.precision, at), artifacts / ADAPTER_DIR
+            )
             written += f" and artifacts/{ADAPTER_DIR}/ (peft)"
         size = sum(p.stat().st_size for p in (artifacts / EXPORT_DIR).iterdir())
         loop.log(f"Hugging Face model ({len(state)} tensors, {size:,} bytes) written to {written}")
-        return {}

@@ -1,5 +1,11 @@
-"""LoRA targets checked at submission where the model's module names are known: a stored
-Hugging Face model directory records them (the tensor names of its safetensors headers less
+"""What a job on a stored Hugging Face model directory is refused at submission:
+
+- a parallel layout that splits the model by a model file's plan (tensor or pipeline
+  parallelism: a model directory has no ``tensor_parallel_plan`` or ``pipeline_stages``);
+- an export (``artifacts/huggingface/``, float32) that cannot fit the job's artifacts
+  (``ACE3_MAX_ARTIFACT_BYTES``): its files would not be synced;
+- LoRA targets that match no module. The model's module names are known: the directory records
+  them (the tensor names of its safetensors headers less
 their last component, ``models.module_names``). An entry of ``lora.target_modules`` that matches
 no module at all (by the engine's rule, :func:`ace3.runtime.techniques.lora.select_targets`:
 the full name, its last components, or an fnmatch pattern over the full name) is certain to
@@ -11,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
+
+from ace3.config import runs_pipeline, runs_tensor_parallel
 
 SHOWN_KINDS = 16  # distinct last components named in a refusal
 
@@ -44,4 +52,48 @@ def lora_target_problems(model: Any, config: Any, loc: list[str | int]) -> list[
                     "type": "value_error",
                 }
             )
+    return problems
+
+
+FLOAT32_BYTES = 4
+
+
+def hf_layout_problems(
+    model: Any, config: Any, loc: list[str | int], max_artifact_bytes: int | None
+) -> list[dict[str, Any]]:
+    """Tensor or pipeline parallelism, and an export larger than the job's artifacts may be,
+    for a Hugging Face model directory (see the module docstring)."""
+    if model is None or model.kind != "huggingface":
+        return []
+    problems = []
+    split = [
+        (field, what)
+        for field, what, runs in (
+            ("tensor_parallel_size", "tensor", runs_tensor_parallel(config)),
+            ("pipeline_parallel_size", "pipeline", runs_pipeline(config)),
+        )
+        if runs
+    ]
+    for field, what in split:
+        problems.append(
+            {
+                "loc": [*loc, field],
+                "msg": f"{what} parallelism splits a model by its model file's plan, which a "
+                "Hugging Face model directory has none of: use data parallelism or ZeRO "
+                "(zero_stage 1 to 3) to spread it",
+                "type": "value_error",
+            }
+        )
+    count = getattr(model, "parameter_count", None)
+    if max_artifact_bytes is not None and count and count * FLOAT32_BYTES > max_artifact_bytes:
+        problems.append(
+            {
+                "loc": ["body", "model_id"],
+                "msg": f"the trained model is exported as float32 safetensors, about "
+                f"{count * FLOAT32_BYTES:,} bytes for its {count:,} parameters, more than "
+                f"the {max_artifact_bytes:,} bytes of artifacts a job may store "
+                "(ACE3_MAX_ARTIFACT_BYTES): an administrator raises it for models of this size",
+                "type": "value_error",
+            }
+        )
     return problems

@@ -29,8 +29,8 @@ from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
 from ace3_server.services.batch_fit import batch_problems, searched
 from ace3_server.services.dataset_registry import stream_problems
+from ace3_server.services.hf_jobs import hf_layout_problems, lora_target_problems
 from ace3_server.services.job_requirements import RequirementsCheck, check_requirements
-from ace3_server.services.lora_targets import lora_target_problems
 from ace3_server.services.publishing import Publisher
 from ace3_server.services.submissions import create_once, get_owned_run
 
@@ -111,7 +111,7 @@ async def weights_problems(
 
 
 async def reference_problems(
-    session: AsyncSession, owner_id: str, body: JobCreate | Any
+    session: AsyncSession, owner_id: str, body: JobCreate | Any, max_artifact_bytes: int | None
 ) -> list[dict[str, Any]]:
     """The model and datasets a job or search names must exist and belong to the caller, and
     its config must suit the datasets (``dataset_registry.stream_problems``)."""
@@ -147,6 +147,7 @@ async def reference_problems(
         problems
         + batch_problems(stored_model, datasets, training, searched(body.config))
         + lora_target_problems(stored_model, training, loc)
+        + hf_layout_problems(stored_model, training, loc, max_artifact_bytes)
         + stream_problems(training, datasets, loc)
         + await weights_problems(session, owner_id, training, loc)
         + await teacher_problems(session, owner_id, training, loc)
@@ -312,7 +313,7 @@ async def create_job(
         return (
             _problems(body)
             + requirements.problems
-            + await reference_problems(session, owner_id, body)
+            + await reference_problems(session, owner_id, body, settings.max_artifact_bytes)
             + await resume_checkpoint_problems(session, owner_id, body)
             + await capacity_problems(session, settings, body.config, ["body", "config"])
             + await quota_problems(

@@ -77,7 +77,7 @@ async def create_search(
         return (
             _config_problems(body.config)
             + requirements.problems
-            + await reference_problems(session, owner_id, body)
+            + await reference_problems(session, owner_id, body, settings.max_artifact_bytes)
             + await capacity_problems(
                 session,
                 settings,

@@ -81,6 +81,12 @@ def test_all_linear_takes_every_linear_and_conv1d_but_the_output_layer() -> None
     assert set(select_targets(llama, "all-linear")) == _names(llama, "Linear") - {"lm_head"}
     mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     assert select_targets(mlp, "all-linear") == ["0", "2"]  # the last Linear is the output
+
+    class Encoder(nn.Sequential):  # a model whose get_output_embeddings() says it has none
+        def get_output_embeddings(self) -> None:
+            return None
+
+    assert select_targets(Encoder(nn.Linear(4, 8), nn.Linear(8, 2)), "all-linear") == ["0", "1"]
     with pytest.raises(ValueError, match=r"'all-linear' finds no nn.Linear or Conv1D .* besides"):
         select_targets(nn.Sequential(nn.Linear(4, 2)), "all-linear")
 
@@ -177,3 +183,20 @@ def test_all_linear_round_trips_through_the_config_json() -> None:
     config = ace3.TrainingConfig(lora=ace3.LoRAConfig(target_modules="all-linear"))
     again: Any = ace3.TrainingConfig.model_validate_json(config.model_dump_json())
     assert again.lora.target_modules == "all-linear"
+
+
+def test_lora_with_gradient_checkpointing_trains_the_adapters(tmp_path: Path) -> None:
+    """Non-reentrant checkpointing: the reentrant kind gives adapters behind frozen layers no
+    gradients."""
+    model = _gpt2()
+    config = ace3.TrainingConfig(
+        batch_size=8, max_steps=2, validation_split=0.0, learning_rate=0.05,
+        gradient_checkpointing=True, lora=ace3.LoRAConfig(r=4, target_modules=["c_attn"]),
+    )  # fmt: skip
+    base = {name: value.clone() for name, value in model.state_dict().items()}
+    train_in_process(config, model, Tokens(16), checkpoint_dir=tmp_path / "ckpt")
+    assert model.is_gradient_checkpointing
+    changed = {
+        name for name, value in model.state_dict().items() if not torch.equal(value, base[name])
+    }
+    assert changed == {f"transformer.h.{i}.attn.c_attn.weight" for i in (0, 1)}

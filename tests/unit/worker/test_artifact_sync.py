@@ -124,6 +124,8 @@ def test_links_special_files_and_temporary_files_are_never_synced(
     (root / "leaked_dir").symlink_to(secret.parent, target_is_directory=True)
     os.mkfifo(root / "pipe")
     (root / ".model.pt.tmp-123").write_bytes(b"half")
+    (root / ".huggingface.tmp-7").mkdir()  # a directory written whole, then renamed
+    (root / ".huggingface.tmp-7" / "config.json").write_text("{}")
     (root / "real.txt").write_text("mine")
 
     assert sync.sync(supervisor.sessions) == ["real.txt"]

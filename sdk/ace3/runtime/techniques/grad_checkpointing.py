@@ -52,7 +52,12 @@ def enable_gradient_checkpointing(model: nn.Module, segments: int | None) -> str
     """Turn checkpointing on for ``model``; return a sentence saying what was done."""
     enable = getattr(model, "gradient_checkpointing_enable", None)
     if callable(enable):
-        enable()
+        # Non-reentrant: the reentrant kind gives no gradients to adapters (LoRA) whose inputs
+        # come from frozen layers, and transformers 4.x defaulted to it.
+        try:
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        except TypeError:  # (a model's own method without that argument)
+            enable()
         return f"{type(model).__name__}.gradient_checkpointing_enable() called"
     found = largest_sequential(model)
     if found is None:

@@ -88,17 +88,17 @@ def _linear(module: nn.Module) -> bool:
 
 
 def _output_layer(model: nn.Module, linear: list[tuple[str, nn.Module]]) -> str | None:
-    """The model's output layer: what ``get_output_embeddings()`` returns (a Hugging Face
-    model's ``lm_head``) when the model has that method, else its last Linear or Conv1D."""
+    """The model's output layer: what ``get_output_embeddings()`` returns when the model has
+    that method (a Hugging Face model's ``lm_head``; none when it returns None, as peft
+    does), else its last Linear or Conv1D."""
     getter = getattr(model, "get_output_embeddings", None)
     if callable(getter):
         try:
             output = getter()
         except (NotImplementedError, AttributeError):
             output = None
-        if isinstance(output, nn.Module):
-            found = [name for name, module in linear if module is output]
-            return found[0] if found else None
+        found = [name for name, module in linear if module is output]
+        return found[0] if found else None
     return linear[-1][0] if linear else None
 
 
