@@ -19,7 +19,7 @@ from typing import Any, Literal
 import httpx
 
 from ace3.client._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
-from ace3.client._packing import HF_FACTORY, HUGGINGFACE, is_hf_model, pack_directory
+from ace3.client._packing import HF_FACTORY, HUGGINGFACE, is_hf_model, pack_directory, pack_hf_model
 from ace3.client.handles import JobHandleLike, SearchHandleLike, job_handle, search_handle
 from ace3.client.jobs import Jobs
 from ace3.client.resources import (
@@ -219,8 +219,9 @@ class Client:
 
         Without ``entry_module``, a directory with a ``config.json`` at its top (what
         ``save_pretrained`` writes), or an archive of one, is a Hugging Face model: packed and
-        uploaded with ``kind="huggingface"`` (factory ``"from_pretrained"``; safetensors
-        weights, tokenizer files kept), and built in the job with ``from_pretrained``.
+        uploaded with ``kind="huggingface"`` (links to files, as in the hub's cache, packed as
+        those files; pickled weights next to safetensors ones left out, with a warning), and
+        built in the job with ``from_pretrained``.
         """
         source = _existing_path(path, "model")
         if not entry_module and is_hf_model(source):
@@ -233,7 +234,7 @@ class Client:
                 return self._upload_model(source, HF_FACTORY, None, name, kind=HUGGINGFACE)
             with tempfile.TemporaryDirectory(prefix="ace3-pack-") as scratch:
                 archive = Path(scratch) / f"{source.resolve().name}.tar.gz"
-                pack_directory(source, archive)
+                pack_hf_model(source, archive)
                 return self._upload_model(archive, HF_FACTORY, None, name, kind=HUGGINGFACE)
         if source.is_dir():
             if not entry_module:

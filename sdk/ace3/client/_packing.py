@@ -4,7 +4,9 @@ The same directory contents always give the same archive bytes (entries sorted, 
 owners and the gzip timestamp zeroed, modes normalised), so its sha256 identifies the content
 and an unchanged model or dataset is not uploaded twice. Links and special files are refused:
 the server would refuse them anyway, and following them could pack files from outside the
-directory.
+directory. A Hugging Face model directory is the exception (:func:`pack_hf_model`):
+the hub's cache links each file into ``../../blobs/``, so its links to files are packed as the
+files they point to.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import io
 import os
 import stat
 import tarfile
+import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -28,16 +31,26 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 HUGGINGFACE: Final = "huggingface"  # the model kind of a Hugging Face model directory
 HF_CONFIG = "config.json"  # what marks one (at its top)
 HF_FACTORY = "from_pretrained"  # the factory its record names
+HF_SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
+# Pickled weights (and the original/ folder of Meta's .pth checkpoints): the server never loads
+# them next to safetensors weights, and they would double the upload.
+PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+HF_ORIGINAL = "original"
+# safetensors weights barely compress: level 1 packs GBs several times faster than gzip's 9.
+HF_COMPRESSLEVEL = 1
 
 
 def _is_excluded(name: str) -> bool:
     return name in EXCLUDED_NAMES or name.endswith(EXCLUDED_SUFFIXES)
 
 
-def iter_directory(directory: Path) -> Iterator[tuple[Path, str, bool]]:
+def iter_directory(
+    directory: Path, *, follow_file_links: bool = False
+) -> Iterator[tuple[Path, str, bool]]:
     """``(path, archive-relative name, is_dir)`` for everything to pack, sorted, depth first.
 
-    Raises :class:`PackingError` at the first symlink or special file.
+    Raises :class:`PackingError` at the first symlink (unless ``follow_file_links``, where a
+    link to a regular file is packed as that file, under the link's name) or special file.
     """
 
     def walk(current: Path, relative: str) -> Iterator[tuple[Path, str, bool]]:
@@ -48,6 +61,9 @@ def iter_directory(directory: Path) -> Iterator[tuple[Path, str, bool]]:
                 continue
             path = Path(entry.path)
             name = f"{relative}/{entry.name}" if relative else entry.name
+            if entry.is_symlink() and follow_file_links:
+                yield _file_link(path), name, False
+                continue
             if entry.is_symlink():
                 raise PackingError(
                     f"cannot pack {path}: it is a symbolic link. Links are refused (they could "
@@ -65,6 +81,23 @@ def iter_directory(directory: Path) -> Iterator[tuple[Path, str, bool]]:
                 )
 
     yield from walk(directory, "")
+
+
+def _file_link(link: Path) -> Path:
+    """``link`` when it points (through any links) to a regular file; PackingError otherwise."""
+    try:
+        mode = link.stat().st_mode
+    except OSError:
+        raise PackingError(
+            f"cannot pack {link}: it is a symbolic link to {os.readlink(link)!r}, which does not "
+            "exist (a hub cache download cut short?)"
+        ) from None
+    if not stat.S_ISREG(mode):
+        raise PackingError(
+            f"cannot pack {link}: it is a symbolic link to {os.readlink(link)!r}, which is not a "
+            "regular file; only links to files are followed: replace it with a copy"
+        )
+    return link
 
 
 def _tar_info(
@@ -99,13 +132,67 @@ def pack_directory(
     root = Path(directory)
     if not root.is_dir():
         raise NotADirectoryError(f"not a directory: {root}")
-    prefix = (prefix or "").strip("/")
     entries = list(iter_directory(root))  # refuse links before writing anything
+    return _write_archive(entries, destination, prefix=prefix)
+
+
+def pack_hf_model(
+    directory: str | os.PathLike[str], destination: str | os.PathLike[str] | BinaryIO
+) -> list[str]:
+    """Write the Hugging Face model ``directory`` as :func:`pack_directory` would, but with
+    links to files packed as those files (a hub cache snapshot), pickled weight files and an
+    ``original/`` folder holding them left out (with a warning) where safetensors weights are
+    there, and gzip level 1; the member names, in archive order."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise NotADirectoryError(f"not a directory: {root}")
+    entries = list(iter_directory(root, follow_file_links=True))
+    if any((root / name).is_file() for name in HF_SAFETENSORS):
+        entries = _without_pickled_weights(root, entries)
+    return _write_archive(entries, destination, compresslevel=HF_COMPRESSLEVEL)
+
+
+def _without_pickled_weights(
+    root: Path, entries: list[tuple[Path, str, bool]]
+) -> list[tuple[Path, str, bool]]:
+    """``entries`` less pickled files and, where it holds some, all of ``original/``; a
+    warning naming what is left out, if anything."""
+    pickled = {
+        name for _, name, is_dir in entries if name.endswith(PICKLED_SUFFIXES) and not is_dir
+    }
+    original = f"{HF_ORIGINAL}/"
+    skip_original = any(name.startswith(original) for name in pickled)
+
+    def left_out(name: str) -> bool:
+        in_original = name == HF_ORIGINAL or name.startswith(original)
+        return name in pickled or (skip_original and in_original)
+
+    if pickled:
+        shown = ", ".join(sorted(pickled)[:3]) + (", ..." if len(pickled) > 3 else "")
+        warnings.warn(
+            f"{root}: not packing {len(pickled)} pickled weight file(s) ({shown})"
+            + (f" nor the rest of {original}" if skip_original else "")
+            + ": the server loads only the safetensors weights next to them",
+            stacklevel=4,
+        )
+    return [entry for entry in entries if not left_out(entry[1])]
+
+
+def _write_archive(
+    entries: Sequence[tuple[Path, str, bool]],
+    destination: str | os.PathLike[str] | BinaryIO,
+    *,
+    prefix: str | None = None,
+    compresslevel: int = 9,
+) -> list[str]:
+    prefix = (prefix or "").strip("/")
     members: list[str] = []
 
     def write(raw: BinaryIO) -> None:
         with (
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed,
+            gzip.GzipFile(
+                filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=compresslevel
+            ) as compressed,
             tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive,
         ):
             if prefix:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import ace3
-from ace3.client._packing import pack_directory
+from ace3.client._packing import pack_hf_model
 from ace3.errors import APIStatusError
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.settings import Settings
@@ -78,8 +78,18 @@ def test_a_saved_gpt2_directory_is_a_huggingface_model(
     assert (again.id, again.uploaded) == (ref.id, False)
     # and an archive of the directory works too
     archive = tmp_path.parent / f"{tmp_path.name}-model.tar.gz"
-    pack_directory(tmp_path, archive)
+    pack_hf_model(tmp_path, archive)
     assert client.load_model(archive).id == ref.id
+    # and so does the hub cache's layout (every file a link into ../../blobs/), the same bytes
+    cache = tmp_path.parent / f"{tmp_path.name}-cache"
+    snapshot = cache / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (cache / "blobs").mkdir()
+    for path in sorted(tmp_path.iterdir()):
+        path.rename(cache / "blobs" / path.name)
+        (snapshot / path.name).symlink_to(f"../../blobs/{path.name}")
+    assert (snapshot / "config.json").is_symlink()
+    assert (client.load_model(snapshot).id, client.load_model(snapshot).uploaded) == (ref.id, False)
 
 
 def test_pickled_weights_alone_are_refused_and_nothing_is_stored(

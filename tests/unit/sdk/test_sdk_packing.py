@@ -1,17 +1,20 @@
-"""Directory packing is deterministic and refuses links; hashing is chunked sha256."""
+"""Directory packing is deterministic and refuses links (but for a Hugging Face model
+directory's links to files: the hub cache); hashing is chunked sha256."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import os
+import shutil
 import tarfile
+import warnings
 from pathlib import Path
 
 import pytest
 
 import ace3
-from ace3.client._packing import pack_directory, pack_directory_bytes
+from ace3.client._packing import pack_directory, pack_directory_bytes, pack_hf_model
 from ace3.files import sha256_file
 
 
@@ -60,3 +63,67 @@ def test_sha256_file_reads_in_chunks(tmp_path: Path):
     data = os.urandom(3 * 1024 + 7)
     path.write_bytes(data)
     assert sha256_file(path, chunk_size=1024) == hashlib.sha256(data).hexdigest()
+
+
+def hub_snapshot(cache: Path) -> Path:
+    """A hub cache as huggingface_hub lays it out: every file of snapshots/<revision>/ a link
+    into ../../blobs/ (one level more for original/)."""
+    files = {
+        "config.json": b'{"model_type": "llama"}',
+        "model.safetensors": b"weights",
+        "tokenizer.json": b"{}",
+        "pytorch_model.bin": b"pickle",
+        "original/consolidated.00.pth": b"pickle",
+        "original/params.json": b"{}",
+    }
+    (cache / "blobs").mkdir(parents=True)
+    snapshot = cache / "snapshots" / "abc123"
+    (snapshot / "original").mkdir(parents=True)
+    for index, (name, content) in enumerate(files.items()):
+        (cache / "blobs" / f"blob{index}").write_bytes(content)
+        up = "../" * (name.count("/") + 2)
+        (snapshot / name).symlink_to(f"{up}blobs/blob{index}")
+    return snapshot
+
+
+def test_a_hub_cache_snapshot_packs_its_files_without_pickled_weights(tmp_path: Path) -> None:
+    snapshot = hub_snapshot(tmp_path / "cache")
+    with pytest.warns(UserWarning, match=r"not packing 2 pickled weight file\(s\) \(original/"):
+        members = pack_hf_model(snapshot, tmp_path / "model.tar.gz")
+    assert members == ["config.json", "model.safetensors", "tokenizer.json"]
+    with tarfile.open(tmp_path / "model.tar.gz") as archive:
+        assert all(info.isfile() for info in archive.getmembers())
+        weights = archive.extractfile("model.safetensors")
+        assert weights is not None and weights.read() == b"weights"
+    # the same bytes as a plain copy of what it holds: the same upload
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in members:
+        shutil.copyfile(snapshot / name, copy / name)
+    assert pack_hf_model(copy, tmp_path / "copy.tar.gz") == members
+    assert (tmp_path / "copy.tar.gz").read_bytes() == (tmp_path / "model.tar.gz").read_bytes()
+    # safetensors barely compress: gzip level 1 (XFL 4) here, packages keep level 9 (XFL 2)
+    assert (tmp_path / "model.tar.gz").read_bytes()[8] == 4
+    assert pack_directory_bytes(copy)[8] == 2
+
+
+def test_pickled_weights_alone_are_packed_for_the_server_to_refuse(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"pickle")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        members = pack_hf_model(tmp_path, io.BytesIO())
+    assert members == ["config.json", "pytorch_model.bin"]
+
+
+def test_hf_links_to_directories_or_nothing_are_refused(tmp_path: Path) -> None:
+    snapshot = hub_snapshot(tmp_path / "cache")
+    (snapshot / "extra").symlink_to(tmp_path / "cache" / "blobs", target_is_directory=True)
+    with pytest.raises(ace3.PackingError, match=r"extra: it is a symbolic link to .*not a regular"):
+        pack_hf_model(snapshot, io.BytesIO())
+    (snapshot / "extra").unlink()
+    (snapshot / "extra").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ace3.PackingError, match=r"extra: .*which does not exist"):
+        pack_hf_model(snapshot, io.BytesIO())
+    with pytest.raises(ace3.PackingError, match="it is a symbolic link"):  # packages: still refused
+        pack_directory(snapshot, io.BytesIO())
