@@ -166,7 +166,7 @@ def evaluate(
     if samples == 0:
         return {}
     metrics = {"val_loss": loss_sum / samples}
-    if user.source_dir is not None:  # a Hugging Face language model: its loss is per token
+    if getattr(user, "source_dir", None) is not None:  # a Hugging Face LM: a per-token loss
         metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], MAX_LOG_PERPLEXITY))
     if not_classification == 0:
         metrics["val_accuracy"] = correct / samples
