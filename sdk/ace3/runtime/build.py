@@ -24,7 +24,11 @@ from ace3.config import TrainingConfig, runs_pipeline, unsupported_settings
 from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.data.datasets import load_datasets
-from ace3.runtime.data.text_datasets import load_text_datasets, text_records_file
+from ace3.runtime.data.text_datasets import (
+    check_sequence_length,
+    load_text_datasets,
+    text_records_file,
+)
 from ace3.runtime.data.train_source import train_data_for
 from ace3.runtime.hf_export import HuggingFaceExport
 from ace3.runtime.job_spec import JobSpec
@@ -132,6 +136,8 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     user = load_user_code(job.model)
     text_file = text_records_file(job.dataset) if user.source_dir is not None else None
     text = None
+    if user.source_dir is not None:  # (a tokens dataset past the context too)
+        check_sequence_length(user.source_dir, config.sequence_length)
     if text_file is not None and user.source_dir is not None:  # chat or text records
         text = load_text_datasets(text_file, job.validation_dataset, config, user.source_dir)
         data = text.datasets

@@ -20,15 +20,16 @@ from torch import nn
 FACTORY = "from_pretrained"
 
 
-def read_model_config(directory: Path) -> dict[str, Any]:
-    """The directory's ``config.json`` as a dict; ValueError saying why it cannot be read."""
-    path = directory / "config.json"
+def read_model_config(directory: Path, name: str = "config.json") -> dict[str, Any]:
+    """The directory's ``config.json`` (or another JSON file of it) as a dict; ValueError saying
+    why it cannot be read."""
+    path = directory / name
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"the model directory's config.json cannot be read: {exc}") from exc
+        raise ValueError(f"the model directory's {name} cannot be read: {exc}") from exc
     if not isinstance(config, dict):
-        raise ValueError("the model directory's config.json is not a JSON object")
+        raise ValueError(f"the model directory's {name} is not a JSON object")
     return config
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ace3_server.upload_checks.errors import UploadCheckError
 from ace3_server.upload_checks.npz import check_npz
-from ace3_server.upload_checks.text_data import check_csv, check_jsonl
+from ace3_server.upload_checks.text_data import UNKNOWN, check_csv, check_jsonl
 from ace3_server.upload_checks.torch_pickle import check_pt
 
 CHECKERS: dict[str, Callable[[Path], object]] = {
@@ -22,11 +22,13 @@ CHECKERS: dict[str, Callable[[Path], object]] = {
 DIRECTORY_SUFFIXES = {".pt": "pt", ".pth": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
 
 
-def check_dataset_file(path: Path, data_format: str) -> dict[str, Any]:
+def check_dataset_file(path: Path, data_format: str) -> dict[str, Any] | None:
     """Run the checker of ``data_format`` on ``path``; :class:`UploadCheckError` on a problem.
     Returns the engine's batch layout for it: (inputs, targets) pairs, or text records of a
     kind (a ``.jsonl`` of chat, prompt/completion or text records, for language models)."""
     found = CHECKERS[data_format](path)
+    if found == UNKNOWN:
+        return None  # (the job reads it whole: nothing is certain here)
     if isinstance(found, str):
         return {"kind": "records", "records": found}
     return {"kind": "pair"}

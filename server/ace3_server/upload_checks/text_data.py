@@ -144,11 +144,18 @@ def _check_text_records(lines: list[str], kind: RecordKind) -> RecordKind:
     return kind
 
 
-def check_jsonl(path: Path) -> RecordKind | None:
+UNKNOWN = "unknown"
+"""What :func:`check_jsonl` returns when no whole record fits in the head it reads."""
+
+
+def check_jsonl(path: Path) -> RecordKind | str | None:
     """Check a JSON-lines dataset's first records: text records (returns their kind:
-    :mod:`.text_records`), else (inputs, target) records (returns None)."""
+    :mod:`.text_records`), else (inputs, target) records (returns None); :data:`UNKNOWN` when
+    the first record is longer than the head read."""
     text, whole = _head_lines(path)
     lines = list(io.StringIO(text, newline=None))  # (the engine's text-mode lines)
+    if not whole and not any(line.strip() for line in lines):
+        return UNKNOWN  # (a first record longer than the head: its kind is not known here)
     kind = text_record_kind(_first_record(lines))
     if kind is not None:
         return _check_text_records(lines, kind)

@@ -102,6 +102,22 @@ def test_a_chat_learns_only_the_assistant_replies_and_their_end_of_turn(
     assert example.input_ids == tokenizer.apply_chat_template(CHAT, return_dict=True)["input_ids"]
 
 
+def test_a_chat_opening_with_the_assistant_learns_none_of_the_templates_prefix(
+    tokenizer: Any,
+) -> None:
+    # A template that adds a default system prompt: it comes before the first assistant turn.
+    default_system = (
+        "{% if not messages or messages[0]['role'] != 'system' %}<|im_start|>system\n"
+        "you are terse<|im_end|>\n{% endif %}" + CHATML_WITHOUT_GENERATION
+    )
+    chat = [{"role": "assistant", "content": "paris"}, *CHAT[3:]]
+    example = tokenize_record({"messages": chat}, "chat", _with_template(tokenizer, default_system))
+    assert _learned_text(tokenizer, example) == [
+        "paris<|im_end|>",
+        "rome is the capital<|im_end|>",
+    ]
+
+
 def test_both_templates_give_the_same_labels(tokenizer: Any) -> None:
     with_blocks = tokenize_record(
         {"messages": CHAT}, "chat", _with_template(tokenizer, CHATML_WITH_GENERATION)

@@ -70,3 +70,8 @@ def test_text_records_need_a_hugging_face_model_and_chats_its_template() -> None
     assert records_problem(prompts, no_template) is None
     assert records_problem(chat, {"has_tokenizer": True, "has_chat_template": True}) is None
     assert records_problem({"kind": "pair"}, None) is None
+
+
+def test_a_first_record_longer_than_the_head_read_leaves_the_layout_unknown(tmp_path: Path) -> None:
+    long = {"text": "a " * 600_000}  # over the 1 MiB the check reads
+    assert check_dataset_file(_jsonl(tmp_path / "d.jsonl", long, {"text": "b"}), "jsonl") is None

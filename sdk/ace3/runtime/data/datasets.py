@@ -124,7 +124,7 @@ def _from_dataset_py(path: Path, split: Split, replica: tuple[int, int]) -> Data
     return _check_dataset(result, f"{path}: build_dataset({split!r})")
 
 
-def _single_data_file(directory: Path) -> Path:
+def single_data_file(directory: Path) -> Path:
     files = sorted(
         p
         for p in directory.iterdir()
@@ -151,7 +151,7 @@ def load_dataset(
         script = path / "dataset.py"
         if script.is_file():
             return _from_dataset_py(script, split, replica)
-        path = _single_data_file(path)
+        path = single_data_file(path)
     return load_data_file(path)
 
 

@@ -10,7 +10,8 @@ keeps the examples of a pack apart (also with eager and sdpa attention; the mode
 a cache, :mod:`ace3.runtime.hf_model`).
 
 Validation comes from ``validation_dataset`` (text records too), else from holding out
-``validation_split`` of the examples (10% when it is left unset), as for every other dataset.
+``validation_split`` of the examples (10% when it is left unset) before they are packed. A
+``sequence_length`` longer than the model's context is refused.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
-from ace3.runtime.data.datasets import DEFAULT_VALIDATION_SPLIT, Datasets, split_holdout
+from ace3.runtime.data.datasets import DEFAULT_VALIDATION_SPLIT, Datasets, single_data_file
 from ace3.runtime.data.text_records import (
+    TokenizedExample,
     TokenizedTextDataset,
     collate_text,
     read_records,
@@ -41,17 +44,18 @@ _TEXT_KEYS = ("messages", "prompt", "completion", "text")
 
 def text_records_file(spec: DatasetSpec | None) -> Path | None:
     """The ``.jsonl`` file ``spec`` names (a file, or a directory's one data file without a
-    ``dataset.py``) when its first record is a text record; None otherwise."""
+    ``dataset.py``, by the engine's own rule) when its first record is a text record; None
+    otherwise."""
     if spec is None or spec.stream is not None:
         return None
     path = Path(spec.path)
     if path.is_dir():
         if (path / "dataset.py").exists():
             return None
-        found = [p for p in path.iterdir() if p.suffix.lower() == ".jsonl" and p.is_file()]
-        if len(found) != 1:
-            return None
-        path = found[0]
+        try:
+            path = single_data_file(path)
+        except ValueError:
+            return None  # (the engine's own reader says why)
     if path.suffix.lower() != ".jsonl" or not path.is_file():
         return None
     with path.open(encoding="utf-8") as handle:
@@ -67,15 +71,31 @@ def text_records_file(spec: DatasetSpec | None) -> Path | None:
     return None
 
 
-def default_sequence_length(model_dir: Path) -> int:
-    """The model's context (``max_position_embeddings``, or GPT-2's ``n_positions``), at most
-    :data:`DEFAULT_MAX_LENGTH`."""
+def model_context(model_dir: Path) -> int | None:
+    """The model's context in tokens (``max_position_embeddings``, or GPT-2's ``n_positions``),
+    None when ``config.json`` names none."""
     config = read_model_config(model_dir)
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
         value = config.get(key)
         if isinstance(value, int) and value > 0:
-            return min(value, DEFAULT_MAX_LENGTH)
-    return DEFAULT_MAX_LENGTH
+            return value
+    return None
+
+
+def default_sequence_length(model_dir: Path) -> int:
+    """The model's context, at most :data:`DEFAULT_MAX_LENGTH`."""
+    return min(model_context(model_dir) or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
+
+
+def check_sequence_length(model_dir: Path, sequence_length: int | None) -> None:
+    """ValueError naming ``sequence_length`` when it is longer than the model's context (its
+    position embeddings would be indexed past their end)."""
+    context = model_context(model_dir)
+    if sequence_length is not None and context is not None and sequence_length > context:
+        raise ValueError(
+            f"sequence_length={sequence_length} is longer than the model's context of {context} "
+            "tokens (max_position_embeddings or n_positions in its config.json): use at most that"
+        )
 
 
 @dataclass(frozen=True)
@@ -87,16 +107,19 @@ class TextData:
     collate: Callable[[list[Any]], Any]
 
 
-def _tokenized(
-    path: Path, tokenizer: Any, sequence_length: int, packing: bool, pad_id: int
-) -> tuple[TokenizedTextDataset, str]:
+def _examples(path: Path, tokenizer: Any) -> tuple[str, list[TokenizedExample]]:
     kind, records = read_records(path)
-    examples = tokenize_records(records, kind, tokenizer)
-    dataset = TokenizedTextDataset(examples, sequence_length, packing, pad_id)
+    return kind, tokenize_records(records, kind, tokenizer)
+
+
+def _dataset(
+    name: str, kind: str, examples: list[TokenizedExample], length: int, packing: bool, pad_id: int
+) -> tuple[TokenizedTextDataset, str]:
+    dataset = TokenizedTextDataset(examples, length, packing, pad_id)
     report = dataset.report
     note = (
-        f"{path.name}: {len(examples)} {kind.replace('_', '/')} example(s), {report.tokens:,} "
-        f"tokens; {report.truncated} truncated to {sequence_length} tokens"
+        f"{name}: {len(examples)} {kind.replace('_', '/')} example(s), {report.tokens:,} "
+        f"tokens; {report.truncated} truncated to {length} tokens"
         + (
             f", {report.dropped} left out (nothing to learn once truncated)"
             if report.dropped
@@ -108,6 +131,23 @@ def _tokenized(
     return dataset, note
 
 
+def _held_out(
+    examples: list[TokenizedExample], fraction: float, seed: int
+) -> tuple[list[TokenizedExample], list[TokenizedExample]]:
+    """Examples held out for validation before any packing (a permutation seeded by ``seed``,
+    the same on every rank), so that the fraction is of examples, not of packs."""
+    count = round(len(examples) * fraction)
+    if not 0 < count < len(examples):
+        raise ValueError(
+            f"validation_split={fraction}: {len(examples)} example(s) cannot be split so; give "
+            "more records, a validation dataset, or validation_split=0"
+        )
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    held = set(order[:count])
+    train = [e for i, e in enumerate(examples) if i not in held]
+    return train, [e for i, e in enumerate(examples) if i in held]
+
+
 def load_text_datasets(
     train_file: Path,
     validation_spec: DatasetSpec | None,
@@ -117,36 +157,43 @@ def load_text_datasets(
     """Tokenize the training records (and the validation ones) with the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    check_sequence_length(model_dir, config.sequence_length)
+    custom_code = any(
+        "auto_map" in read_model_config(model_dir, name)
+        for name in ("config.json", "tokenizer_config.json")
+        if (model_dir / name).is_file()
+    )
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(model_dir), local_files_only=True, trust_remote_code=custom_code
+    )
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     length = config.sequence_length or default_sequence_length(model_dir)
-    tokenized = functools.partial(
-        _tokenized,
-        tokenizer=tokenizer,
-        sequence_length=length,
-        packing=config.packing,
-        pad_id=pad_id,
-    )
-    train, note = tokenized(train_file)
+    build = functools.partial(_dataset, length=length, packing=config.packing, pad_id=pad_id)
+    kind, examples = _examples(train_file, tokenizer)
+    validation_file = text_records_file(validation_spec)
+    if validation_spec is not None and validation_file is None:
+        raise ValueError(
+            f"{validation_spec.path}: the validation dataset of text records for a Hugging "
+            "Face model must hold text records too (a .jsonl of chat, prompt/completion or "
+            "text records)"
+        )
+    held: list[TokenizedExample] = []
+    fraction = config.validation_split
+    if validation_file is None:
+        fraction = DEFAULT_VALIDATION_SPLIT if fraction is None else fraction
+        if fraction:
+            examples, held = _held_out(examples, fraction, config.seed)
+    train, note = build(train_file.name, kind, examples)
     notes = [note]
     validation: Dataset[Any] | None = None
-    validation_file = text_records_file(validation_spec)
-    if validation_spec is not None:
-        if validation_file is None:
-            raise ValueError(
-                f"{validation_spec.path}: the validation dataset of text records for a "
-                "Hugging Face model must hold text records too (a .jsonl of chat, "
-                "prompt/completion or text records)"
-            )
-        validation, note = tokenized(validation_file)
+    if validation_file is not None:
+        validation_kind, validation_examples = _examples(validation_file, tokenizer)
+        validation, note = build(validation_file.name, validation_kind, validation_examples)
         notes.append(note)
-    else:
-        fraction = config.validation_split
-        if fraction is None:
-            fraction = DEFAULT_VALIDATION_SPLIT
-        if fraction:
-            train, validation = split_holdout(train, fraction, config.seed)
+    elif held:
+        validation, note = build(f"{train_file.name} (held out)", kind, held)
+        notes.append(note)
     collate = functools.partial(collate_text, pad_token_id=pad_id)
     return TextData(Datasets(train, validation, tuple(notes)), collate)

@@ -155,6 +155,20 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return special
 
 
+def _prefix_ids(tokenizer: Any, messages: list[dict[str, Any]], turn: int) -> list[int]:
+    """The tokens before assistant turn ``turn``: the conversation so far with the generation
+    prompt (the template's assistant header), learned by nobody. Before a first turn (the
+    chat opens with the assistant: transformers renders no empty conversation) it is what the
+    turn rendered with an empty reply shares with the turn rendered with its reply: any default
+    system prompt, BOS and the header."""
+    if turn:
+        return _render_ids(tokenizer, messages[:turn], generation_prompt=True)
+    first = messages[0]
+    empty = _render_ids(tokenizer, [{**first, "content": ""}], generation_prompt=False)
+    whole = _render_ids(tokenizer, [first], generation_prompt=False)
+    return empty[: common_prefix_length(empty, whole)]
+
+
 def _chat_by_difference(messages: list[dict[str, Any]], tokenizer: Any) -> TokenizedExample:
     input_ids = _render_ids(tokenizer, messages, generation_prompt=False)
     labels = [IGNORE_INDEX] * len(input_ids)
@@ -162,7 +176,7 @@ def _chat_by_difference(messages: list[dict[str, Any]], tokenizer: Any) -> Token
     for turn, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render_ids(tokenizer, messages[:turn], generation_prompt=True) if turn else []
+        before = _prefix_ids(tokenizer, messages, turn)
         through = _render_ids(tokenizer, messages[: turn + 1], generation_prompt=False)
         start = common_prefix_length(before, input_ids)
         end = common_prefix_length(through, input_ids)
