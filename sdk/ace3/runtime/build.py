@@ -142,6 +142,11 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
         text = load_text_datasets(text_file, job.validation_dataset, config, user.source_dir)
         data = text.datasets
     else:
+        if config.packing:
+            raise ValueError(
+                "packing=True packs text records (chat, prompt/completion or text .jsonl) for a "
+                "Hugging Face model directory; this job trains on neither: leave it off"
+            )
         data = load_datasets(job.dataset, job.validation_dataset, config, _data_replica(job, ctx))
     for note in data.notes if ctx.is_main else ():
         ENGINE.info(note)

@@ -182,9 +182,9 @@ def batch_problems(
     (its stored row) cannot take, where both are known. Unchecked: a pipeline or layer-parallel
     run (it feeds the model's stages, not its forward), also when a search may make its trials
     one; a package (its other modules may change the model unseen)."""
+    problems = packing_problems(datasets, config)
     if model is None or runs_pipeline(config) or searched_fields & LAYOUT_FIELDS:
-        return []
-    problems = []
+        return problems
     for field, dataset in datasets.items():
         hf_config = (model.hf_config or {}) if model.kind == "huggingface" else None
         problem = records_problem(dataset.batch_layout, hf_config)
@@ -198,3 +198,20 @@ def batch_problems(
             msg = f"dataset {dataset.name!r} does not fit model {model.name!r}: {problem}"
             problems.append({"loc": ["body", field], "msg": msg, "type": "value_error"})
     return problems
+
+
+def packing_problems(datasets: Mapping[str, Any], config: Any) -> list[dict[str, Any]]:
+    """``packing`` packs text records; a training dataset known to hold something else is
+    refused on ``config.packing``."""
+    train = datasets.get("dataset_id")
+    layout = getattr(train, "batch_layout", None)
+    if not getattr(config, "packing", False) or layout is None or layout["kind"] == "records":
+        return []
+    return [
+        {
+            "loc": ["body", "config", "packing"],
+            "msg": "packing=True packs text records (chat, prompt/completion or text .jsonl) "
+            "for a Hugging Face model directory; this dataset holds none: leave it off",
+            "type": "value_error",
+        }
+    ]

@@ -75,3 +75,20 @@ def test_text_records_need_a_hugging_face_model_and_chats_its_template() -> None
 def test_a_first_record_longer_than_the_head_read_leaves_the_layout_unknown(tmp_path: Path) -> None:
     long = {"text": "a " * 600_000}  # over the 1 MiB the check reads
     assert check_dataset_file(_jsonl(tmp_path / "d.jsonl", long, {"text": "b"}), "jsonl") is None
+
+
+def test_packing_a_dataset_that_holds_no_text_records_is_refused() -> None:
+    from types import SimpleNamespace
+
+    import ace3
+    from ace3_server.services.batch_fit import packing_problems
+
+    packed = ace3.TrainingConfig(packing=True)
+    pairs = {"dataset_id": SimpleNamespace(batch_layout={"kind": "pair"})}
+    [problem] = packing_problems(pairs, packed)
+    assert problem["loc"] == ["body", "config", "packing"]
+    chats = {"dataset_id": SimpleNamespace(batch_layout={"kind": "records", "records": "chat"})}
+    assert packing_problems(chats, packed) == []
+    assert packing_problems(pairs, ace3.TrainingConfig()) == []
+    unknown = {"dataset_id": SimpleNamespace(batch_layout=None)}
+    assert packing_problems(unknown, packed) == []
