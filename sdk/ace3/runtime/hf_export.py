@@ -136,6 +136,28 @@ def write_model_directory(state: dict[str, torch.Tensor], source: Path, target: 
             shutil.copyfile(source / name, target / name)
 
 
+def drop_tied_output(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Leave the output embedding out of ``state`` when the model ties it to the input one
+    (``tie_word_embeddings``: GPT-2's ``lm_head`` is ``wte``) and the two are equal: loading
+    ties them again, and the weights are not written twice."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return
+    get_input = getattr(model, "get_input_embeddings", None)
+    get_output = getattr(model, "get_output_embeddings", None)
+    if not (callable(get_input) and callable(get_output)):
+        return
+    modules = {id(module): name for name, module in model.named_modules()}
+    inputs, outputs = get_input(), get_output()
+    if inputs is None or outputs is None or id(outputs) not in modules:
+        return
+    input_key = f"{modules.get(id(inputs))}.weight"
+    output_key = f"{modules[id(outputs)]}.weight"
+    both = input_key in state and output_key in state and input_key != output_key
+    if both and torch.equal(state[input_key], state[output_key]):
+        del state[output_key]
+
+
 def _in_place(write: Callable[[Path], None], target: Path) -> None:
     """Write a directory whole beside ``target`` (a hidden ``.<name>.tmp-<pid>`` that the
     artifact sync skips) and rename it into place: a killed attempt never leaves half an
@@ -186,6 +208,7 @@ class HuggingFaceExport(LoopExtension):
             state = _full_state(self.model, self.precision, is_main)
         if not is_main:
             return
+        drop_tied_output(self.model, state)
         artifacts = loop.place.output_dir / "artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
         _in_place(lambda at: write_model_directory(state, self.source, at), artifacts / EXPORT_DIR)

@@ -119,6 +119,11 @@ def test_lora_on_gpt2_exports_a_merged_directory_and_peft_adapters(
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "tokenizer_config.json"} <= {p.name for p in export.iterdir()}  # fmt: skip
     assert json.loads((export / "config.json").read_text())["dtype"] == "float32"
+    from safetensors import safe_open
+
+    with safe_open(str(export / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    assert "lm_head.weight" not in names and "transformer.wte.weight" in names  # tied: once
     assert {p.name for p in adapter.iterdir()} == {
         "adapter_config.json",
         "adapter_model.safetensors",
