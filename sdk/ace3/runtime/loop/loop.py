@@ -313,10 +313,14 @@ class TrainingLoop:
         """Train to the end; write the final checkpoint and the summary; return final metrics."""
         state, config, parts = self.state, self.config, self.parts
         epochs = self.train_data.epochs
+        # (max_steps may end the run before its epochs do: "3 epoch(s)" read as a promise)
+        span = f"{epochs} epoch(s)"
+        if config.max_steps is not None:
+            span = f"at most {epochs} epoch(s) and max_steps={config.max_steps} steps"
         self.log(
             f"{self.place.label}: {self.train_data.describe()}, "
             f"{self.batches_per_epoch} micro-batches of {parts.per_rank_batch} per rank "
-            f"per epoch, {epochs} epoch(s), precision {parts.precision.describe()}"
+            f"per epoch, {span}, precision {parts.precision.describe()}"
         )
         batches, accumulation = self.batches_per_epoch, config.gradient_accumulation_steps
         self.events.start(
