@@ -8,29 +8,17 @@ tokenizer (:mod:`ace3.runtime.data.text_records`)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
+from ace3.config.text_records import RecordKind, text_record_kind
 from ace3_server.upload_checks.errors import UploadCheckError
 
-RecordKind = Literal["chat", "prompt_completion", "text"]
+__all__ = ["ROLES", "RecordKind", "check_text_record", "text_record_kind"]
 ROLES = ("system", "user", "assistant", "tool")
 _EXPECTED = (
     '{"messages": [{"role": ..., "content": ...}, ...]}, {"prompt": ..., "completion": ...} '
     'or {"text": ...}'
 )
-
-
-def text_record_kind(record: object) -> RecordKind | None:
-    """The kind of a text record, None for anything else (an (inputs, target) record)."""
-    if not isinstance(record, dict) or "inputs" in record:
-        return None
-    if "messages" in record:
-        return "chat"
-    if "prompt" in record or "completion" in record:
-        return "prompt_completion"
-    if "text" in record:
-        return "text"
-    return None
 
 
 def _check_chat(record: dict[str, Any], line_no: int) -> None:

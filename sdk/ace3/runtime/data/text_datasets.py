@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
+from ace3.config.text_records import text_record_kind
 from ace3.runtime.data.datasets import DEFAULT_VALIDATION_SPLIT, Datasets, single_data_file
 from ace3.runtime.data.text_records import (
     TokenizedExample,
@@ -39,7 +40,6 @@ from ace3.runtime.hf_model import read_model_config
 from ace3.runtime.job_spec import DatasetSpec
 
 DEFAULT_MAX_LENGTH = 2048
-_TEXT_KEYS = ("messages", "prompt", "completion", "text")
 
 
 def text_records_file(spec: DatasetSpec | None) -> Path | None:
@@ -65,9 +65,7 @@ def text_records_file(spec: DatasetSpec | None) -> Path | None:
                     record = json.loads(line)
                 except ValueError:
                     return None  # (the engine's own reader names the line)
-                if not isinstance(record, dict) or "inputs" in record:
-                    return None
-                return path if any(key in record for key in _TEXT_KEYS) else None
+                return path if text_record_kind(record) is not None else None
     return None
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-RecordKind = Literal["chat", "prompt_completion", "text"]
+from ace3.config.text_records import RecordKind
+
 RECORD_KINDS: tuple[RecordKind, ...] = ("chat", "prompt_completion", "text")
 IGNORE_INDEX = -100
 # `{% generation %}`, `{%- generation -%}`, ...: the blocks that give an assistant mask.
