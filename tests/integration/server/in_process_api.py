@@ -4,9 +4,11 @@ the session's stack does not have (over the session's database)."""
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -49,3 +51,25 @@ def add_key(session: Any, owner_id: str) -> tuple[str, str]:
     session.add(row)
     session.commit()
     return key.plaintext, row.id
+
+
+@contextlib.contextmanager
+def serve_one_owner(redis_url: str, data_dir: Path, label: str) -> Iterator[tuple[str, str]]:
+    """(the base URL, an owner's API key) of an API of its own over a fresh database with one
+    owner, publishing to a queue no worker reads (jobs stay queued)."""
+    from ace3_control.db import make_sync_engine, sync_session_factory
+    from tests.conftest import fresh_database, insert_job
+
+    with fresh_database() as url:
+        engine = make_sync_engine(url)
+        with sync_session_factory(engine)() as session:
+            key, _ = add_key(session, insert_job(session, state="cancelled").owner_id)
+        engine.dispose()
+        settings = Settings(
+            data_dir=data_dir,
+            database_url=url,
+            broker_url=redis_url,
+            queue_name=f"ace3-{label}-{secrets.token_hex(4)}",  # no worker reads it
+        )
+        with serve(settings) as (_, base):
+            yield base, key

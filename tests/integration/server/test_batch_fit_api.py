@@ -6,7 +6,6 @@ where either side is unknown (compute_loss, a dataset.py) or they fit, the job i
 from __future__ import annotations
 
 import io
-import secrets
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +16,7 @@ import numpy as np
 import pytest
 
 import ace3
-from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.settings import Settings
-from tests.conftest import fresh_database, insert_job
-from tests.integration.server.in_process_api import add_key, serve
+from tests.integration.server.in_process_api import serve_one_owner
 from tests.shard_sources import tokens_bytes
 
 HEADER = "import torch\nfrom torch import nn\n\n"
@@ -52,23 +48,12 @@ def _tar(files: dict[str, bytes]) -> bytes:
 
 @pytest.fixture(scope="module")
 def api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    with fresh_database() as url:
-        engine = make_sync_engine(url)
-        with sync_session_factory(engine)() as session:
-            owner_id = insert_job(session, state="cancelled").owner_id
-            key, _ = add_key(session, owner_id)
-        engine.dispose()
-        settings = Settings(
-            data_dir=Path(tmp_path_factory.mktemp("batch-fit")),
-            database_url=url,
-            broker_url=redis_url,
-            queue_name=f"ace3-batch-fit-{secrets.token_hex(4)}",  # no worker reads it
-        )
-        with (
-            serve(settings) as (_, base),
-            httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}) as client,
-        ):
-            yield client
+    data_dir = Path(tmp_path_factory.mktemp("batch-fit"))
+    with (
+        serve_one_owner(redis_url, data_dir, "batch-fit") as (base, key),
+        httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}) as client,
+    ):
+        yield client
 
 
 def _stored(api: httpx.Client, path: str, **upload: Any) -> str:

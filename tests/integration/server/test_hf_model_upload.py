@@ -5,7 +5,6 @@ pickled weights only is refused with the conversion hint, nothing stored."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,7 @@ import pytest
 import ace3
 from ace3.client._packing import pack_hf_model
 from ace3.errors import APIStatusError
-from ace3_control.db import make_sync_engine, sync_session_factory
-from ace3_control.settings import Settings
-from tests.conftest import fresh_database, insert_job
-from tests.integration.server.in_process_api import add_key, serve
+from tests.integration.server.in_process_api import serve_one_owner
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -26,20 +22,12 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def client(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ace3.Client]:
-    with fresh_database() as url:
-        engine = make_sync_engine(url)
-        with sync_session_factory(engine)() as session:
-            owner_id = insert_job(session, state="cancelled").owner_id
-            key, _ = add_key(session, owner_id)
-        engine.dispose()
-        settings = Settings(
-            data_dir=Path(tmp_path_factory.mktemp("hf-models")),
-            database_url=url,
-            broker_url=redis_url,
-            queue_name=f"ace3-hf-models-{secrets.token_hex(4)}",  # no worker reads it
-        )
-        with serve(settings) as (_, base), ace3.Client(api_key=key, base_url=base) as sdk:
-            yield sdk
+    data_dir = Path(tmp_path_factory.mktemp("hf-models"))
+    with (
+        serve_one_owner(redis_url, data_dir, "hf-models") as (base, key),
+        ace3.Client(api_key=key, base_url=base) as sdk,
+    ):
+        yield sdk
 
 
 @pytest.fixture(scope="module")
