@@ -1,51 +1,33 @@
 """The ACE3 client: connection settings, the ``models``/``datasets``/``jobs``/
 ``checkpoints``/``searches``/``workers``/``environments``/``webhooks`` resources, and ``load_model``/``load_dataset``, which upload code
-and data only when the server does not already have the same bytes. Also the module-level
-default client the trainers use.
+and data only when the server does not already have the same bytes (``_loading``), as
+the references :class:`ModelRef` / :class:`DatasetRef`. Also the module-level default client the trainers use.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import tempfile
 import threading
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 
+from ace3.client import _loading
 from ace3.client._http import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, HTTPClient
-from ace3.client._packing import HF_FACTORY, HUGGINGFACE, is_hf_model, pack_directory, pack_hf_model
 from ace3.client.handles import JobHandleLike, SearchHandleLike, job_handle, search_handle
 from ace3.client.jobs import Jobs
-from ace3.client.resources import (
-    Checkpoints,
-    Datasets,
-    Environments,
-    Models,
-    Workers,
-    _upload,
-)
+from ace3.client.resources import Checkpoints, Datasets, Environments, Models, Workers
 from ace3.client.searches import Searches
-from ace3.client.shard_upload import upload_shard_directory
 from ace3.client.types import Dataset, Model
 from ace3.client.webhooks import Webhooks
 from ace3.config.shards import StreamFormat, TokenDtype
-from ace3.errors import ACE3Error, PackingError
-from ace3.files import sha256_file
-from ace3.locations import MODEL_SUPPORTED, SUPPORTED, refuse_url
+from ace3.errors import ACE3Error
 
 ENV_API_KEY = "ACE3_API_KEY"
 ENV_BASE_URL = "ACE3_BASE_URL"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
-
-MODEL_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
-DATASET_FILE_SUFFIXES = (".pt", ".npz", ".csv", ".jsonl")
-DATASET_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 
 
 @dataclass(frozen=True)
@@ -223,50 +205,8 @@ class Client:
         those files; pickled weights next to safetensors ones left out, with a warning), and
         built in the job with ``from_pretrained``.
         """
-        source = _existing_path(path, "model")
-        if not entry_module and is_hf_model(source):
-            if factory not in ("build_model", HF_FACTORY):
-                raise ValueError(
-                    f"{source} is a Hugging Face model directory, built with {HF_FACTORY}: "
-                    "leave factory out"
-                )
-            if not source.is_dir():
-                return self._upload_model(source, HF_FACTORY, None, name, kind=HUGGINGFACE)
-            with tempfile.TemporaryDirectory(prefix="ace3-pack-") as scratch:
-                archive = Path(scratch) / f"{source.resolve().name}.tar.gz"
-                pack_hf_model(source, archive)
-                return self._upload_model(archive, HF_FACTORY, None, name, kind=HUGGINGFACE)
-        if source.is_dir():
-            if not entry_module:
-                raise ValueError(
-                    f"{source} is a directory: pass entry_module=, the dotted module that "
-                    f"defines {factory!r} (e.g. entry_module='mypkg.model')"
-                )
-            prefix = source.resolve().name if (source / "__init__.py").is_file() else None
-            with tempfile.TemporaryDirectory(prefix="ace3-pack-") as scratch:
-                archive = Path(scratch) / f"{source.resolve().name}.tar.gz"
-                members = pack_directory(source, archive, prefix=prefix)
-                _check_entry_module(source, entry_module, members)
-                return self._upload_model(archive, factory, entry_module, name)
-        lowered = source.name.lower()
-        if lowered.endswith(".py"):
-            if entry_module:
-                raise ValueError(
-                    f"entry_module applies to packages (a directory or an archive), not to "
-                    f"the single file {source}; leave it out"
-                )
-            return self._upload_model(source, factory, None, name)
-        if lowered.endswith(MODEL_ARCHIVE_SUFFIXES):
-            if not entry_module:
-                raise ValueError(
-                    f"{source} is an archive: pass entry_module=, the dotted module that "
-                    f"defines {factory!r} (e.g. entry_module='mypkg.model')"
-                )
-            return self._upload_model(source, factory, entry_module, name)
-        raise ValueError(
-            f"cannot load a model from {source}: expected a .py file, a package directory, "
-            "or a .tar.gz/.tar/.zip archive of one"
-        )
+        model, uploaded = _loading.load_model(self.models, path, factory, entry_module, name)
+        return ModelRef(model, self, uploaded=uploaded)
 
     def load_dataset(
         self,
@@ -291,88 +231,10 @@ class Client:
         streams them to the jobs shard by shard (kind ``"shards"``) instead of copying it
         whole. ``uploaded`` is whether the dataset is new.
         """
-        if format is None and (dtype is not None or columns is not None):
-            raise ValueError("dtype= and columns= go with format=, for a directory of shards")
-        source = _existing_path(path, "dataset")
-        if format is not None:
-            dataset, created, _ = upload_shard_directory(
-                self._http,
-                functools.partial(_upload, self.datasets),
-                source,
-                format=format,
-                name=name,
-                dtype=dtype,
-                columns=columns,
-            )
-            return DatasetRef(dataset, self, uploaded=created)
-        if source.is_dir():
-            with tempfile.TemporaryDirectory(prefix="ace3-pack-") as scratch:
-                archive = Path(scratch) / f"{source.resolve().name}.tar.gz"
-                pack_directory(source, archive)
-                return self._upload_dataset(archive, "directory", name)
-        lowered = source.name.lower()
-        if lowered.endswith(DATASET_ARCHIVE_SUFFIXES):
-            return self._upload_dataset(source, "directory", name)
-        if lowered.endswith(DATASET_FILE_SUFFIXES):
-            return self._upload_dataset(source, "file", name)
-        raise ValueError(
-            f"cannot load a dataset from {source}: expected a {', '.join(DATASET_FILE_SUFFIXES)} "
-            "file, a directory, or a .tar.gz/.tar/.zip of a directory"
+        dataset, uploaded = _loading.load_dataset(
+            self.datasets, self._http, path, name, format=format, dtype=dtype, columns=columns
         )
-
-    def _upload_model(
-        self,
-        file: Path,
-        factory: str,
-        entry_module: str | None,
-        name: str | None,
-        kind: Literal["huggingface"] | None = None,
-    ) -> ModelRef:
-        digest = sha256_file(file)
-        for model in self.models.list(sha256=digest).data:
-            if model.factory == factory and (model.entry_module or None) == entry_module:
-                return ModelRef(model, self, uploaded=False)
-        model = self.models.create(
-            file, name=name, entry_module=entry_module, factory=factory, kind=kind
-        )
-        if model.factory != factory or (model.entry_module or None) != entry_module:
-            warnings.warn(
-                f"the server already had these bytes as model {model.id} with "
-                f"factory={model.factory!r}, entry_module={model.entry_module!r}, and returned "
-                f"it instead of one with factory={factory!r}, entry_module={entry_module!r}",
-                stacklevel=3,
-            )
-        return ModelRef(model, self, uploaded=True)
-
-    def _upload_dataset(
-        self, file: Path, kind: Literal["file", "directory"], name: str | None
-    ) -> DatasetRef:
-        digest = sha256_file(file)
-        for dataset in self.datasets.list(sha256=digest).data:
-            if dataset.kind == kind:
-                return DatasetRef(dataset, self, uploaded=False)
-        dataset = self.datasets.create(file, name=name, kind=kind)
-        return DatasetRef(dataset, self, uploaded=True)
-
-
-def _existing_path(path: str | os.PathLike[str], what: str) -> Path:
-    refuse_url(path, what, SUPPORTED if what == "dataset" else MODEL_SUPPORTED)
-    source = Path(path).expanduser()
-    if not source.exists():
-        raise FileNotFoundError(f"{what} path not found: {source}")
-    return source
-
-
-def _check_entry_module(source: Path, entry_module: str, members: list[str]) -> None:
-    module_path = entry_module.replace(".", "/")
-    names = set(members)
-    if f"{module_path}.py" in names or f"{module_path}/__init__.py" in names:
-        return
-    raise PackingError(
-        f"entry_module {entry_module!r} is not in {source}: looked for {module_path}.py or "
-        f"{module_path}/__init__.py in the packed files (a directory with an __init__.py is "
-        f"packed under its own name, {source.resolve().name}/)"
-    )
+        return DatasetRef(dataset, self, uploaded=uploaded)
 
 
 # -- the default client ---------------------------------------------------------------------
