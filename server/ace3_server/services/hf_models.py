@@ -1,5 +1,5 @@
 """Hugging Face model directories uploaded as models (``POST /v1/models`` with
-``kind=huggingface``): the archive is extracted, checked (``upload_checks.hf_model``) and stored
+``kind=huggingface``): the archive is extracted, checked (``ace3_control.hf_model_dir``) and stored
 as a tree exactly like a package (kind ``"huggingface"``, no entry module, factory
 ``"from_pretrained"``), so a job fetches it as it fetches a package and builds it in its sandbox
 with ``from_pretrained``."""
@@ -10,6 +10,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
+from ace3_control.hf_model_dir import CONFIG, check_hf_model, is_hf_model_dir
 from ace3_control.storage import tree_digest
 from ace3_server.archives import DEFAULT_MAX_MEMBERS, is_archive_name
 from ace3_server.errors import field_error
@@ -22,7 +23,6 @@ from ace3_server.services.artifacts import (
 )
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.upload_checks import UploadCheckError
-from ace3_server.upload_checks.hf_model import CONFIG, check_hf_model, is_hf_model_dir
 
 HUGGINGFACE = "huggingface"
 FROM_PRETRAINED = "from_pretrained"

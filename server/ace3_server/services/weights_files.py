@@ -1,16 +1,16 @@
 """Uploaded model weights (``init_from``): a safetensors file, checked to hold tensors and
-nothing else before it is stored (``upload_checks.safetensors`` reads the format itself: the
+nothing else before it is stored (``ace3_control.safetensors_headers`` reads the format itself: the
 server has no torch), so a file that passes holds no code and no object to unpickle."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ace3_control.safetensors_headers import read_safetensors_shapes
 from ace3_server.errors import field_error
 from ace3_server.services.artifacts import PreparedArtifact, safe_display_name
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.upload_checks import UploadCheckError
-from ace3_server.upload_checks.safetensors import read_safetensors_shapes
 
 LOC: list[str | int] = ["body", "file"]
 

@@ -1,8 +1,7 @@
-"""The one error the upload checkers raise."""
+"""The one error the upload checkers raise (shared with the worker's export checks)."""
 
 from __future__ import annotations
 
+from ace3_control.check_errors import UploadCheckError
 
-class UploadCheckError(ValueError):
-    """The uploaded file would fail in the engine; the message says what is wrong (the caller
-    prefixes the file's name)."""
+__all__ = ["UploadCheckError"]

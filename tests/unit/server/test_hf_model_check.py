@@ -1,4 +1,4 @@
-"""Hugging Face model directories checked at upload without torch (upload_checks.hf_model):
+"""Hugging Face model directories checked at upload without torch (ace3_control.hf_model_dir):
 what is read from config.json and the safetensors headers of real save_pretrained output
 (single file and sharded), and every refusal with its message, on files built by hand."""
 
@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from ace3_server.upload_checks import UploadCheckError
-from ace3_server.upload_checks.hf_model import (
+from ace3_control.hf_model_dir import (
     MAX_CONFIG_ITEMS,
     MAX_JSON_ITEMS,
     MAX_MODEL_TENSORS,
@@ -20,6 +19,7 @@ from ace3_server.upload_checks.hf_model import (
     check_hf_model,
     is_hf_model_dir,
 )
+from ace3_server.upload_checks import UploadCheckError
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

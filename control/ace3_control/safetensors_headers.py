@@ -11,7 +11,7 @@ import re
 import struct
 from pathlib import Path
 
-from ace3_server.upload_checks.errors import UploadCheckError
+from ace3_control.check_errors import UploadCheckError
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_TENSORS = 200_000

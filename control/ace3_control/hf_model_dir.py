@@ -1,7 +1,8 @@
-"""A Hugging Face model directory (what ``save_pretrained`` writes), checked and described at
-upload without torch or transformers: the server never builds the model (only the job's sandbox
-does, with ``from_pretrained``), so everything here is read from ``config.json`` and the
-safetensors headers.
+"""A Hugging Face model directory (what ``save_pretrained`` writes), checked and described
+without torch or transformers, at upload (the API) and when a job's export is registered as a
+model (the worker, ``ace3_worker.export_registration``): neither ever builds the model (only a
+job's sandbox does, with ``from_pretrained``), so everything here is read from ``config.json``
+and the safetensors headers.
 
 Accepted: a top-level ``config.json`` (a JSON object with a string ``model_type``) and
 safetensors weights, ``model.safetensors`` or ``model.safetensors.index.json`` with its shards
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ace3_server.upload_checks.errors import UploadCheckError
-from ace3_server.upload_checks.safetensors import json_item_count, read_safetensors_shapes
+from ace3_control.check_errors import UploadCheckError
+from ace3_control.safetensors_headers import json_item_count, read_safetensors_shapes
 
 CONFIG = "config.json"
 SINGLE_WEIGHTS = "model.safetensors"
