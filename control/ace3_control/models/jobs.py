@@ -89,6 +89,13 @@ class Job(Base):
     # What a ``starting`` job is doing before its processes run ("preparing_environment");
     # None otherwise. Not a state: the fair queue, webhooks and the reconciler key on states.
     phase: Mapped[str | None] = mapped_column(String(32), default=None)
+    # The model a succeeded run's export (artifacts/huggingface/) was registered as, written
+    # with the ``succeeded`` state in one transaction (ace3_worker.export_registration); None:
+    # no export, or not succeeded.
+    fine_tuned_model_id: Mapped[str | None] = mapped_column(ForeignKey("models.id"), default=None)
+    # What a job created through the OpenAI-compatible API was asked for (suffix, method,
+    # hyperparameters, metadata), shown back by that API; None for other jobs.
+    fine_tune_request: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -49,7 +49,7 @@ class StoredModel(Base):
     # (ace3_server.upload_checks.model_forward); None: unknown, or compute_loss feeds it.
     forward_signature: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # A Hugging Face model directory's (kind "huggingface"; None for the other kinds), read at
-    # upload from config.json and the safetensors headers (ace3_server.upload_checks.hf_model):
+    # upload from config.json and the safetensors headers (ace3_control.hf_model_dir):
     # config.json's architectures (None when it names none), the parameters the weights hold,
     # the modules that own them (tensor names less their last component, sorted), and
     # {model_type, max_position_embeddings, has_tokenizer, has_chat_template}.
@@ -57,6 +57,8 @@ class StoredModel(Base):
     parameter_count: Mapped[int | None] = mapped_column(BigInteger, default=None)
     module_names: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     hf_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The job whose export this model is (a fine-tuned model); None: uploaded.
+    source_job_id: Mapped[str | None] = mapped_column(String(32), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
