@@ -107,7 +107,10 @@ def finish(
     exit_code: int | None = None,
     error: str | None = None,
     final_metrics: dict[str, Any] | None = None,
+    fine_tuned_model_id: str | None = None,
 ) -> Update:
+    """The attempt's job to the terminal ``state`` while the attempt owns it; a succeeded run's
+    registered export is ``fine_tuned_model_id`` (ace3_worker.export_registration)."""
     if state not in TERMINAL_STATES:
         raise ValueError(f"finish() needs a terminal state, not {state}")
     now = utcnow()
@@ -119,6 +122,7 @@ def finish(
             exit_code=exit_code,
             error=error,
             final_metrics=final_metrics,
+            fine_tuned_model_id=fine_tuned_model_id,
             finished_at=now,
             lease_expires_at=None,
             phase=None,

@@ -14,10 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
-import time
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3.config import TrainingConfig, parallel_degrees, runs_pipeline
@@ -28,11 +26,12 @@ from ace3_control.db import rows_changed
 from ace3_control.models import Job, JobState
 from ace3_control.settings import Settings
 from ace3_worker import checkpoints, reports
-from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS
 from ace3_worker.drain import draining
+from ace3_worker.export_registration import ExportRegistrar
 from ace3_worker.failures import RankFailure, failed_ranks, failure_message, root_cause
 from ace3_worker.ingest import service_line
 from ace3_worker.messages import publish
+from ace3_worker.outcome_writer import OutcomeWriter
 from ace3_worker.sandbox.limits import JobLimits
 from ace3_worker.watch import AttemptWatch
 
@@ -117,14 +116,17 @@ class NodeExit:
     stopped: str | None  # why the service stopped this node, if it did
 
 
-class Outcomes:
+class Outcomes(OutcomeWriter):
     """Records attempts' outcomes for one worker process."""
 
     def __init__(
-        self, settings: Settings, sessions: sessionmaker[Session], limits: JobLimits
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        limits: JobLimits,
+        exports: ExportRegistrar | None = None,
     ) -> None:
-        self.settings = settings
-        self.sessions = sessions
+        super().__init__(settings, sessions, exports)
         self.limits = limits
 
     # -- reading the exit ------------------------------------------------------------------------
@@ -362,36 +364,3 @@ class Outcomes:
             job_id,
             on_failure="retry queued but not published; the reconciler will publish it",
         )
-
-    # -- writing the row -------------------------------------------------------------------------
-    def record_surviving_outage(
-        self, job_id: str, attempt: int, state: JobState, **fields: Any
-    ) -> None:
-        """:meth:`record`, retried through a database outage for up to a lease (after that the
-        reconciler re-queues the job anyway)."""
-        deadline = time.monotonic() + self.settings.lease_seconds
-        delay = POLL_SECONDS
-        while True:
-            try:
-                self.record(job_id, attempt, state, **fields)
-                return
-            except DBAPIError:
-                if time.monotonic() > deadline:
-                    logger.exception("job %s attempt %d: outcome not recorded", job_id, attempt)
-                    return
-                time.sleep(delay)
-                delay = min(delay * 2, MAX_DB_RETRY_SECONDS)
-
-    def record(self, job_id: str, attempt: int, state: JobState, **fields: Any) -> None:
-        with self.sessions() as session:
-            result = session.execute(job_transitions.finish(job_id, attempt, state, **fields))
-            session.commit()
-        if rows_changed(result):
-            logger.info("job %s attempt %d: %s", job_id, attempt, state.value)
-        else:
-            logger.warning(
-                "job %s attempt %d: not recorded as %s (no longer ours)",
-                job_id,
-                attempt,
-                state.value,
-            )

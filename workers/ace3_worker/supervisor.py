@@ -44,6 +44,7 @@ from ace3_control.storage import open_store
 from ace3_worker.admission import Admission
 from ace3_worker.attempt_run import AttemptRunner
 from ace3_worker.device import device_pool, local_capacity
+from ace3_worker.export_registration import ExportRegistrar
 from ace3_worker.gang import GangMember, NodeSeat
 from ace3_worker.gang_node import GangNode
 from ace3_worker.gpu_sets import DeviceAllocator, DeviceSet
@@ -99,7 +100,7 @@ class Supervisor:
         self.workspace = Workspace(settings, self.sessions, self.store, self.worker_id)
         self.ingest = Ingest(settings, self.sessions, self.store)
         self.watcher = Watcher(settings, self.ingest)
-        self.outcomes = Outcomes(settings, self.sessions, self.limits)
+        self.outcomes = Outcomes(settings, self.sessions, self.limits, ExportRegistrar(self.store))
         self.gang = GangMember(
             settings, self.sessions, worker_id=node_id or self.worker_id, process=self.worker_id
         )
