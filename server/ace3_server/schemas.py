@@ -231,7 +231,8 @@ class LogList(BaseModel):
 
 
 class RecordOut(_Out):
-    """A typed record the job reported (``type``: ``"instability"`` or ``"preempted"``);
+    """A typed record the job reported (``type``: ``"instability"``, ``"preempted"`` or
+    ``"eval_samples"``);
     ``record`` is the record itself, as ``ace3.config.events`` defines it."""
 
     id: int

@@ -1,5 +1,5 @@
 """Storing what a running attempt produces: its log lines, its events records (metrics, the run
-plan, checkpoints, the typed instability and preempted records, refusals; the ranks' failure
+plan, checkpoints, the typed instability, preempted and eval_samples records, refusals; the ranks' failure
 records are kept for the failure's message) and its artifacts.
 
 Everything the job writes is untrusted: events are validated (:mod:`ace3.config.events`) and a refused
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ace3.config.events import (
     CheckpointRecord,
+    EvalSamplesRecord,
     EventRecord,
     InstabilityRecord,
     MetricsRecord,
@@ -41,6 +42,7 @@ from ace3_worker import checkpoints, reports
 from ace3_worker.artifact_sync import ArtifactSync
 from ace3_worker.attempt import (
     ERROR_TAIL_LINES,
+    MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT,
     MAX_GUARD_NOTICES_PER_ATTEMPT,
     MAX_NOTICES_PER_ATTEMPT,
     MAX_RANK_FAILURES_PER_ATTEMPT,
@@ -68,7 +70,7 @@ class PendingRecord:
     checkpoint: checkpoints.StagedCheckpoint | None = None
     notice: str | None = None  # the warning for the job's log
     plan: RunPlan | None = None  # an accepted start record's plan, for the job row
-    typed: bool = False  # an instability or preempted record to store in job_records
+    typed: bool = False  # an instability, preempted or eval_samples record for job_records
 
 
 @dataclass
@@ -95,6 +97,7 @@ class JobOutput:
     guard_notices_left: int = MAX_GUARD_NOTICES_PER_ATTEMPT
     typed_records_left: int = MAX_TYPED_RECORDS_PER_ATTEMPT
     typed_records_dropped: int = 0  # past the bound: counted, not stored
+    eval_sample_records_left: int = MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT
 
 
 class IngestTarget(Protocol):
@@ -128,10 +131,11 @@ def instability_notice(record: InstabilityRecord) -> str:
     return f"ace3: training instability at step {record.step}: {record.reason}; {done}"
 
 
-def store_typed_record(
-    session: Session, job_id: str, attempt: int, record: InstabilityRecord | PreemptedRecord
-) -> None:
-    """Keep a validated instability or preempted record in job_records (the API's
+TypedRecord = InstabilityRecord | PreemptedRecord | EvalSamplesRecord
+
+
+def store_typed_record(session: Session, job_id: str, attempt: int, record: TypedRecord) -> None:
+    """Keep a validated instability, preempted or eval_samples record in job_records (the API's
     ``GET /v1/jobs/{id}/records`` and the event stream's ``record`` events)."""
     session.add(
         JobRecord(
@@ -202,7 +206,7 @@ class Ingest:
             for item in taken:
                 if isinstance(item.record, MetricsRecord):
                     reports.store_metrics(session, job.id, item.record)
-                elif item.typed and isinstance(item.record, InstabilityRecord | PreemptedRecord):
+                elif item.typed and isinstance(item.record, TypedRecord):
                     store_typed_record(session, job.id, watch.attempt, item.record)
                 elif item.plan is not None:
                     session.execute(
@@ -247,6 +251,19 @@ class Ingest:
         elif isinstance(record, InstabilityRecord | PreemptedRecord):
             self._take_typed(output, job, item, record)
             return item
+        elif isinstance(record, EvalSamplesRecord):
+            output.eval_sample_records_left -= 1
+            if output.eval_sample_records_left >= 0 and output.typed_records_left > 0:
+                output.typed_records_left -= 1
+                item.typed = True
+                return item  # (no line in the job's log: the samples are the record)
+            output.typed_records_dropped += 1
+            if output.eval_sample_records_left != -1:
+                return item
+            item.notice = (
+                f"ace3: eval_samples records past the first {MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT}"
+                " of this attempt are not kept"
+            )
         elif isinstance(record, RankFailureRecord):
             output.rank_failures = sorted(
                 [*output.rank_failures, record], key=lambda kept: (kept.time_ns, kept.rank)

@@ -10,6 +10,8 @@ One JSON object a line, each one of the records below, told apart by ``type``:
 - ``instability``: the instability guard found an unstable step (:class:`InstabilityRecord`);
 - ``preempted``: SIGTERM stopped the run after a checkpoint (:class:`PreemptedRecord`);
 - ``rank_failure``: a rank raised an exception and exits (:class:`RankFailureRecord`);
+- ``eval_samples``: what the model completed for ``eval_prompts`` at a validation
+  (:class:`EvalSamplesRecord`);
 - ``summary``: the final metrics, last (:class:`SummaryRecord`).
 
 The engine builds these models and writes :func:`encode_record`'s line (rank 0 only, except a
@@ -20,8 +22,8 @@ in-process run's collector receives the same objects. The worker reads the file 
 same process as that code, so every line is untrusted input there. Unknown keys and types are
 refused, every string and collection is bounded, every number finite and in range; a line
 that does not validate is refused with a reason (the worker stores it as a warning in the
-job's log, and nothing else happens). The ``instability`` and ``preempted`` records are kept
-as typed rows (``GET /v1/jobs/{id}/records``, the SDK's ``client.jobs.records``). What a checkpoint record may point at is checked by the
+job's log, and nothing else happens). The ``instability``, ``preempted`` and ``eval_samples`` records
+are kept as typed rows (``GET /v1/jobs/{id}/records``, the SDK's ``client.jobs.records``). What a checkpoint record may point at is checked by the
 worker separately (:func:`ace3_worker.checkpoints.checkpoint_problem`). The worker keeps the start
 record's plan on the job (:class:`RunPlan`), which is how the SDK's progress bar knows the
 total from step 1.
@@ -232,6 +234,40 @@ class RankFailureRecord(_Record):
     time_ns: Annotated[int, Field(ge=0, le=(1 << 63) - 1, strict=True)]
 
 
+# A sample's text may hold tabs and newlines, nothing else of C0 or C1 (a NUL, a terminal's
+# escape sequences); the engine writes U+FFFD in their place.
+SAMPLE_TEXT_PATTERN = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
+MAX_SAMPLE_TEXT_CHARS = 8000
+MAX_EVAL_SAMPLES = 16
+SampleText = Annotated[
+    str, StringConstraints(max_length=MAX_SAMPLE_TEXT_CHARS, pattern=SAMPLE_TEXT_PATTERN)
+]
+
+
+class EvalSample(_Record):
+    """One prompt of ``eval_prompts`` and what the model wrote after it (``completion_tokens``
+    tokens, up to its end-of-sequence token or ``eval_max_new_tokens``). ``truncated``: the
+    prompt or the completion was cut to fit the record (at most
+    :data:`MAX_SAMPLE_TEXT_CHARS` characters each, the whole line at most
+    :data:`MAX_LINE_BYTES` bytes)."""
+
+    prompt: SampleText
+    completion: SampleText
+    completion_tokens: Count
+    truncated: bool = False
+
+
+class EvalSamplesRecord(_Record):
+    """What the model completed (greedily) for each of ``eval_prompts`` at the validation of
+    ``step``."""
+
+    type: Literal["eval_samples"] = "eval_samples"
+    step: Step
+    epoch: Epoch | None = None
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096, strict=True)]
+    samples: list[EvalSample] = Field(min_length=1, max_length=MAX_EVAL_SAMPLES)
+
+
 AnyRecord = (
     StartRecord
     | MetricsRecord
@@ -241,6 +277,7 @@ AnyRecord = (
     | InstabilityRecord
     | PreemptedRecord
     | RankFailureRecord
+    | EvalSamplesRecord
 )
 EventRecord = Annotated[AnyRecord, Field(discriminator="type")]
 _RECORD: TypeAdapter[EventRecord] = TypeAdapter(EventRecord)

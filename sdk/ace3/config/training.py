@@ -23,6 +23,7 @@ from ace3.config.communication import CommunicationFields
 from ace3.config.compression import CompressionFields
 from ace3.config.distillation import DistillationFields
 from ace3.config.environment import EnvironmentFields
+from ace3.config.eval_samples import EvalSampleFields
 from ace3.config.extra_optimizers import ExtraOptimizerFields
 from ace3.config.fine_tuning import FineTuningFields
 from ace3.config.instability import InstabilityFields
@@ -53,6 +54,7 @@ class TrainingConfig(
     CompressionFields,
     DistillationFields,
     CheckpointFields,
+    EvalSampleFields,
     InstabilityFields,
     PreemptionFields,
     SpeedFields,

@@ -55,6 +55,7 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
         + preemption_problems(config)
         + speed_problems(config)
         + extra_optimizer_problems(config)
+        + _eval_sample_problems(config)
         + [
             ConfigProblem(field=field, reason=f"{field}: {reason}")
             for field, reason in (
@@ -66,6 +67,17 @@ def unsupported_settings(config: TrainingConfig) -> list[ConfigProblem]:
             )
         ]
     )
+
+
+def _eval_sample_problems(config: TrainingConfig) -> list[ConfigProblem]:
+    """``eval_prompts`` generates with the whole model on every rank: not with its layers split
+    between pipeline stages or its tensors between processes."""
+    if not config.eval_prompts or not (runs_pipeline(config) or runs_tensor_parallel(config)):
+        return []
+    return [ConfigProblem(field="eval_prompts", reason=(
+        "eval_prompts with pipeline or tensor parallelism is not implemented: generation runs "
+        "the whole model on every rank; use data parallelism or ZeRO (zero_stage 1 to 3)"
+    ))]  # fmt: skip
 
 
 def _compression_problems(config: TrainingConfig) -> list[ConfigProblem]:

@@ -4,6 +4,8 @@
   parallelism: a model directory has no ``tensor_parallel_plan`` or ``pipeline_stages``);
 - an export (``artifacts/huggingface/``, float32) that cannot fit the job's artifacts
   (``ACE3_MAX_ARTIFACT_BYTES``): its files would not be synced;
+- ``eval_prompts`` on a model that is not a Hugging Face model directory (generation needs its
+  tokenizer and ``generate``);
 - LoRA targets that match no module. The model's module names are known: the directory records
   them (the tensor names of its safetensors headers less
 their last component, ``models.module_names``). An entry of ``lora.target_modules`` that matches
@@ -97,3 +99,18 @@ def hf_layout_problems(
             }
         )
     return problems
+
+
+def eval_prompt_problems(model: Any, config: Any, loc: list[str | int]) -> list[dict[str, Any]]:
+    """``eval_prompts`` asks a model that is not a Hugging Face model directory to generate."""
+    if model is None or not getattr(config, "eval_prompts", None) or model.kind == "huggingface":
+        return []
+    return [
+        {
+            "loc": [*loc, "eval_prompts"],
+            "msg": f"eval_prompts needs a Hugging Face model directory (kind 'huggingface', "
+            f"with its tokenizer); model {model.name!r} is of kind {model.kind!r}: remove "
+            "eval_prompts, or upload the model as a Hugging Face directory",
+            "type": "value_error",
+        }
+    ]

@@ -29,7 +29,11 @@ from ace3_server.services.admission import capacity_problems
 from ace3_server.services.artifacts import get_owned
 from ace3_server.services.batch_fit import batch_problems, searched
 from ace3_server.services.dataset_registry import stream_problems
-from ace3_server.services.hf_jobs import hf_layout_problems, lora_target_problems
+from ace3_server.services.hf_jobs import (
+    eval_prompt_problems,
+    hf_layout_problems,
+    lora_target_problems,
+)
 from ace3_server.services.job_requirements import RequirementsCheck, check_requirements
 from ace3_server.services.publishing import Publisher
 from ace3_server.services.submissions import create_once, get_owned_run
@@ -148,6 +152,7 @@ async def reference_problems(
         + batch_problems(stored_model, datasets, training, searched(body.config))
         + lora_target_problems(stored_model, training, loc)
         + hf_layout_problems(stored_model, training, loc, max_artifact_bytes)
+        + eval_prompt_problems(stored_model, training, loc)
         + stream_problems(training, datasets, loc)
         + await weights_problems(session, owner_id, training, loc)
         + await teacher_problems(session, owner_id, training, loc)

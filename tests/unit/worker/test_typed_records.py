@@ -1,7 +1,8 @@
 """The instability guard's and preemption's records through the worker's ingest (Postgres):
 each validated one is kept as a typed row in job_records (bounded per attempt, the rest only
 counted) and told in the job's log within a notice budget of its own, so a job on
-``action="warn"`` that fires often cannot use up the refusals' notices."""
+``action="warn"`` that fires often cannot use up the refusals' notices. ``eval_samples`` records
+are kept the same way, untold in the log, the first of them up to a bound of their own."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from pathlib import Path, PurePosixPath
 import pytest
 from sqlalchemy import func, select
 
-from ace3.config.events import InstabilityRecord, PreemptedRecord, parse_record
+from ace3.config.events import (
+    EvalSample,
+    EvalSamplesRecord,
+    InstabilityRecord,
+    PreemptedRecord,
+    parse_record,
+)
 from ace3_control.models import JobLog, JobRecord
 from ace3_control.settings import Settings
 from ace3_worker import ingest, reports
@@ -103,6 +110,36 @@ def test_a_flood_of_records_is_bounded_and_leaves_the_refusals_their_notices(
     assert len(refusals) == 1 and "(the last of" not in refusals[0], (
         "the guard's notices did not use the refusals' budget"
     )
+
+
+def _samples(step: int) -> str:
+    sample = EvalSample(prompt="the quick", completion=f"<b>{step}</b>\n", completion_tokens=3)
+    return EvalSamplesRecord(step=step, max_new_tokens=8, samples=[sample]).model_dump_json()
+
+
+def test_eval_samples_are_stored_typed_within_their_own_bound(
+    supervisor: Supervisor, directory: JobDirectory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ingest, "MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT", 3)
+    nul = _samples(9).replace("<b>9", "\\u0000")
+    lines = [_samples(step) for step in range(5)] + [nul]
+    directory.events_file.write_text("\n".join(lines) + "\n")
+    job_id, watch = _ingest(supervisor, directory, eval_sample_records_left=3)
+    with supervisor.sessions() as session:
+        rows = session.scalars(
+            select(JobRecord).where(JobRecord.job_id == job_id).order_by(JobRecord.id)
+        ).all()
+        notices = session.scalars(
+            select(JobLog.line)
+            .where(JobLog.job_id == job_id, JobLog.stream == "service")
+            .order_by(JobLog.id)
+        ).all()
+    assert [(row.type, row.step) for row in rows] == [("eval_samples", step) for step in range(3)]
+    assert rows[1].payload["samples"][0]["completion"] == "<b>1</b>\n"
+    assert watch.output.typed_records_dropped == 2
+    assert len(notices) == 2, notices
+    assert "eval_samples records past the first 3 of this attempt are not kept" in notices[0]
+    assert "refused an events record (eval_samples.samples.0.completion" in notices[1]
 
 
 @pytest.mark.parametrize(

@@ -194,20 +194,27 @@ async def list_records(
     session: SessionDep,
     owner_id: OwnerDep,
     record_type: Annotated[
-        Literal["instability", "preempted"] | None,
+        Literal["instability", "preempted", "eval_samples"] | None,
         Query(alias="type", description="Only this type."),
     ] = None,
     after: Annotated[Int64, Query(ge=0, description="Only records with id > after.")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    order: Annotated[
+        Literal["oldest", "newest"],
+        Query(description="oldest (default): oldest first; newest: the newest `limit` first."),
+    ] = "oldest",
 ) -> dict[str, object]:
-    """The typed records the job reported, oldest first: the instability guard's
-    (``instability``) and preemptions (``preempted``)."""
+    """The typed records the job reported, oldest first (``order=newest``: newest first): the
+    instability guard's (``instability``), preemptions (``preempted``) and the completions of
+    ``eval_prompts`` at each validation (``eval_samples``). ``next_after`` is the largest id
+    returned."""
     await jobs.get_owned_job(session, owner_id, job_id)
     stmt = select(JobRecord).where(JobRecord.job_id == job_id, JobRecord.id > after)
     if record_type is not None:
         stmt = stmt.where(JobRecord.type == record_type)
-    rows = (await session.scalars(stmt.order_by(JobRecord.id).limit(limit))).all()
-    return {"data": rows, "next_after": rows[-1].id if rows else after}
+    by_id = JobRecord.id.desc() if order == "newest" else JobRecord.id
+    rows = (await session.scalars(stmt.order_by(by_id).limit(limit))).all()
+    return {"data": rows, "next_after": max((row.id for row in rows), default=after)}
 
 
 @router.get(
