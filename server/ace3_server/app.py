@@ -31,6 +31,7 @@ from ace3_server.metrics.endpoint import router as metrics_router
 from ace3_server.metrics.http import HttpMetrics, MetricsMiddleware
 from ace3_server.middleware import RequestIdMiddleware, UploadGuardMiddleware
 from ace3_server.migrations_check import ensure_migrated
+from ace3_server.openai_api.router import openai_router
 from ace3_server.reconciler import run_reconciler
 from ace3_server.retention import run_retention
 from ace3_server.searches.driver import DriverWakes, run_search_driver
@@ -126,6 +127,7 @@ def create_app(settings: Settings | None = None, *, run_background_loops: bool =
     v1.include_router(queue_router)
     v1.include_router(webhooks_router)
     app.include_router(v1)
+    app.include_router(openai_router())
     app.include_router(metrics_router)
     app.state.http_metrics = HttpMetrics()
     app.state.metrics_snapshots = SnapshotCache(settings.metrics_cache_seconds)

@@ -18,8 +18,16 @@ from ace3_server.api.error_handlers import (
     RETRY_AFTER_SECONDS,
     log_database_unavailable,
 )
+from ace3_server.openai_api.errors import PREFIX as OPENAI_PREFIX
+from ace3_server.openai_api.errors import error_body, error_type
 
-UPLOAD_PATHS = ("/v1/models", "/v1/datasets", "/v1/datasets/shards/upload", "/v1/checkpoints")
+UPLOAD_PATHS = (
+    "/v1/models",
+    "/v1/datasets",
+    "/v1/datasets/shards/upload",
+    "/v1/checkpoints",
+    "/openai/v1/files",
+)
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 #: The JSON body cap when the app's settings do not say (ACE3_MAX_JSON_BYTES).
 DEFAULT_MAX_JSON_BYTES = 32 << 20
@@ -72,10 +80,19 @@ def _json_too_large_message(limit: int) -> str:
 
 
 async def _send_refusal(
-    send: Send, status: int, detail: str, headers: Mapping[str, str] | None = None
+    send: Send,
+    status: int,
+    detail: str,
+    headers: Mapping[str, str] | None = None,
+    scope: Scope | None = None,
 ) -> None:
-    """A JSON error sent before the body was read: the connection closes after it."""
-    body = json.dumps({"detail": detail}).encode()
+    """A JSON error sent before the body was read: the connection closes after it (in
+    OpenAI's shape under /openai/)."""
+    if scope is not None and scope["path"].startswith(OPENAI_PREFIX):
+        type_, code = error_type(status)
+        body = json.dumps(error_body(detail, type_=type_, code=code)).encode()
+    else:
+        body = json.dumps({"detail": detail}).encode()
     extra = [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
     await send(
         {
@@ -103,10 +120,10 @@ async def _authenticated(scope: Scope, headers: dict[bytes, bytes], send: Send) 
     except DATABASE_UNAVAILABLE_ERRORS as exc:
         log_database_unavailable(exc)
         retry_after = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        await _send_refusal(send, 503, DATABASE_UNAVAILABLE_DETAIL, retry_after)
+        await _send_refusal(send, 503, DATABASE_UNAVAILABLE_DETAIL, retry_after, scope)
         return False
     if owner_id is None:
-        await _send_refusal(send, 401, UNAUTHORIZED.detail, UNAUTHORIZED.headers)
+        await _send_refusal(send, 401, UNAUTHORIZED.detail, UNAUTHORIZED.headers, scope)
         return False
     return True
 
@@ -119,7 +136,7 @@ async def _capped(
     headers = dict(scope.get("headers") or [])
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        await _send_refusal(send, 413, detail)
+        await _send_refusal(send, 413, detail, scope=scope)
         return
     received = 0
     started = False
@@ -143,7 +160,7 @@ async def _capped(
         await app(scope, limited_receive, tracking_send)
     except _BodyTooLarge:
         if not started:
-            await _send_refusal(send, 413, detail)
+            await _send_refusal(send, 413, detail, scope=scope)
 
 
 class UploadGuardMiddleware:

@@ -305,9 +305,11 @@ async def create_job(
     body: JobCreate,
     idempotency_key: str | None,
     settings: Settings,
+    fine_tune_request: dict[str, Any] | None = None,
 ) -> tuple[Job, bool]:
     """Validate, insert (queued) and publish; return (job, created). A job no live worker can
-    run is refused (``services.admission``)."""
+    run is refused (``services.admission``). ``fine_tune_request``: what the OpenAI-compatible
+    API was asked for (``jobs.fine_tune_request``)."""
     requirements = RequirementsCheck()
 
     async def problems() -> list[dict[str, Any]]:
@@ -347,6 +349,7 @@ async def create_job(
             max_retries=settings.max_retries,
             resume_from_checkpoint_id=body.resume_from_checkpoint,
             requirements=requirements.merged or None,
+            fine_tune_request=fine_tune_request,
         )
 
     try:

@@ -1,0 +1,167 @@
+"""The OpenAI-compatible API (``/openai/v1``) driven by the official ``openai`` package against
+an API of its own (jobs stay queued: no worker reads its queue): files, fine-tuning jobs, their
+listing, cancellation, events and OpenAI's error shapes and statuses."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ace3
+from tests.integration.server.in_process_api import serve_one_owner
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+RECORDS = [{"prompt": f"count {i}", "completion": f" {i + 1}"} for i in range(16)]
+
+
+def _jsonl(records: list[Any]) -> bytes:
+    return "".join(json.dumps(record) + "\n" for record in records).encode()
+
+
+@pytest.fixture(scope="module")
+def api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    with serve_one_owner(redis_url, Path(tmp_path_factory.mktemp("openai")), "openai") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def client(api: tuple[str, str]) -> Any:
+    base, key = api
+    return openai.OpenAI(base_url=f"{base}/openai/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model_id(api: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tests.e2e.test_language_models import _gpt2_directory
+
+    directory = tmp_path_factory.mktemp("gpt2")
+    _gpt2_directory(directory)
+    base, key = api
+    with ace3.Client(api_key=key, base_url=base) as sdk:
+        return sdk.load_model(directory, name="tiny-gpt2").id
+
+
+@pytest.fixture(scope="module")
+def training_file(client: Any) -> Any:
+    return client.files.create(file=("train.jsonl", _jsonl(RECORDS)), purpose="fine-tune")
+
+
+def test_a_file_is_uploaded_read_back_and_listed(client: Any, training_file: Any) -> None:
+    assert training_file.object == "file" and training_file.status == "processed"
+    assert (training_file.filename, training_file.purpose) == ("train.jsonl", "fine-tune")
+    assert training_file.bytes == len(_jsonl(RECORDS)) and training_file.created_at > 0
+    assert client.files.retrieve(training_file.id).id == training_file.id
+    assert client.files.content(training_file.id).read() == _jsonl(RECORDS)
+    assert training_file.id in [f.id for f in client.files.list().data]
+
+
+def test_a_file_of_other_records_is_refused_naming_the_line(client: Any) -> None:
+    pairs = b"\n" + _jsonl([{"inputs": [1.0, 2.0], "target": 1}])
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.files.create(file=("pairs.jsonl", pairs), purpose="fine-tune")
+    assert "line 2" in refused.value.message and "prompt/completion" in refused.value.message
+    assert refused.value.param == "file"
+    broken = _jsonl([RECORDS[0], {"prompt": "a", "completion": 3}])
+    with pytest.raises(openai.BadRequestError, match="line 2: 'completion' must be a string"):
+        client.files.create(file=("broken.jsonl", io.BytesIO(broken)), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        client.files.create(file=("train.jsonl", _jsonl(RECORDS)), purpose="assistants")
+
+
+def _create(client: Any, model: str, file_id: str, **extra: Any) -> Any:
+    return client.fine_tuning.jobs.create(model=model, training_file=file_id, **extra)
+
+
+def test_a_job_is_an_ace3_job_with_the_hyperparameters_mapped(
+    client: Any, api: tuple[str, str], model_id: str, training_file: Any
+) -> None:
+    job = _create(
+        client, "tiny-gpt2", training_file.id, suffix="counting", seed=7,
+        metadata={"team": "nlp"}, validation_file=training_file.id,
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 0.5}}},
+        extra_body={"ace3": {"max_steps": 5, "log_interval": 1}},
+    )  # fmt: skip
+    assert (job.object, job.status, job.model) == ("fine_tuning.job", "queued", "tiny-gpt2")
+    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == 4
+    assert job.hyperparameters.learning_rate_multiplier == 0.5
+    assert (job.seed, job.user_provided_suffix, job.metadata) == (7, "counting", {"team": "nlp"})
+    assert (job.training_file, job.validation_file) == (training_file.id, training_file.id)
+    assert job.fine_tuned_model is None and job.result_files == [] and job.error is None
+    base, key = api
+    with ace3.Client(api_key=key, base_url=base) as sdk:
+        same = sdk.jobs.retrieve(job.id)
+    assert same.model_id == model_id and same.config["max_steps"] == 5
+    assert same.config["learning_rate"] == pytest.approx(1e-4)  # 0.5 x the LoRA base, 2e-4
+    assert same.config["lora"]["target_modules"] == "all-linear"
+    assert client.fine_tuning.jobs.retrieve(job.id).metadata == {"team": "nlp"}
+    events = client.fine_tuning.jobs.list_events(job.id).data
+    assert [e.message for e in events] == [f"Created fine-tuning job: {job.id}"]
+    assert client.fine_tuning.jobs.checkpoints.list(job.id).data == []
+
+
+def test_jobs_are_listed_newest_first_in_pages(
+    client: Any, model_id: str, training_file: Any
+) -> None:
+    made = [_create(client, model_id, training_file.id).id for _ in range(3)]
+    first = client.fine_tuning.jobs.list(limit=2)
+    assert [job.id for job in first.data] == made[::-1][:2] and first.has_more
+    rest = client.fine_tuning.jobs.list(limit=2, after=first.data[-1].id)
+    assert rest.data[0].id == made[0]
+    assert set(made) <= {job.id for job in client.fine_tuning.jobs.list(limit=100).data}
+
+
+def test_a_job_is_cancelled_once_and_its_metrics_file_is_readable(
+    client: Any, model_id: str, training_file: Any
+) -> None:
+    job = _create(client, model_id, training_file.id)
+    cancelled = client.fine_tuning.jobs.cancel(job.id)
+    assert cancelled.status == "cancelled" and cancelled.finished_at is not None
+    with pytest.raises(openai.BadRequestError, match="cancelled already"):
+        client.fine_tuning.jobs.cancel(job.id)
+    (result,) = cancelled.result_files
+    assert client.files.retrieve(result).purpose == "fine-tune-results"
+    assert client.files.content(result).read().decode().splitlines() == ["step"]
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id).data]
+    assert messages == ["The job was cancelled", f"Created fine-tuning job: {job.id}"]
+    older = client.fine_tuning.jobs.list_events(job.id, limit=1)
+    assert older.has_more
+    after = client.fine_tuning.jobs.list_events(job.id, after=older.data[0].id).data
+    assert [e.message for e in after] == [f"Created fine-tuning job: {job.id}"]
+
+
+def test_refusals_have_openais_shape_and_status(
+    client: Any, api: tuple[str, str], model_id: str, training_file: Any
+) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        _create(client, "no-such-model", training_file.id)
+    assert missing.value.param == "model" and missing.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError, match="no file"):
+        _create(client, model_id, "0" * 32)
+    with pytest.raises(openai.BadRequestError, match="'warmup_ratio'") as unknown:
+        _create(client, model_id, training_file.id, hyperparameters={"warmup_ratio": 0.1})
+    assert unknown.value.param == "hyperparameters.warmup_ratio"
+    with pytest.raises(openai.BadRequestError) as bad_field:
+        _create(client, model_id, training_file.id, extra_body={"ace3": {"not_a_field": 1}})
+    assert bad_field.value.param == "ace3.not_a_field"
+    with pytest.raises(openai.BadRequestError) as method:
+        _create(client, model_id, training_file.id, method={"type": "dpo"})
+    assert method.value.param == "method.type"
+    with pytest.raises(openai.NotFoundError):
+        client.fine_tuning.jobs.retrieve("0" * 32)
+    base, _ = api
+    stranger = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="ace3_bad", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as denied:
+        stranger.fine_tuning.jobs.list()
+    assert denied.value.code == "invalid_api_key" and denied.value.type == "invalid_request_error"
+    with pytest.raises(openai.AuthenticationError) as upload:  # refused before the body is read
+        stranger.files.create(file=("train.jsonl", _jsonl(RECORDS)), purpose="fine-tune")
+    assert upload.value.code == "invalid_api_key"
