@@ -180,6 +180,7 @@ class JobOut(_Out):
         description="What a starting job is doing before its processes run "
         "('preparing_environment'); null otherwise.",
     )
+    fine_tuned_model_id: str | None = Field(None, description="The model its export became.")
     environment: JobEnvironmentOut | None = Field(
         None, description="The environment its requirements resolved to; null until resolved."
     )

@@ -144,6 +144,9 @@ class Job(_APIObject):
     # What a starting job is doing before its processes run ("preparing_environment"); None
     # otherwise (not a state: the job stays "starting").
     phase: str | None = None
+    # The model a succeeded run's Hugging Face export (artifacts/huggingface/) was registered
+    # as: fine-tune it again, or download it; None: no export, or not succeeded.
+    fine_tuned_model_id: str | None = None
     # The environment its requirements resolved to; None until a worker resolved them.
     environment: JobEnvironment | None = None
     created_at: datetime | None = None
