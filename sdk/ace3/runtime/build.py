@@ -25,14 +25,19 @@ from ace3.runtime.checkpoint.files import load_checkpoint
 from ace3.runtime.components import Components
 from ace3.runtime.data.datasets import load_datasets
 from ace3.runtime.data.text_datasets import (
+    TextData,
     check_sequence_length,
     load_text_datasets,
+    load_tokenizer,
+    model_context,
+    pad_token_id,
     text_records_file,
 )
 from ace3.runtime.data.train_source import train_data_for
 from ace3.runtime.hf_export import HuggingFaceExport
 from ace3.runtime.job_spec import JobSpec
 from ace3.runtime.loop.batch_growth import batch_plan_for
+from ace3.runtime.loop.eval_samples import EvalSamples
 from ace3.runtime.loop.losses import forward_loss
 from ace3.runtime.loop.optim import ScheduleDriver, build_scheduler
 from ace3.runtime.loop.precision import resolve_precision
@@ -168,6 +173,8 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     parts.micro_batch_split = job.micro_batch_split
     if text is not None:  # padded dict batches of the tokenized examples
         parts.collate_fn = text.collate
+    if config.eval_prompts and user.source_dir is not None:  # samples at every validation
+        parts.extensions.append(eval_samples_for(config, user.source_dir, text, parts))
     if job.micro_batch_split > 1 and ctx.is_main:
         micro = -(-parts.per_rank_batch // job.micro_batch_split)
         ENGINE.info(
@@ -175,6 +182,23 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
             f"micro-batches of {micro} per rank, the effective batch unchanged"
         )
     return parts
+
+
+def eval_samples_for(
+    config: TrainingConfig, model_dir: Path, text: TextData | None, parts: Components
+) -> EvalSamples:
+    """``eval_prompts``' generation, with the tokenizer the text records were tokenized with
+    (else the directory's own); chat records make each prompt a user message."""
+    tokenizer = text.tokenizer if text is not None else load_tokenizer(model_dir)
+    return EvalSamples(
+        config.eval_prompts or [],
+        tokenizer,
+        chat=text is not None and text.kind == "chat",
+        max_new_tokens=config.eval_max_new_tokens,
+        context=model_context(model_dir),
+        precision=parts.precision,
+        pad_id=pad_token_id(tokenizer),
+    )
 
 
 def build_local(
@@ -219,6 +243,11 @@ def assemble(
     resume. ``live_module``: the caller keeps using ``model`` (an in-process run);
     ``teacher``: the distillation teacher (``config.distillation``)."""
     refuse_unsupported(config)  # every reason at once, before the layout is worked out
+    if config.eval_prompts and user.source_dir is None:
+        raise ValueError(
+            "eval_prompts needs a Hugging Face model directory (model kind 'huggingface', with "
+            "its tokenizer): remove eval_prompts"
+        )
     strategy = strategy_for(config, ctx)
     per_rank_batch = check_config(config, ctx, strategy)
     apply_dropout_override(model, config, ctx)

@@ -2,7 +2,8 @@
 torchrun (2 ranks, gloo): a tiny GPT-2 built from a config with a tokenizer trained on local
 text (nothing downloaded), LoRA on its Conv1D ``c_attn`` layers and full fine-tuning with ZeRO-3;
 what the job writes (``huggingface/`` and ``adapter/``) loads with ``transformers`` and ``peft``,
-computes what the trained model computes, and generates."""
+computes what the trained model computes, and generates; ``eval_prompts``' samples are what the
+trained model generates."""
 
 from __future__ import annotations
 
@@ -148,7 +149,9 @@ def test_lora_on_gpt2_exports_a_merged_directory_and_peft_adapters(
 def test_full_fine_tuning_with_zero3_gathers_the_weights_it_exports(
     workdir: Path, tmp_path: Path
 ) -> None:
-    done = run_job(_job(workdir, zero_stage=3, save_interval=6), tmp_path, nproc=2)
+    prompts = ["the quick brown", "the lazy"]
+    job = _job(workdir, zero_stage=3, save_interval=6, eval_prompts=prompts, eval_max_new_tokens=4)
+    done = run_job(job, tmp_path, nproc=2)
     assert_ok(done)
     export = tmp_path / "output" / "artifacts" / "huggingface"
     trained = transformers.AutoModelForCausalLM.from_pretrained(str(export))
@@ -157,6 +160,21 @@ def test_full_fine_tuning_with_zero3_gathers_the_weights_it_exports(
     moved = [n for n, p in base.named_parameters() if not torch.equal(p, names[n])]
     assert len(moved) == len(names), "every weight trained and was gathered whole"
     assert torch.isfinite(_logits(trained)).all()
+    # eval_prompts: at the run's last validation, every rank took part in the sharded model's
+    # generation and rank 0 wrote what the trained model completes greedily
+    [record] = [e for e in events(tmp_path) if e["type"] == "eval_samples"]
+    assert (record["step"], record["max_new_tokens"]) == (6, 4)
+    assert [sample["prompt"] for sample in record["samples"]] == prompts
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(export))
+    trained.eval()
+    for sample in record["samples"]:
+        ids = tokenizer(sample["prompt"], add_special_tokens=False, return_tensors="pt")
+        new = trained.generate(**ids, max_new_tokens=4, do_sample=False)[
+            0, ids.input_ids.shape[1] :
+        ]
+        new = new[: next((i for i, t in enumerate(new.tolist()) if t == 1), len(new))]  # EOS
+        assert sample["completion"] == tokenizer.decode(new, skip_special_tokens=True)
+        assert sample["completion_tokens"] == len(new) and not sample["truncated"]
 
 
 CHATML = (
@@ -210,6 +228,8 @@ def test_chat_records_are_tokenized_masked_and_trained_on_two_ranks(
             "log_interval": 1,
             "packing": packing,
             "sequence_length": 24,
+            "eval_prompts": ["the quick"],  # a user message in the chat template
+            "eval_max_new_tokens": 3,
         },
         "model": {
             "path": str(chat_workdir / "gpt2"),
@@ -227,3 +247,6 @@ def test_chat_records_are_tokenized_masked_and_trained_on_two_ranks(
     final = summary["final_metrics"]
     assert math.isfinite(final["train_loss"]) and math.isfinite(final["val_perplexity"])
     assert (tmp_path / "output" / "artifacts" / "huggingface" / "tokenizer_config.json").is_file()
+    [record] = [e for e in events(tmp_path) if e["type"] == "eval_samples"]
+    [sample] = record["samples"]
+    assert sample["prompt"] == "the quick" and sample["completion_tokens"] <= 3

@@ -96,13 +96,38 @@ def check_sequence_length(model_dir: Path, sequence_length: int | None) -> None:
         )
 
 
+def load_tokenizer(model_dir: Path) -> Any:
+    """The model directory's own tokenizer (its code runs only when the directory names it)."""
+    from transformers import AutoTokenizer
+
+    custom_code = any(
+        "auto_map" in read_model_config(model_dir, name)
+        for name in ("config.json", "tokenizer_config.json")
+        if (model_dir / name).is_file()
+    )
+    return AutoTokenizer.from_pretrained(
+        str(model_dir), local_files_only=True, trust_remote_code=custom_code
+    )
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The tokenizer's padding id: its pad token, else its EOS, else 0."""
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return int(token_id)
+    return 0
+
+
 @dataclass(frozen=True)
 class TextData:
-    """The tokenized datasets (their notes say what was tokenized) and the collate function
-    that pads their batches."""
+    """The tokenized datasets (their notes say what was tokenized), the collate function that
+    pads their batches, the training records' kind (``chat``, ``prompt_completion``, ``text``)
+    and the tokenizer."""
 
     datasets: Datasets
     collate: Callable[[list[Any]], Any]
+    kind: str
+    tokenizer: Any
 
 
 def _examples(path: Path, tokenizer: Any) -> tuple[str, list[TokenizedExample]]:
@@ -153,20 +178,9 @@ def load_text_datasets(
     model_dir: Path,
 ) -> TextData:
     """Tokenize the training records (and the validation ones) with the model's tokenizer."""
-    from transformers import AutoTokenizer
-
     check_sequence_length(model_dir, config.sequence_length)
-    custom_code = any(
-        "auto_map" in read_model_config(model_dir, name)
-        for name in ("config.json", "tokenizer_config.json")
-        if (model_dir / name).is_file()
-    )
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(model_dir), local_files_only=True, trust_remote_code=custom_code
-    )
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    tokenizer = load_tokenizer(model_dir)
+    pad_id = pad_token_id(tokenizer)
     length = config.sequence_length or default_sequence_length(model_dir)
     build = functools.partial(_dataset, length=length, packing=config.packing, pad_id=pad_id)
     kind, examples = _examples(train_file, tokenizer)
@@ -194,4 +208,4 @@ def load_text_datasets(
         validation, note = build(f"{train_file.name} (held out)", kind, held)
         notes.append(note)
     collate = functools.partial(collate_text, pad_token_id=pad_id)
-    return TextData(Datasets(train, validation, tuple(notes)), collate)
+    return TextData(Datasets(train, validation, tuple(notes)), collate, kind, tokenizer)

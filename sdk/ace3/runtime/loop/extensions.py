@@ -16,6 +16,9 @@ loop performs for it)::
     training_metrics() entries for each training-metrics report (every rank: a collective)
     step_end(loop)     at the end of each step, after its metrics, its checkpoint and the
                        stop check (preemption stops here: :mod:`ace3.runtime.loop.preemption`)
+    after_validation(loop)
+                       after each validation (at each epoch's end and the run's last step;
+                       its metrics already reported): eval_prompts' samples
     saving()           a context around every checkpoint the loop writes
     finish(loop)       after the final checkpoint; returns entries for the summary
     on_instability(loop, reason)
@@ -58,6 +61,9 @@ class LoopExtension:
         return {}
 
     def step_end(self, loop: LoopView) -> None:
+        return None
+
+    def after_validation(self, loop: LoopView) -> None:
         return None
 
     def saving(self) -> contextlib.AbstractContextManager[Any]:

@@ -214,6 +214,8 @@ class TrainingLoop:
             self.log(f"{label}: " + " ".join(f"{k}={v:.5f}" for k, v in values.items()), METRICS)
             if self.parts.scheduler is not None:
                 self.parts.scheduler.after_validation(values)
+        for extension in self.extensions:  # (eval_prompts' samples)
+            extension.after_validation(self)
         return values
 
     # -- saving -------------------------------------------------------------------------------

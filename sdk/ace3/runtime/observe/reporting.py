@@ -1,7 +1,8 @@
 """The rank-0 event log ``output_dir/events.jsonl``: one record a line, appended, flushed.
 
 The records are the typed models of :mod:`ace3.config.events` (``start``, ``metrics``,
-``checkpoint``, ``nonfinite_loss``, ``instability``, ``preempted``, ``summary``), built and
+``checkpoint``, ``nonfinite_loss``, ``instability``, ``preempted``, ``eval_samples``,
+``summary``), built and
 validated here, so the engine cannot write a record the worker would refuse. A non-finite float (a diverged loss) is written
 as ``null``. On other ranks the writer is a no-op, except for :func:`report_rank_failure`:
 every rank that fails appends its own ``rank_failure`` record.
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from ace3.config.events import (
     MAX_FAILURE_MESSAGE_CHARS,
     AnyRecord,
+    EvalSamplesRecord,
     EventRecord,
     InstabilityRecord,
     MetricsRecord,
@@ -150,6 +152,12 @@ class EventWriter:
     def preempted(self, step: int, epoch: float, checkpoint: str | None) -> None:
         """SIGTERM stopped the run after ``step``, with the checkpoint file ``checkpoint``."""
         self.emit(PreemptedRecord, step=step, epoch=epoch, checkpoint=checkpoint)
+
+    def eval_samples(self, record: EvalSamplesRecord) -> None:
+        """What the model completed for ``eval_prompts`` (built and fitted to the line's bound
+        by :func:`ace3.runtime.loop.eval_samples.samples_record`)."""
+        if self.enabled:
+            self.write(record)
 
     def rank_failure(self, rank: int, error: BaseException, time_ns: int) -> None:
         """Rank ``rank`` raised ``error`` at ``time_ns`` (``time.time_ns()``)."""
