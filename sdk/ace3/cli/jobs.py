@@ -1,4 +1,5 @@
-"""``ace3 jobs list|show|logs|metrics|cancel|download``: the job verbs, clients of ``/v1/jobs``."""
+"""``ace3 jobs list|show|logs|metrics|samples|cancel|download``: the job verbs, clients of
+``/v1/jobs``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from ace3.cli import output
 from ace3.cli.common import add_json_flag, add_list_parser, cancel_run, list_runs, make_client
 from ace3.cli.errors import BAD_INPUT, NOT_FOUND, OK, RUN_FAILED, CLIError
+from ace3.config.events import EvalSamplesRecord
 
 
 def _best_value(job: Any) -> str:
@@ -134,6 +136,26 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_samples(args: argparse.Namespace) -> int:
+    """The latest completions of ``eval_prompts`` (an ``eval_samples`` record)."""
+    page = make_client().jobs.record_page(args.id, type="eval_samples", order="newest", limit=1)
+    if args.json:
+        output.print_json([item.record for item in page.data])
+        return OK
+    if not page.data:
+        print(f"job {args.id} has no eval_samples yet (eval_prompts: written at each validation)")
+        return OK
+    record = page.data[0].record
+    if not isinstance(record, EvalSamplesRecord):
+        raise CLIError(f"job {args.id}: an eval_samples record this SDK cannot read", RUN_FAILED)
+    epoch = f", epoch {record.epoch:g}" if record.epoch is not None else ""
+    print(f"eval samples at step {record.step}{epoch} (at most {record.max_new_tokens} tokens)")
+    for sample in record.samples:
+        cut = " (truncated)" if sample.truncated else ""
+        print(f"\n> {sample.prompt}\n{sample.completion}{cut}")
+    return OK
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     return cancel_run(make_client().jobs, args, "job")
 
@@ -220,6 +242,11 @@ def add_parsers(sub: Any) -> None:
     metrics.add_argument("--name", default=None, help="only this metric (e.g. val_loss)")
     metrics.set_defaults(func=cmd_metrics)
 
+    samples = verbs.add_parser(
+        "samples", help="the latest completions of a job's eval_prompts (at its last validation)"
+    )
+    samples.set_defaults(func=cmd_samples)
+
     cancel = verbs.add_parser("cancel", help="ask a job to stop")
     cancel.set_defaults(func=cmd_cancel)
 
@@ -247,7 +274,7 @@ def add_parsers(sub: Any) -> None:
     )
     download.set_defaults(func=cmd_download)
 
-    for parser in (show, logs, metrics, cancel, download):
+    for parser in (show, logs, metrics, samples, cancel, download):
         parser.add_argument("id", help="the job id")
-    for parser in (listing, show, logs, metrics, cancel, download):
+    for parser in (listing, show, logs, metrics, samples, cancel, download):
         add_json_flag(parser)

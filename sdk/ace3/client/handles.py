@@ -26,7 +26,7 @@ from ace3.client.types import (
     LogPage,
     Metric,
 )
-from ace3.config.events import InstabilityRecord
+from ace3.config.events import EvalSamplesRecord, InstabilityRecord
 
 __all__ = [
     "FinishedJob",
@@ -102,6 +102,8 @@ class JobHandleLike(_RunHandle, Protocol):
     def records(self, *, type: str | None = None) -> list[JobRecord]: ...
 
     def instabilities(self) -> list[InstabilityRecord]: ...
+
+    def eval_samples(self) -> list[EvalSamplesRecord]: ...
 
     def best_checkpoint(self) -> Checkpoint | None: ...
 

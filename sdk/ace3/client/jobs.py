@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 from ace3.client._sse import decode_event, follow_events
@@ -158,10 +158,13 @@ class Jobs(_Runs[Job]):
         type: str | None = None,
         after: int | None = None,
         limit: int | None = None,
+        order: Literal["oldest", "newest"] | None = None,
     ) -> RecordPage:
         """One page of the job's typed records after id ``after`` (``type``:
-        ``"instability"`` or ``"preempted"``; None: both); follow ``next_after`` for more."""
-        params = {"type": type, "after": after, "limit": limit}
+        ``"instability"``, ``"preempted"`` or ``"eval_samples"``; None: all), oldest first;
+        follow ``next_after`` for more. ``order="newest"``: the newest ``limit`` first
+        (``limit=1``: the latest one)."""
+        params = {"type": type, "after": after, "limit": limit, "order": order}
         payload = self._http.request("GET", f"/v1/jobs/{job_id}/records", params=params).json()
         records = [JobRecord.model_validate(item) for item in payload.get("data") or []]
         return RecordPage(data=records, next_after=payload.get("next_after"))
@@ -175,9 +178,10 @@ class Jobs(_Runs[Job]):
     ) -> builtins.list[JobRecord]:
         """Every typed record the job reported so far, oldest first: the instability guard's
         (``type="instability"``, each ``record`` an
-        :class:`~ace3.config.events.InstabilityRecord`) and preemptions (``"preempted"``,
-        :class:`~ace3.config.events.PreemptedRecord`). The service keeps at most 1000 an
-        attempt."""
+        :class:`~ace3.config.events.InstabilityRecord`), preemptions (``"preempted"``,
+        :class:`~ace3.config.events.PreemptedRecord`) and the completions of ``eval_prompts``
+        (``"eval_samples"``, :class:`~ace3.config.events.EvalSamplesRecord`). The service keeps
+        at most 1000 an attempt (at most 100 of them eval_samples)."""
         found: builtins.list[JobRecord] = []
         while True:
             page = self.record_page(job_id, type=type, after=after)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ace3.config.events import InstabilityRecord, PreemptedRecord, RunPlan
+from ace3.config.events import EvalSamplesRecord, InstabilityRecord, PreemptedRecord, RunPlan
 from ace3.config.states import TERMINAL_STATES as TERMINAL_STATES
 from ace3.config.states import JobPriority, WaitingReason
 from ace3.config.states import JobState as JobState
@@ -188,14 +188,18 @@ class JobRecord(_APIObject):
     """A typed record the job reported (``GET /v1/jobs/{id}/records``, the stream's ``record``
     events): ``type`` ``"instability"`` (``record`` an
     :class:`~ace3.config.events.InstabilityRecord`: the instability guard found an unstable
-    step) or ``"preempted"`` (a :class:`~ace3.config.events.PreemptedRecord`). A record this
-    SDK does not know (a newer server's) stays a dict."""
+    step), ``"preempted"`` (a :class:`~ace3.config.events.PreemptedRecord`) or
+    ``"eval_samples"`` (an :class:`~ace3.config.events.EvalSamplesRecord`: what the model
+    completed for ``eval_prompts`` at a validation). A record this SDK does not know (a newer
+    server's) stays a dict."""
 
     id: int
     attempt: int | None = None
     type: str
     step: int | None = None
-    record: InstabilityRecord | PreemptedRecord | dict[str, Any] = Field(union_mode="left_to_right")
+    record: InstabilityRecord | PreemptedRecord | EvalSamplesRecord | dict[str, Any] = Field(
+        union_mode="left_to_right"
+    )
     created_at: datetime | None = None
 
 

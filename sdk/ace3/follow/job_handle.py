@@ -21,7 +21,7 @@ from ace3.client.types import (
     LogPage,
     Metric,
 )
-from ace3.config.events import InstabilityRecord
+from ace3.config.events import EvalSamplesRecord, InstabilityRecord
 from ace3.errors import JobCancelledError, JobFailedError
 from ace3.follow.display import display_mode
 from ace3.follow.waiting import FollowedHandle
@@ -183,8 +183,18 @@ class JobHandle(FollowedHandle[Job, JobEvent]):
         return self._client.jobs.checkpoints(self.id)
 
     def records(self, *, type: str | None = None) -> list[JobRecord]:
-        """The job's typed records (``"instability"``, ``"preempted"``), oldest first."""
+        """The job's typed records (``"instability"``, ``"preempted"``, ``"eval_samples"``),
+        oldest first."""
         return self._client.jobs.records(self.id, type=type)
+
+    def eval_samples(self) -> list[EvalSamplesRecord]:
+        """What the model completed for ``eval_prompts`` at each validation, oldest first
+        (each record's ``samples``: ``prompt``, ``completion``)."""
+        return [
+            item.record
+            for item in self.records(type="eval_samples")
+            if isinstance(item.record, EvalSamplesRecord)
+        ]
 
     def instabilities(self) -> list[InstabilityRecord]:
         """What the instability guard found, oldest first (as an in-process run's
