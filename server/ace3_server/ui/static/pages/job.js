@@ -177,6 +177,7 @@ export async function render(root, { api, params, navigate }) {
   // -- attempts, records, checkpoints, artifacts --------------------------------------------
   const attempts = el("div", { id: "job-attempts" });
   const records = el("div", { id: "job-records" });
+  const samples = el("div", { id: "job-samples" });
   const checkpoints = el("div", { id: "job-checkpoints" });
   const artifacts = el("div", { id: "job-artifacts" });
   const environment = environmentPanel();
@@ -212,11 +213,16 @@ export async function render(root, { api, params, navigate }) {
   }
 
   async function loadFiles() {
-    const [checkpointList, artifactList, recordList] = await Promise.all([
+    // (eval_samples apart: up to 256 KiB each, only the latest is shown)
+    const [checkpointList, artifactList, instabilityList, preemptedList, latestSamples] = await Promise.all([
       api.get(`${path}/checkpoints`, undefined, abort.signal),
       api.get(`${path}/artifacts`, undefined, abort.signal),
-      api.get(`${path}/records`, { limit: 1000 }, abort.signal),
+      api.get(`${path}/records`, { type: "instability", limit: 1000 }, abort.signal),
+      api.get(`${path}/records`, { type: "preempted", limit: 1000 }, abort.signal),
+      api.get(`${path}/records`, { type: "eval_samples", order: "newest", limit: 1 }, abort.signal),
     ]);
+    const recordList = { data: [...instabilityList.data, ...preemptedList.data].sort((a, b) => a.id - b.id) };
+    showSamples(latestSamples.data[0]);
     checkpoints.replaceChildren(
       table(
         [
@@ -272,6 +278,26 @@ export async function render(root, { api, params, navigate }) {
     );
   }
 
+  // The latest eval_prompts completions. A job's output is untrusted: text nodes only (el).
+  function showSamples(row) {
+    if (!row) {
+      samples.replaceChildren(el("p", { class: "empty" }, job.config.eval_prompts ? "No samples yet: written at each validation." : "No eval_prompts in this job's config."));
+      return;
+    }
+    const { step, epoch, samples: items } = row.record;
+    samples.replaceChildren(
+      el("p", { class: "muted" }, `At step ${step}${epoch === null || epoch === undefined ? "" : `, epoch ${epoch}`} (greedy, at most ${row.record.max_new_tokens} tokens):`),
+      ...items.map((item) =>
+        el(
+          "div",
+          { class: "sample" },
+          el("pre", { class: "sample-prompt" }, item.prompt),
+          el("pre", { class: "sample-completion" }, item.completion, item.truncated ? el("span", { class: "muted" }, " [truncated]") : null),
+        ),
+      ),
+    );
+  }
+
   root.append(
     el("p", { class: "muted crumbs" }, el("a", { href: "#/jobs" }, "Jobs"), " / ", jobId),
     el("div", { class: "page-head" }, title, el("span", { class: "spacer" }), cancel),
@@ -289,6 +315,8 @@ export async function render(root, { api, params, navigate }) {
     attempts,
     el("h3", {}, "Records"),
     records,
+    el("h2", {}, "Sample completions"),
+    samples,
     el("h2", {}, "Checkpoints"),
     checkpoints,
     el("h2", {}, "Artifacts"),
