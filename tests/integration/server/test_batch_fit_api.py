@@ -1,7 +1,8 @@
 """A dataset's batches are checked against the model's forward at submission (issue 30, point
 3), through the real API on a database of its own (no worker reads its queue): a job or search
 whose model cannot take the batches is a 422 naming the dataset field, with nothing stored;
-where either side is unknown (compute_loss, a dataset.py) or they fit, the job is created."""
+where either side is unknown (compute_loss, a dataset.py) or they fit, the job is created. (And
+``eval_prompts`` on a model that is not a Hugging Face directory is a 422 naming it, issue 29.)"""
 
 from __future__ import annotations
 
@@ -183,3 +184,17 @@ def test_jobs_the_check_cannot_refuse_are_created(
 ) -> None:
     response = api.post("/v1/jobs", json=_job(ids, model, dataset, config=config))
     assert response.status_code == 201, response.text
+
+
+def test_eval_prompts_on_a_model_that_is_not_a_huggingface_directory_is_422(
+    api: httpx.Client, ids: dict[str, str]
+) -> None:
+    before = _listed(api, "/v1/jobs")
+    body = _job(ids, "takes_x", "pairs", config={"eval_prompts": ["Once upon a time"]})
+    response = api.post("/v1/jobs", json=body)
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "config", "eval_prompts"]
+    assert "needs a Hugging Face model directory" in problem["msg"]
+    assert "model 'takes_x" in problem["msg"] and "of kind 'file'" in problem["msg"]
+    assert _listed(api, "/v1/jobs") == before
