@@ -195,6 +195,8 @@ def test_tokens_per_sec_counts_token_ids() -> None:
     result = ace3.Trainer(config).train(Bag(), TensorDataset(ids, torch.zeros(16, 1)))
     assert [step for step, _ in result.history["tokens_per_sec"]] == [1, 2, 4]
     assert all(value > 0 for _, value in result.history["tokens_per_sec"])
+    # Every sample trained on (all 16: no validation split), each of its 6 token ids once.
+    assert result.final_metrics["trained_tokens"] == 16 * 6
 
 
 def test_token_counting_rule() -> None:

@@ -13,7 +13,8 @@ Metrics (names are the events contract's: 1-200 characters, at most 256 in a rep
   run between reports);
 - ``lr_scale``: the learning-rate factor the instability guard's rollbacks left (when not 1);
 - ``tokens_per_sec``: token ids of every data replica over the wall time since the last
-  report, when the inputs are token ids (see ``count_tokens``; absent otherwise);
+  report, when the inputs are token ids (see ``count_tokens``; absent otherwise); the same
+  count adds up in ``TrainState.trained_tokens`` (the summary's ``trained_tokens``);
 - ``data_wait_ms_rank<r>`` (while the job has at most :data:`MAX_RANKS_SHOWN` ranks) and
   ``data_wait_ms_max``: the rank's host time waiting for its next batches (the loop's
   ``next()`` on its loader: reading and collating them with ``num_workers=0``, waiting for
@@ -134,7 +135,9 @@ class RunMetrics:
         values.update(data_wait_values([row[5] for row in rows]))
         tokens = sum(row[4] for row in rows)
         if tokens > 0:  # every rank of a data replica ran the same tokens: count them once
-            values["tokens_per_sec"] = tokens * self.replicas / self.ctx.world_size / elapsed
+            replicated = tokens * self.replicas / self.ctx.world_size
+            values["tokens_per_sec"] = replicated / elapsed
+            state.trained_tokens += round(replicated)
         return values
 
 

@@ -33,6 +33,8 @@ def final_metrics(
         final["best_val_accuracy"] = state.best_val_accuracy
     final["steps"] = state.step
     final["epochs"] = state.display_epoch()
+    if state.trained_tokens > 0:
+        final["trained_tokens"] = state.trained_tokens
     if memory is not None:
         final.update(memory)
     if split > 1:

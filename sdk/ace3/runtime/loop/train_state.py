@@ -30,6 +30,9 @@ class TrainState:
     # (or rolled back) from, until the loop has loaded it (checkpoints keep every replica's:
     # ace3.runtime.checkpoint.plain.RankStates); None for an indexed dataset.
     data_position: Any = None
+    # Token ids trained on so far by every data replica together, counted once per replica
+    # (the summary's ``trained_tokens``; 0 when the inputs are not token ids).
+    trained_tokens: int = 0
 
     def display_epoch(self) -> int:
         """The 1-based epoch the last step belongs to (the last finished one at a boundary)."""
@@ -55,6 +58,7 @@ class TrainState:
             "carry": {key: list(value) for key, value in self.carry.items()},
             "lr_scale": self.lr_scale,
             "rollbacks": self.rollbacks,
+            "trained_tokens": self.trained_tokens,
         }
 
     @classmethod
@@ -68,4 +72,5 @@ class TrainState:
             carry={str(k): [float(x) for x in v] for k, v in dict(state.get("carry", {})).items()},
             lr_scale=float(state.get("lr_scale", 1.0)),
             rollbacks=int(state.get("rollbacks", 0)),
+            trained_tokens=int(state.get("trained_tokens", 0)),
         )
