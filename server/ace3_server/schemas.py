@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ace3.config import TrainingConfig
 from ace3.config.events import RunPlan
-from ace3.config.shards import StreamFormat, TokenDtype
 from ace3.config.states import JobState, Priority, SearchState, TrialState, WaitingReason
 from ace3.hp import HPConfig
-from ace3_server.api.params import StoredText
 from ace3_server.environment_schemas import JobEnvironmentOut
 
 Item = TypeVar("Item")
@@ -52,67 +50,6 @@ class ModelOut(_Out):
         description=f"{_HF}model_type, max_position_embeddings, has_tokenizer, has_chat_template.",
     )
     created_at: datetime
-
-
-class DatasetOut(_Out):
-    id: str
-    name: str
-    filename: str
-    kind: str = Field(
-        description="file or directory (uploaded), remote (registered from a bucket prefix) or "
-        "shards (uploaded shard by shard)."
-    )
-    format: str = Field(
-        description="An uploaded file's (pt, npz, csv, jsonl), 'directory', or a sharded "
-        "dataset's stream format (webdataset, parquet, jsonl, tokens)."
-    )
-    sha256: str = Field(
-        description="The bytes' sha256; for a sharded dataset, its shard manifest's digest."
-    )
-    size_bytes: int = Field(description="Bytes; for a sharded dataset, all shards' bytes.")
-    uri: str | None = Field(
-        None, description="A remote dataset's source, s3://bucket/prefix/ (None otherwise)."
-    )
-    shard_count: int | None = Field(None, description="A sharded dataset's shards.")
-    samples: int | None = Field(
-        None,
-        description="A sharded dataset's samples, when the format records them (parquet rows); "
-        "None when unknown (jsonl, webdataset; tokens: they depend on sequence_length).",
-    )
-    created_at: datetime
-
-
-class ShardedDatasetFields(BaseModel):
-    """What a sharded dataset is made with, registered from a bucket or from uploaded shards:
-    the shards' format, its name and the format's options."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: StreamFormat = Field(
-        ...,
-        description="The shards' format: webdataset (.tar), parquet, jsonl (.jsonl, .jsonl.gz, "
-        ".jsonl.zst) or tokens (.bin).",
-    )
-    name: StoredText | None = Field(None, max_length=200)
-    dtype: TokenDtype | None = Field(None, description="tokens only: the ids' type (uint16).")
-    columns: (
-        dict[Literal["inputs", "targets"], Annotated[StoredText, Field(max_length=200)]] | None
-    ) = Field(
-        None,
-        description="parquet only: the columns read as inputs and targets (default the same "
-        "names).",
-    )
-
-
-class DatasetRegister(ShardedDatasetFields):
-    """A dataset by reference: the shards under an s3:// prefix the service may read."""
-
-    uri: StoredText = Field(
-        ...,
-        min_length=6,
-        max_length=999,
-        description="s3://bucket/prefix/: under one of the service's ACE3_DATASET_SOURCES.",
-    )
 
 
 class JobCreate(BaseModel):

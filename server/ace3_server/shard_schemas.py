@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ace3_control.dataset_sources import MAX_SHARDS
 from ace3_server.api.params import StoredText
-from ace3_server.schemas import ShardedDatasetFields
+from ace3_server.dataset_schemas import ShardedDatasetFields
 from ace3_server.storable import INT64_MAX
 
 Sha256 = Annotated[

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ace3.config.text_records import named_records
 from ace3_control.models import Job, JobCheckpoint, StoredDataset, StoredModel, fetch_sha256
 from ace3_control.storage import ArtifactStore, StoredDigestError
 from ace3_control.stored_weights import StoredWeights
@@ -184,7 +185,11 @@ def _dataset_spec(
     suffix = PurePosixPath(dataset.storage_key).suffix
     name = "tree" if dataset.kind == "directory" else f"data{suffix}"
     copy = _copy_stored(store, dataset.storage_key, into / name, fetch_sha256(dataset))
-    return {"path": str(directory.visible(copy))}
+    entry: dict[str, Any] = {"path": str(directory.visible(copy))}
+    records = named_records(getattr(dataset, "batch_layout", None))  # (records= at upload)
+    if records is not None:
+        entry["records"] = records
+    return entry
 
 
 def _identity_files(directory: JobDirectory, owner: JobOwner | None) -> None:

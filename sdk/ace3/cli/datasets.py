@@ -13,6 +13,7 @@ from typing import Any
 from ace3.cli import output
 from ace3.cli.common import add_json_flag, positive_int
 from ace3.cli.errors import OK
+from ace3.config.text_records import RECORD_KINDS
 
 FORMATS = ("webdataset", "parquet", "jsonl", "tokens")
 
@@ -26,6 +27,7 @@ def _fields(dataset: Any) -> list[tuple[str, Any]]:
         ("shards", dataset.shard_count),
         ("bytes", dataset.size_bytes),
         ("samples", dataset.samples if dataset.samples is not None else "unknown"),
+        ("records", getattr(dataset, "records", None)),
         ("sha256", dataset.sha256),
         ("created", dataset.created_at),
     ]
@@ -54,7 +56,12 @@ def cmd_register(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as exc:
         args.parser.error(str(exc))
     ref = make_client().datasets.register(
-        args.uri, format=args.format, name=args.name, dtype=args.dtype, columns=columns
+        args.uri,
+        format=args.format,
+        name=args.name,
+        dtype=args.dtype,
+        columns=columns,
+        records=args.records,
     )
     if args.json:
         output.print_json(ref.dataset)
@@ -73,7 +80,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as exc:
         args.parser.error(str(exc))
     ref = make_client().load_dataset(
-        args.directory, args.name, format=args.format, dtype=args.dtype, columns=columns
+        args.directory,
+        args.name,
+        format=args.format,
+        dtype=args.dtype,
+        columns=columns,
+        records=args.records,
     )
     if args.json:
         output.print_json(ref.dataset)
@@ -85,7 +97,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 
 def _shard_options(parser: argparse.ArgumentParser, name_default: str) -> None:
-    """--format, --name, --dtype and --column, as register and upload take them."""
+    """--format, --name, --dtype, --column and --records, as register and upload take them."""
     parser.add_argument("--format", required=True, choices=FORMATS, help="the shards' format")
     parser.add_argument("--name", default=None, help=f"a name (default: {name_default})")
     parser.add_argument(
@@ -96,6 +108,12 @@ def _shard_options(parser: argparse.ArgumentParser, name_default: str) -> None:
         action="append",
         metavar="ROLE=COLUMN",
         help="parquet: inputs=<column> or targets=<column> when not named so (repeatable)",
+    )
+    parser.add_argument(
+        "--records",
+        default=None,
+        choices=RECORD_KINDS,
+        help="jsonl: the kind of the shards' text records, for a Hugging Face model",
     )
 
 

@@ -23,6 +23,7 @@ from ace3.client.searches import Searches
 from ace3.client.types import Dataset, Model
 from ace3.client.webhooks import Webhooks
 from ace3.config.shards import StreamFormat, TokenDtype
+from ace3.config.text_records import RecordKind
 from ace3.errors import ACE3Error
 
 ENV_API_KEY = "ACE3_API_KEY"
@@ -72,6 +73,11 @@ class DatasetRef:
     def name(self) -> str | None:
         return self.dataset.name
 
+    @property
+    def records(self) -> str | None:
+        """The kind of its text records (chat, prompt_completion, text), None if none known."""
+        return self.dataset.records
+
 
 class ClientDatasets(Datasets):
     """``client.datasets``: :class:`~ace3.client.resources.Datasets`, whose :meth:`register`
@@ -89,6 +95,7 @@ class ClientDatasets(Datasets):
         name: str | None = None,
         dtype: TokenDtype | None = None,
         columns: Mapping[Literal["inputs", "targets"], str] | None = None,
+        records: RecordKind | None = None,
     ) -> DatasetRef:
         """Register the shards under ``uri`` (``s3://bucket/prefix/``, a prefix the service
         may read: its ``ACE3_DATASET_SOURCES``) as a dataset, without sending their bytes: the
@@ -96,12 +103,14 @@ class ClientDatasets(Datasets):
         them to the jobs that train on it. ``format``: ``"webdataset"`` (.tar), ``"parquet"``,
         ``"jsonl"`` (.jsonl, .jsonl.gz, .jsonl.zst) or ``"tokens"`` (.bin; ``dtype`` "uint16",
         the default, or "uint32"); ``columns``: parquet's inputs and targets columns when not
-        named so. Registering the same listing again returns the same dataset
+        named so; ``records``: jsonl's kind of text records (``"chat"``,
+        ``"prompt_completion"``, ``"text"``; jobs cannot stream them yet). Registering the
+        same listing again returns the same dataset
         (``uploaded=False``); a listing that changed is a new one. A uri the service may not
         read, or that holds no shards, is a :class:`~ace3.errors.ValidationError` naming
         ``uri``."""
         dataset, created = self._register(
-            uri, format=format, name=name, dtype=dtype, columns=columns
+            uri, format=format, name=name, dtype=dtype, columns=columns, records=records
         )
         return DatasetRef(dataset, self._client, uploaded=created)
 
@@ -216,6 +225,7 @@ class Client:
         format: StreamFormat | None = None,
         dtype: TokenDtype | None = None,
         columns: Mapping[Literal["inputs", "targets"], str] | None = None,
+        records: RecordKind | None = None,
     ) -> DatasetRef:
         """Upload a dataset unless the server already has it, and return a reference.
 
@@ -230,9 +240,22 @@ class Client:
         interrupted upload resumes), each under the server's upload cap, and the dataset
         streams them to the jobs shard by shard (kind ``"shards"``) instead of copying it
         whole. ``uploaded`` is whether the dataset is new.
+
+        ``records`` names the kind of a ``.jsonl`` file's text records, for a Hugging Face
+        model: ``"chat"`` (OpenAI's ``{"messages": [...]}``), ``"prompt_completion"`` or
+        ``"text"``; each record need only hold that kind's fields. Left out, the first record
+        tells. The server checks the first records (a :class:`~ace3.errors.ValidationError`
+        naming ``records`` and the line), and refuses ``records`` for another format.
         """
         dataset, uploaded = _loading.load_dataset(
-            self.datasets, self._http, path, name, format=format, dtype=dtype, columns=columns
+            self.datasets,
+            self._http,
+            path,
+            name,
+            format=format,
+            dtype=dtype,
+            columns=columns,
+            records=records,
         )
         return DatasetRef(dataset, self, uploaded=uploaded)
 

@@ -19,6 +19,7 @@ from ace3.client.resources import Datasets, Models, _upload
 from ace3.client.shard_upload import upload_shard_directory
 from ace3.client.types import Dataset, Model
 from ace3.config.shards import StreamFormat, TokenDtype
+from ace3.config.text_records import RecordKind
 from ace3.errors import PackingError
 from ace3.files import sha256_file
 from ace3.locations import MODEL_SUPPORTED, SUPPORTED, refuse_url
@@ -91,6 +92,7 @@ def load_dataset(
     format: StreamFormat | None,
     dtype: TokenDtype | None,
     columns: Mapping[Literal["inputs", "targets"], str] | None,
+    records: RecordKind | None = None,
 ) -> tuple[Dataset, bool]:
     """:meth:`ace3.Client.load_dataset` (documented there)."""
     if format is None and (dtype is not None or columns is not None):
@@ -105,18 +107,19 @@ def load_dataset(
             name=name,
             dtype=dtype,
             columns=columns,
+            records=records,
         )
         return dataset, created
     if source.is_dir():
         with tempfile.TemporaryDirectory(prefix="ace3-pack-") as scratch:
             archive = Path(scratch) / f"{source.resolve().name}.tar.gz"
             pack_directory(source, archive)
-            return _upload_dataset(datasets, archive, "directory", name)
+            return _upload_dataset(datasets, archive, "directory", name, records)
     lowered = source.name.lower()
     if lowered.endswith(DATASET_ARCHIVE_SUFFIXES):
-        return _upload_dataset(datasets, source, "directory", name)
+        return _upload_dataset(datasets, source, "directory", name, records)
     if lowered.endswith(DATASET_FILE_SUFFIXES):
-        return _upload_dataset(datasets, source, "file", name)
+        return _upload_dataset(datasets, source, "file", name, records)
     raise ValueError(
         f"cannot load a dataset from {source}: expected a {', '.join(DATASET_FILE_SUFFIXES)} "
         "file, a directory, or a .tar.gz/.tar/.zip of a directory"
@@ -147,13 +150,19 @@ def _upload_model(
 
 
 def _upload_dataset(
-    datasets: Datasets, file: Path, kind: Literal["file", "directory"], name: str | None
+    datasets: Datasets,
+    file: Path,
+    kind: Literal["file", "directory"],
+    name: str | None,
+    records: RecordKind | None,
 ) -> tuple[Dataset, bool]:
+    """(the dataset, uploaded now): the server's of these bytes when it has them (and, with
+    ``records``, the same kind of records: else it is sent again, to be checked and named)."""
     digest = sha256_file(file)
     for dataset in datasets.list(sha256=digest).data:
-        if dataset.kind == kind:
+        if dataset.kind == kind and records in (None, dataset.records):
             return dataset, False
-    dataset = datasets.create(file, name=name, kind=kind)
+    dataset = datasets.create(file, name=name, kind=kind, records=records)
     return dataset, True
 
 

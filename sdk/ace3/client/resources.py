@@ -21,6 +21,7 @@ from ace3.client._resource import _Resource
 from ace3.client.pagination import CursorPage
 from ace3.client.types import Checkpoint, Dataset, Environment, Model, Worker
 from ace3.config.shards import StreamFormat, TokenDtype
+from ace3.config.text_records import RecordKind
 
 StoredT = TypeVar("StoredT", bound=BaseModel)
 
@@ -132,11 +133,14 @@ class Datasets(_Stored[Dataset]):
         name: str | None = None,
         kind: Literal["file", "directory"] = "file",
         idempotency_key: str | None = None,
+        records: RecordKind | None = None,
     ) -> Dataset:
         """Upload a data file, or with ``kind="directory"`` a ``.tar.gz`` of a directory.
         The server answers with the existing dataset when these bytes were uploaded before;
-        retried like :meth:`Models.create`."""
-        return self._create(file, filename, {"name": name, "kind": kind}, idempotency_key)
+        retried like :meth:`Models.create`. ``records``: the kind of a ``.jsonl`` file's text
+        records, as :meth:`ace3.Client.load_dataset` takes it."""
+        fields = {"name": name, "kind": kind, "records": records}
+        return self._create(file, filename, fields, idempotency_key)
 
     def _register(
         self,
@@ -146,11 +150,13 @@ class Datasets(_Stored[Dataset]):
         name: str | None = None,
         dtype: TokenDtype | None = None,
         columns: Mapping[Literal["inputs", "targets"], str] | None = None,
+        records: RecordKind | None = None,
     ) -> tuple[Dataset, bool]:
         """``POST /v1/datasets/register``: (the dataset, whether it is new). Retried when the
         connection fails or the server is busy: registering the same listing again answers
         with the same dataset."""
         body: dict[str, Any] = {"uri": uri, "format": format, "name": name, "dtype": dtype}
+        body["records"] = records
         body["columns"] = dict(columns) if columns is not None else None
         response = self._http.request(
             "POST",

@@ -292,6 +292,7 @@ def upload_shard_directory(
     name: str | None,
     dtype: str | None,
     columns: Mapping[Literal["inputs", "targets"], str] | None,
+    records: str | None = None,
 ) -> tuple[Dataset, bool, ShardUploader]:
     """Upload what the service lacks of ``source``'s shards and make the dataset of them:
     (the dataset, whether it is new, the uploader: which shards it uploaded)."""
@@ -301,6 +302,7 @@ def upload_shard_directory(
         "name": name or source.resolve().name,
         "dtype": dtype,
         "columns": dict(columns) if columns is not None else None,
+        "records": records,
     }
     uploader = ShardUploader(http, upload)
     for attempt in range(2):

@@ -66,6 +66,9 @@ class Dataset(_APIObject):
     uri: str | None = None  # a remote dataset's source, s3://bucket/prefix/
     shard_count: int | None = None
     samples: int | None = None  # a sharded dataset's, when its format records them
+    # The kind of its text records ("chat", "prompt_completion", "text"): named with records=,
+    # or told by an uploaded .jsonl file's first record; None when none is known
+    records: str | None = None
     created_at: datetime | None = None
 
 

@@ -144,7 +144,9 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
     if user.source_dir is not None:  # (a tokens dataset past the context too)
         check_sequence_length(user.source_dir, config.sequence_length)
     if text_file is not None and user.source_dir is not None:  # chat or text records
-        text = load_text_datasets(text_file, job.validation_dataset, config, user.source_dir)
+        text = load_text_datasets(
+            text_file, job.validation_dataset, config, user.source_dir, job.dataset.records
+        )
         data = text.datasets
     else:
         if config.packing:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ace3.config import TrainingConfig
 from ace3.config.shards import StreamFormat, TokenDtype
+from ace3.config.text_records import RecordKind
 
 
 class _Strict(BaseModel):
@@ -71,6 +72,11 @@ class DatasetSpec(_Strict):
 
     path: str
     stream: StreamSpec | None = None
+    records: RecordKind | None = Field(
+        None,
+        description="The kind of text records the dataset named (records= at upload): the job "
+        "reads its .jsonl as such records instead of telling the kind from the first one.",
+    )
 
 
 class TeacherSpec(_Strict):

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
+from ace3.config.text_records import RecordKind, named_records
 from ace3_control.models import (
     ACTIVE_SEARCH_STATES,
     Job,
@@ -46,6 +47,7 @@ from ace3_server.upload_checks import UploadCheckError
 from ace3_server.upload_checks.datasets import check_dataset_file, check_dataset_tree
 from ace3_server.upload_checks.model_forward import forward_signature
 from ace3_server.upload_checks.model_source import check_model_source
+from ace3_server.upload_checks.text_data import RecordsError
 
 DATASET_FILE_FORMATS = {".pt": "pt", ".npz": "npz", ".csv": "csv", ".jsonl": "jsonl"}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -199,6 +201,7 @@ def prepare_dataset(
     staging_dir: Path,
     max_extracted_bytes: int,
     max_archive_members: int = DEFAULT_MAX_MEMBERS,
+    records: RecordKind | None = None,
 ) -> PreparedArtifact:
     display = safe_display_name(filename, "dataset")
     base_key = f"datasets/{owner_id}/{staged.sha256}"
@@ -214,7 +217,9 @@ def prepare_dataset(
                 f"{expected}, or a directory (kind=directory)",
             )
         try:
-            layout = check_dataset_file(staged.path, data_format)
+            layout = check_dataset_file(staged.path, data_format, records)
+        except RecordsError as exc:
+            raise field_error(["body", "records"], f"{display}: {exc}") from None
         except UploadCheckError as exc:
             raise refuse(exc, f"{display}: ") from None
         key = f"{base_key}/data{suffix}"
@@ -234,7 +239,10 @@ def prepare_dataset(
             ["body", "file"], f"the directory holds no dataset.py and no data file ({expected})"
         )
     try:
-        tree_layout = check_dataset_tree(tree)
+        tree_layout = check_dataset_tree(tree, records)
+    except RecordsError as exc:
+        shutil.rmtree(tree, ignore_errors=True)
+        raise field_error(["body", "records"], f"{display}: {exc}") from None
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
         raise refuse(exc, f"{display}: ") from None
@@ -261,11 +269,15 @@ async def store_artifact(
     if model is StoredModel:
         identity.append(StoredModel.variant == prepared.fields["variant"])
     existing: Any = await session.scalar(select(model).where(*identity))
+    named = named_records(prepared.fields.get("batch_layout")) if model is StoredDataset else None
     if existing is not None and existing.deleted_at is None:
         _discard(prepared.source)
         if model is StoredModel and existing.requirements != prepared.fields["requirements"]:
             # (a package stored before requirements.txt was read: the same bytes, read now)
             existing.requirements = prepared.fields["requirements"]
+            await session.commit()
+        if named is not None and existing.batch_layout != prepared.fields["batch_layout"]:
+            existing.batch_layout = prepared.fields["batch_layout"]  # (records= named now)
             await session.commit()
         return existing, False
     await run_in_threadpool(store.put_file, prepared.storage_key, prepared.source)
@@ -278,6 +290,8 @@ async def store_artifact(
             existing.requirements = prepared.fields["requirements"]
         if model is not UploadedCheckpoint:  # (the tree just stored, when it is one)
             existing.tree_sha256 = prepared.fields.get("tree_sha256")
+        if named is not None:
+            existing.batch_layout = prepared.fields["batch_layout"]
         await session.commit()
         return existing, True
     row = model(

@@ -18,12 +18,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3.config.shards import ShardManifest
+from ace3.config.text_records import RecordKind, named_layout, named_records
 from ace3_control.dataset_sources import SourceProblem, check_source, list_manifest
 from ace3_control.models import StoredDataset, utcnow
 from ace3_control.settings import Settings
 from ace3_control.source_client import source_client
+from ace3_server.dataset_schemas import DatasetRegister
 from ace3_server.errors import field_error
-from ace3_server.schemas import DatasetRegister
 from ace3_server.services.batch_fit import batch_layout_of_format
 from ace3_server.storable import INT64_MAX
 
@@ -39,11 +40,21 @@ _registrations = threading.BoundedSemaphore(MAX_REGISTRATIONS)
 
 
 def format_field_problems(
-    format: str, dtype: str | None, columns: object | None
+    format: str, dtype: str | None, columns: object | None, records: str | None = None
 ) -> list[dict[str, Any]]:
     """422 entries for ``dtype`` given for another format than tokens, ``columns`` for another
-    than parquet (registered and uploaded sharded datasets alike)."""
+    than parquet, ``records`` for another than jsonl (registered and uploaded sharded datasets
+    alike)."""
     problems = []
+    if records is not None and format != "jsonl":
+        problems.append(
+            {
+                "loc": ["body", "records"],
+                "msg": f"records is for format='jsonl' (the kind of its text records), not "
+                f"{format!r}",
+                "type": "value_error",
+            }
+        )
     if dtype is not None and format != "tokens":
         problems.append(
             {
@@ -88,7 +99,7 @@ async def register_dataset(
 ) -> tuple[StoredDataset, bool]:
     """(the dataset, created): the owner's dataset of this listing (200), or a new one (201).
     422 naming ``uri`` when it may not be read or holds no shards, or the field at fault."""
-    problems = format_field_problems(body.format, body.dtype, body.columns)
+    problems = format_field_problems(body.format, body.dtype, body.columns, body.records)
     if problems:
         raise HTTPException(status_code=422, detail=problems)
     if not _registrations.acquire(blocking=False):
@@ -114,6 +125,7 @@ async def register_dataset(
         filename=_display_name(manifest.uri),
         uri=manifest.uri,
         loc=["body", "uri"],
+        records=body.records,
     )
 
 
@@ -133,6 +145,7 @@ async def save_manifest_dataset(
     filename: str,
     uri: str | None,
     loc: list[str | int],
+    records: RecordKind | None = None,
 ) -> tuple[StoredDataset, bool]:
     """(the dataset, created) of a sharded dataset: the owner's dataset of this manifest's
     digest, a deleted one revived (created), or a new row; ``storage_key`` is the manifest's
@@ -151,6 +164,9 @@ async def save_manifest_dataset(
         raise field_error(loc, f"the shards hold more than {INT64_MAX} samples in all")
     identity = [StoredDataset.owner_id == owner_id, StoredDataset.sha256 == digest]
     existing = await session.scalar(select(StoredDataset).where(*identity))
+    layout = named_layout(records) if records else batch_layout_of_format(manifest.format)
+    if existing is not None and records is not None:
+        existing.batch_layout = layout  # (the same shards, records= named now)
     if existing is not None and existing.deleted_at is None:
         await session.commit()
         return existing, False
@@ -173,7 +189,7 @@ async def save_manifest_dataset(
         manifest=document,
         shard_count=len(manifest.shards),
         samples=manifest.total_samples,
-        batch_layout=batch_layout_of_format(manifest.format),
+        batch_layout=layout,
     )
     session.add(row)
     try:
@@ -193,9 +209,22 @@ def stream_problems(
     """What a job's (or a search's base) ``config`` lacks for the sharded datasets it names
     (``datasets``: the request field -> the owned row): a tokens dataset needs
     ``sequence_length``; a training stream whose sample count is unknown (jsonl, webdataset)
-    cannot count ``epochs`` and needs ``max_steps``."""
+    cannot count ``epochs`` and needs ``max_steps``; text records (``records=``) cannot be
+    streamed yet."""
     problems: list[dict[str, Any]] = []
     sharded = {field: row for field, row in datasets.items() if row.kind in SHARDED_KINDS}
+    for field, row in sharded.items():
+        kind = named_records(row.batch_layout)
+        if kind is not None:  # (not built yet: language-models.md)
+            problems.append(
+                {
+                    "loc": ["body", field],
+                    "msg": f"dataset {row.name!r} holds {kind} text "
+                    "records in shards, which a job cannot stream yet: upload them as one "
+                    ".jsonl file (client.load_dataset(path, records=...))",
+                    "type": "value_error",
+                }
+            )
     tokens = [field for field, row in sharded.items() if row.format == "tokens"]
     if tokens and config.sequence_length is None:
         problems.append(

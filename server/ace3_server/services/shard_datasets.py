@@ -204,7 +204,7 @@ async def create_shard_dataset(
     422 naming each shard at fault (not stored, another size, not the format's ending, not
     parquet) or the field (dtype, columns)."""
     dtype = (body.dtype or "uint16") if body.format == "tokens" else body.dtype
-    problems = format_field_problems(body.format, body.dtype, body.columns)
+    problems = format_field_problems(body.format, body.dtype, body.columns, body.records)
     problems += await run_in_threadpool(
         _entry_problems, body, dtype if body.format == "tokens" else None
     )
@@ -235,4 +235,5 @@ async def create_shard_dataset(
         filename=body.name or "shards",
         uri=None,
         loc=["body", "shards"],
+        records=body.records,
     )

@@ -132,7 +132,7 @@ def _first_record(lines: list[str]) -> object:
     return None
 
 
-def _check_text_records(lines: list[str], kind: RecordKind) -> RecordKind:
+def _check_text_records(lines: list[str], kind: RecordKind, named: bool = False) -> RecordKind:
     for line_no, line in enumerate(lines[:FIRST_ROWS], start=1):
         if not line.strip():
             continue
@@ -140,20 +140,32 @@ def _check_text_records(lines: list[str], kind: RecordKind) -> RecordKind:
             record = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise UploadCheckError(f"line {line_no} is not valid JSON: {exc}") from None
-        check_text_record(record, kind, line_no)
+        check_text_record(record, kind, line_no, named=named)
     return kind
+
+
+class RecordsError(UploadCheckError):
+    """The records are not of the kind named with ``records=`` (a 422 on ``records``)."""
 
 
 UNKNOWN = "unknown"
 """What :func:`check_jsonl` returns when no whole record fits in the head it reads."""
 
 
-def check_jsonl(path: Path) -> RecordKind | str | None:
+def check_jsonl(path: Path, named: RecordKind | None = None) -> RecordKind | str | None:
     """Check a JSON-lines dataset's first records: text records (returns their kind:
     :mod:`.text_records`), else (inputs, target) records (returns None); :data:`UNKNOWN` when
-    the first record is longer than the head read."""
+    the first record is longer than the head read. ``named``: the kind named at upload,
+    which the first records must be (a :class:`RecordsError` naming the line)."""
     text, whole = _head_lines(path)
     lines = list(io.StringIO(text, newline=None))  # (the engine's text-mode lines)
+    if named is not None:
+        if whole and not any(line.strip() for line in lines):
+            raise RecordsError(f"records={named!r}, but the file holds no records")
+        try:
+            return _check_text_records(lines, named, named=True)
+        except UploadCheckError as exc:
+            raise RecordsError(str(exc)) from None
     if not whole and not any(line.strip() for line in lines):
         return UNKNOWN  # (a first record longer than the head: its kind is not known here)
     kind = text_record_kind(_first_record(lines))

@@ -71,3 +71,23 @@ def test_a_sequence_length_past_the_context_is_refused(model_dir: Path) -> None:
         ValueError, match="sequence_length=33 is longer than the model's context of 32"
     ):
         check_sequence_length(model_dir, 33)
+
+
+def test_a_named_kind_of_records_is_what_the_job_reads(model_dir: Path, tmp_path: Path) -> None:
+    # Each record holds a text and a prompt/completion: the first record alone says
+    # prompt/completion; records="text" (DatasetSpec.records, from records= at upload) says text.
+    data = tmp_path / "train.jsonl"
+    record = {"inputs": 1, "text": TEXT[:40], "prompt": "the quick", "completion": " brown fox"}
+    data.write_text("".join(json.dumps(record) + "\n" for _ in range(4)))
+    assert text_records_file(DatasetSpec(path=str(data))) is None  # ("inputs": a pair record)
+    named = DatasetSpec(path=str(data), records="text")
+    assert text_records_file(named) == data
+    config = ace3.TrainingConfig(sequence_length=32, validation_split=0)
+    text = load_text_datasets(data, named, config, model_dir, records="text")
+    assert text.datasets.notes[0].startswith("train.jsonl: 4 text example(s)")
+    assert "text example(s)" in text.datasets.notes[1]  # the validation spec named it too
+    completions = load_text_datasets(data, named, config, model_dir, records="prompt_completion")
+    assert "4 prompt/completion example(s)" in completions.datasets.notes[0]
+    data.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    with pytest.raises(ValueError, match=r"train\.jsonl, line 1: a record with"):
+        load_text_datasets(data, None, config, model_dir, records="text")

@@ -172,6 +172,22 @@ def test_load_dataset_directory_is_packed_and_uploaded(api: MockAPI, tmp_path: P
     assert b'filename="digits.tar.gz"' in upload
 
 
+def test_records_names_the_kind_of_text_records_in_each_request(api: MockAPI, tmp_path: Path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"messages": []}\n')
+    told = dataset_json(id="ds_1", sha256=sha256_file(path), records="prompt_completion")
+    api.route("GET", "/v1/datasets", known([told]))  # (another kind: sent again, to be named)
+    api.route("POST", "/v1/datasets", httpx.Response(200, json=told | {"records": "chat"}))
+    api.route("POST", "/v1/datasets/register", httpx.Response(201, json=dataset_json(id="ds_2")))
+    client = api.client()
+    ref = client.load_dataset(path, records="chat")
+    assert ref.id == "ds_1" and ref.records == "chat"
+    assert b'name="records"\r\n\r\nchat' in api.requests[1].content
+    client.datasets.register("s3://b/p/", format="jsonl", records="text")
+    assert json.loads(api.requests[2].content)["records"] == "text"
+    assert client.load_dataset(path).id == "ds_1" and len(api.paths("POST")) == 2  # (known)
+
+
 def test_load_dataset_refuses_an_unknown_file_type(api: MockAPI, tmp_path: Path):
     path = tmp_path / "data.parquet"
     path.write_bytes(b"")

@@ -326,3 +326,23 @@ def test_a_directorys_one_data_file_is_checked_and_named(tmp_path: Path) -> None
         check_dataset_tree(tmp_path)
     _write(tmp_path / "dataset.py", "def build_dataset(split): ...\n")
     check_dataset_tree(tmp_path)  # the dataset.py decides
+
+
+def test_records_named_for_a_directory_need_its_one_jsonl_file(tmp_path: Path) -> None:
+    from ace3.config.text_records import named_layout
+    from ace3_server.upload_checks.text_data import RecordsError
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "train.jsonl").write_text(json.dumps({"text": "a", "id": 3}) + "\n")
+    assert check_dataset_tree(tree, "text") == named_layout("text")
+    with pytest.raises(RecordsError, match=r"train\.jsonl: line 1: records='chat'"):
+        check_dataset_tree(tree, "chat")
+    (tree / "dataset.py").write_text("def build_dataset(split): ...\n")
+    with pytest.raises(RecordsError, match=r"not read from one \.jsonl file"):
+        check_dataset_tree(tree, "text")
+    assert check_dataset_tree(tree) is None
+    # (the first record longer than the head read: the named kind is taken on trust)
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"text": "x" * HEAD_BYTES}) + "\n")
+    assert check_jsonl(long, "text") == "text"

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ace3.config import TrainingConfig
-from ace3.config.text_records import text_record_kind
+from ace3.config.text_records import RecordKind, text_record_kind
 from ace3.runtime.data.datasets import DEFAULT_VALIDATION_SPLIT, Datasets, single_data_file
 from ace3.runtime.data.text_records import (
     TokenizedExample,
@@ -44,8 +44,8 @@ DEFAULT_MAX_LENGTH = 2048
 
 def text_records_file(spec: DatasetSpec | None) -> Path | None:
     """The ``.jsonl`` file ``spec`` names (a file, or a directory's one data file without a
-    ``dataset.py``, by the engine's own rule) when its first record is a text record; None
-    otherwise."""
+    ``dataset.py``, by the engine's own rule) when it named its kind of text records
+    (``spec.records``) or its first record is a text record; None otherwise."""
     if spec is None or spec.stream is not None:
         return None
     path = Path(spec.path)
@@ -58,6 +58,8 @@ def text_records_file(spec: DatasetSpec | None) -> Path | None:
             return None  # (the engine's own reader says why)
     if path.suffix.lower() != ".jsonl" or not path.is_file():
         return None
+    if spec.records is not None:
+        return path
     with path.open(encoding="utf-8") as handle:
         for line in handle:
             if line.strip():
@@ -130,8 +132,10 @@ class TextData:
     tokenizer: Any
 
 
-def _examples(path: Path, tokenizer: Any) -> tuple[str, list[TokenizedExample]]:
-    kind, records = read_records(path)
+def _examples(
+    path: Path, tokenizer: Any, named: RecordKind | None = None
+) -> tuple[str, list[TokenizedExample]]:
+    kind, records = read_records(path, named)
     return kind, tokenize_records(records, kind, tokenizer)
 
 
@@ -176,14 +180,16 @@ def load_text_datasets(
     validation_spec: DatasetSpec | None,
     config: TrainingConfig,
     model_dir: Path,
+    records: RecordKind | None = None,
 ) -> TextData:
-    """Tokenize the training records (and the validation ones) with the model's tokenizer."""
+    """Tokenize the training records (and the validation ones) with the model's tokenizer;
+    ``records``: the kind the training dataset named (``DatasetSpec.records``)."""
     check_sequence_length(model_dir, config.sequence_length)
     tokenizer = load_tokenizer(model_dir)
     pad_id = pad_token_id(tokenizer)
     length = config.sequence_length or default_sequence_length(model_dir)
     build = functools.partial(_dataset, length=length, packing=config.packing, pad_id=pad_id)
-    kind, examples = _examples(train_file, tokenizer)
+    kind, examples = _examples(train_file, tokenizer, records)
     validation_file = text_records_file(validation_spec)
     if validation_spec is not None and validation_file is None:
         raise ValueError(
@@ -201,7 +207,9 @@ def load_text_datasets(
     notes = [note]
     validation: Dataset[Any] | None = None
     if validation_file is not None:
-        validation_kind, validation_examples = _examples(validation_file, tokenizer)
+        validation_kind, validation_examples = _examples(
+            validation_file, tokenizer, validation_spec.records if validation_spec else None
+        )
         validation, note = build(validation_file.name, validation_kind, validation_examples)
         notes.append(note)
     elif held:

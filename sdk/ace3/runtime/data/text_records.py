@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ace3.config.text_records import has_kind_fields
 from ace3.runtime.data.text_masking import (
     IGNORE_INDEX,
     RECORD_KINDS,
@@ -94,9 +95,10 @@ def _detect_numbered(numbered: Iterable[tuple[int, Any]]) -> RecordKind:
     return detected
 
 
-def check_record(record: Any, kind: RecordKind) -> None:
-    """Raise ``ValueError`` saying what is wrong when ``record`` is not of ``kind``'s shape."""
-    if kind_of(record) != kind:
+def check_record(record: Any, kind: RecordKind, *, named: bool = False) -> None:
+    """Raise ``ValueError`` saying what is wrong when ``record`` is not of ``kind``'s shape
+    (``named``: the dataset named its kind, so the record need only hold its fields)."""
+    if (not has_kind_fields(record, kind)) if named else kind_of(record) != kind:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise ValueError(f"a record with {keys} is not a {kind} record; expected {EXPECTED}")
     if kind == "text":
@@ -130,8 +132,8 @@ def read_records(
 ) -> tuple[RecordKind, list[dict[str, Any]]]:
     """Read a ``.jsonl`` file of text records (blank lines skipped), each checked for its kind.
 
-    ``kind`` names the kind; without it the first records decide. Errors name the file and
-    the (1-based) line.
+    ``kind`` names the kind (the dataset's ``records=``: each record need only hold its
+    fields); without it the first records decide. Errors name the file and the (1-based) line.
     """
     numbered: list[tuple[int, Any]] = []
     with open(path, encoding="utf-8") as stream:
@@ -142,6 +144,7 @@ def read_records(
                 numbered.append((line_number, json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}, line {line_number}: not valid JSON ({exc})") from exc
+    named = kind is not None
     if kind is None:
         try:
             kind = _detect_numbered(numbered)
@@ -151,7 +154,7 @@ def read_records(
         raise ValueError(f"unknown record kind {kind!r}; expected one of {list(RECORD_KINDS)}")
     for line_number, record in numbered:
         try:
-            check_record(record, kind)
+            check_record(record, kind, named=named)
         except ValueError as exc:
             raise ValueError(f"{path}, line {line_number}: {exc}") from exc
     return kind, [record for _, record in numbered]

@@ -14,14 +14,16 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
+from ace3.config.text_records import RecordKind
 from ace3_control.models import StoredDataset, StoredModel
 from ace3_control.settings import Settings
 from ace3_control.storage import ArtifactStore
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.params import PageCursor, StoredText
 from ace3_server.api.routing import ErrorOut, error_responses, resource_router
+from ace3_server.dataset_schemas import DatasetOut, DatasetRegister
 from ace3_server.errors import not_found
-from ace3_server.schemas import DatasetOut, DatasetRegister, ModelOut, Page
+from ace3_server.schemas import ModelOut, Page
 from ace3_server.services import artifacts
 from ace3_server.services.dataset_registry import register_dataset
 from ace3_server.services.hf_models import HUGGINGFACE, prepare_hf_model
@@ -146,9 +148,17 @@ async def upload_dataset(
     ],
     name: Name = None,
     kind: Annotated[StoredText, Form(description="file or directory")] = "file",
+    records: Annotated[
+        RecordKind | None,
+        Form(
+            description="The kind of a .jsonl file's text records (chat, prompt_completion, "
+            "text), which its first records must be; left out, the first record tells."
+        ),
+    ] = None,
 ) -> StoredDataset:
     upload = _Upload(response, session, owner_id, settings, store, file, name)
-    return await upload.stored(StoredDataset, artifacts.prepare_dataset, {"kind": kind})
+    fields = {"kind": kind, "records": records}
+    return await upload.stored(StoredDataset, artifacts.prepare_dataset, fields)
 
 
 @datasets_router.post(

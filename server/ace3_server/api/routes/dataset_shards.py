@@ -14,8 +14,8 @@ from fastapi import File, Form, Path, Response, UploadFile, status
 from ace3_control.models import StoredDataset, StoredShard
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.routing import error_responses, resource_router
+from ace3_server.dataset_schemas import DatasetOut
 from ace3_server.errors import not_found
-from ace3_server.schemas import DatasetOut
 from ace3_server.services import shard_store
 from ace3_server.services.shard_datasets import create_shard_dataset
 from ace3_server.shard_schemas import (
