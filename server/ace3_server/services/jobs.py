@@ -355,7 +355,7 @@ async def create_job(
     try:
         job, created = await create_once(
             session, Job, owner_id=owner_id, body=body, idempotency_key=idempotency_key,
-            problems=problems, build=build,
+            problems=problems, build=build, extra=fine_tune_request,
         )  # fmt: skip
     except IntegrityError:
         # The checkpoint was pruned between the check above and the insert (its foreign key).

@@ -21,10 +21,14 @@ from ace3_server.errors import not_found
 RunT = TypeVar("RunT", Job, Search)
 
 
-def request_hash(body: BaseModel) -> str:
+def request_hash(body: BaseModel, extra: dict[str, Any] | None = None) -> str:
     """The hash an Idempotency-Key replay must match. Optional fields added after a body shape
-    was first hashed are left out while unset, so earlier requests keep their hash."""
+    was first hashed are left out while unset, so earlier requests keep their hash. ``extra``:
+    what else the request asked for that the row keeps (an OpenAI-compatible request's suffix
+    and metadata), hashed with the body when given."""
     payload = body.model_dump(mode="json")
+    if extra is not None:
+        payload["__extra__"] = extra
     for later_field, default in (("resume_from_checkpoint", None), ("priority", "normal")):
         if payload.get(later_field) == default:
             payload.pop(later_field, None)
@@ -79,11 +83,12 @@ async def create_once(
     idempotency_key: str | None,
     problems: Callable[[], Awaitable[list[dict[str, Any]]]],
     build: Callable[[str], RunT],
+    extra: dict[str, Any] | None = None,
 ) -> tuple[RunT, bool]:
-    """A replay of ``idempotency_key`` (the earlier row; 409 for a different body), else 422
-    with every one of ``problems()``, else ``build(request hash)`` inserted once. Returns
-    (row, created)."""
-    digest = request_hash(body)
+    """A replay of ``idempotency_key`` (the earlier row; 409 for a different body or
+    ``extra``), else 422 with every one of ``problems()``, else ``build(request hash)`` inserted
+    once. Returns (row, created)."""
+    digest = request_hash(body, extra)
     if idempotency_key:
         existing = await find_by_idempotency_key(session, table, owner_id, idempotency_key)
         if existing is not None:

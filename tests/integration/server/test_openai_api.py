@@ -165,3 +165,15 @@ def test_refusals_have_openais_shape_and_status(
     with pytest.raises(openai.AuthenticationError) as upload:  # refused before the body is read
         stranger.files.create(file=("train.jsonl", _jsonl(RECORDS)), purpose="fine-tune")
     assert upload.value.code == "invalid_api_key"
+
+
+def test_an_idempotency_key_replays_the_same_request_and_refuses_another(
+    client: Any, model_id: str, training_file: Any
+) -> None:
+    headers = {"Idempotency-Key": "openai-replay"}
+    first = _create(client, model_id, training_file.id, suffix="a", extra_headers=headers)
+    again = _create(client, model_id, training_file.id, suffix="a", extra_headers=headers)
+    assert again.id == first.id
+    with pytest.raises(openai.ConflictError):  # the same key, another suffix: not a replay
+        _create(client, model_id, training_file.id, suffix="b", extra_headers=headers)
+    client.fine_tuning.jobs.cancel(first.id)
