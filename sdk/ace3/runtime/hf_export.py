@@ -26,15 +26,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ace3.runtime.hf_model import read_model_config
 from ace3.runtime.loop.extensions import LoopExtension
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.loop.view import LoopView
-from ace3.runtime.parallel.sharding import full_model_state_dict
+from ace3.runtime.parallel.sharding import rank0_float32_state
 from ace3.runtime.techniques.lora import ADAPTER, LoRAAdapters
-from ace3.runtime.techniques.lora_merge import merged_state_dict
+from ace3.runtime.techniques.lora_merge import merge_weights, whole_weights
 
 EXPORT_DIR = "huggingface"  # under output_dir/artifacts
 ADAPTER_DIR = "adapter"
@@ -56,28 +55,11 @@ COMPANION_FILES = (
 )
 
 
-def _full_state(model: nn.Module, precision: Precision, is_main: bool) -> dict[str, torch.Tensor]:
-    """Every weight of ``model`` as float32 CPU tensors on rank 0 (an empty dict elsewhere):
-    gathered onto rank 0 alone where a strategy sharded it (DTensors: a collective, so every
-    rank calls this), else read from rank 0's own whole copy (its float32 masters under O2)."""
-    sharded = any(isinstance(p, DTensor) for p in model.parameters())
-    if sharded:
-        state = full_model_state_dict(model, sharded=True, everywhere=False)
-    elif is_main:
-        state = precision.model_state_dict(model)
-    else:
-        return {}
-    return {
-        key: value.detach().to("cpu", torch.float32).clone().contiguous()
-        for key, value in state.items()
-        if isinstance(value, torch.Tensor)
-    }
-
-
-def _adapter_state(adapters: LoRAAdapters, precision: Precision) -> dict[str, torch.Tensor]:
+def _adapter_state(adapters: LoRAAdapters, whole: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The adapters (and the biases that trained) under peft's saved names: the adapter name
     left out (``base_model.model.<layer>.lora_A.weight``), an adapted layer's bias under its
-    ``base_layer``; the full-precision values (the masters under O2)."""
+    ``base_layer``; from ``whole`` (:func:`~ace3.runtime.techniques.lora_merge.whole_weights`:
+    the full-precision values, the masters under O2)."""
     lora = adapters.config.lora
     assert lora is not None
     trained_biases = {
@@ -85,19 +67,14 @@ def _adapter_state(adapters: LoRAAdapters, precision: Precision) -> dict[str, to
         for name, param in adapters.model.named_parameters()
         if name.endswith("bias") and param.requires_grad and lora.bias != "none"
     }
-    with adapters.whole_state():
-        state = precision.model_state_dict(adapters.model)
     return {
-        "base_model.model." + key.replace(f".{ADAPTER}.", "."): value.detach()
-        .to("cpu", torch.float32)
-        .clone()
-        .contiguous()
-        for key, value in state.items()
+        "base_model.model." + key.replace(f".{ADAPTER}.", "."): value
+        for key, value in whole.items()
         if ".lora_" in key or key in trained_biases
     }
 
 
-def write_adapter(adapters: LoRAAdapters, precision: Precision, target: Path) -> None:
+def write_adapter(adapters: LoRAAdapters, whole: dict[str, Any], target: Path) -> None:
     """``adapter/`` in peft's format (see the module docstring)."""
     import peft
     from safetensors.torch import save_file
@@ -113,7 +90,7 @@ def write_adapter(adapters: LoRAAdapters, precision: Precision, target: Path) ->
         target_modules=sorted(adapters.layers),
         task_type="CAUSAL_LM",
     ).save_pretrained(str(target))
-    save_file(_adapter_state(adapters, precision), str(target / "adapter_model.safetensors"))
+    save_file(_adapter_state(adapters, whole), str(target / "adapter_model.safetensors"))
 
 
 def write_model_directory(state: dict[str, torch.Tensor], source: Path, target: Path) -> None:
@@ -202,10 +179,13 @@ class HuggingFaceExport(LoopExtension):
 
     def _export(self, loop: LoopView) -> None:
         is_main = loop.ctx.is_main
-        if self.adapters is not None:  # (LoRA runs unsharded: rank 0 holds every weight)
-            state = merged_state_dict(self.adapters, self.precision) if is_main else {}
+        adapters = self.adapters
+        # (every rank: gathered onto rank 0 where ZeRO-2/3 sharded the model)
+        if adapters is not None:
+            whole = whole_weights(adapters, self.precision, is_main)
+            state = merge_weights(adapters, whole) if is_main else {}
         else:
-            state = _full_state(self.model, self.precision, is_main)
+            whole = state = rank0_float32_state(self.model, self.precision, is_main)
         if not is_main:
             return
         drop_tied_output(self.model, state)
@@ -213,16 +193,13 @@ class HuggingFaceExport(LoopExtension):
         artifacts.mkdir(parents=True, exist_ok=True)
         _in_place(lambda at: write_model_directory(state, self.source, at), artifacts / EXPORT_DIR)
         written = f"artifacts/{EXPORT_DIR}/"
-        adapters = self.adapters
         if adapters is not None and adapters.config.trainable:
             loop.log(
                 f"no artifacts/{ADAPTER_DIR}/: the parameters trainable= names trained fully, "
                 f"beside the adapters, and live only in artifacts/{EXPORT_DIR}/"
             )
         elif adapters is not None:
-            _in_place(
-                lambda at: write_adapter(adapters, self.precision, at), artifacts / ADAPTER_DIR
-            )
+            _in_place(lambda at: write_adapter(adapters, whole, at), artifacts / ADAPTER_DIR)
             written += f" and artifacts/{ADAPTER_DIR}/ (peft)"
         size = sum(p.stat().st_size for p in (artifacts / EXPORT_DIR).iterdir())
         loop.log(f"Hugging Face model ({len(state)} tensors, {size:,} bytes) written to {written}")

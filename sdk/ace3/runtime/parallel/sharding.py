@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from ace3.config import TrainingConfig
 from ace3.runtime.observe.state_size import training_state_bytes
 from ace3.runtime.parallel.communication import fsdp_mixed_precision
 from ace3.runtime.process.distributed import DistContext
+
+if TYPE_CHECKING:
+    from ace3.runtime.loop.precision import Precision
 
 STAGE_SUMMARY = {
     1: "optimizer state sharded (DDP + ZeroRedundancyOptimizer)",
@@ -196,6 +199,33 @@ def full_model_state_dict(
     options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
     state = get_model_state_dict(model, options=options)
     return {key: value.detach().cpu() for key, value in state.items()}
+
+
+def rank0_float32_state(
+    model: nn.Module, precision: Precision, is_main: bool
+) -> dict[str, torch.Tensor]:
+    """Every weight of ``model`` (what its ``state_dict()`` holds) as float32 CPU tensors on
+    rank 0, an empty dict elsewhere: gathered onto rank 0 alone where a strategy sharded it
+    (DTensors: a collective, so every rank calls this), else read from rank 0's own whole copy
+    (its float32 masters under O2). Tensors that are not floating point keep their type."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        state = full_model_state_dict(model, sharded=True, everywhere=False)
+    elif is_main:
+        state = precision.model_state_dict(model)
+    else:
+        return {}
+    if not is_main:
+        return {}
+    return {
+        key: value.detach()
+        .to("cpu", torch.float32 if value.is_floating_point() else value.dtype)
+        .clone()
+        .contiguous()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
 def write_back(trained: nn.Module, original: nn.Module) -> None:

@@ -1,31 +1,36 @@
 """``lora``: low-rank adapters (Hugging Face's ``peft``) on the layers ``target_modules`` names.
 
 Applied on every rank by :func:`ace3.runtime.build.assemble` to the model the user code built,
-after ``freeze``/``trainable`` and before the parallelism strategy places, casts and wraps it:
+after ``freeze``/``trainable`` and before the parallelism strategy places, casts, wraps or
+shards it (FSDP2 then shards frozen base weights and adapters in the same units):
 ``peft.inject_adapter_in_model`` replaces each target layer by a LoRA layer that holds the
 original one as ``base_layer`` (the same parameter objects) next to ``lora_A``/``lora_B``. Every
 base parameter gets ``requires_grad=False`` (so no gradient, no all-reduce, no optimizer state);
 the adapters train, and the biases ``bias`` names. Parameters that ``trainable`` names train
-fully next to the adapters (peft's "modules to save").
+fully next to the adapters (peft's "modules to save"). The summary's parameter counts are taken
+here, on whole tensors, and each adapted layer's structure is copied onto the meta device (the
+merge computes each layer's update on a copy, and a sharded layer is not one to copy).
 
 Checkpoints hold the adapters only: while adapters are on, the model's ``state_dict()`` leaves
-out the frozen base parameters and adds :data:`FINGERPRINT_KEY`, the sha256 of the base weights
-as the model file built them (a state-dict hook, so the plain format, ZeRO-1's sharded one and
-the weights files of hooks all follow without a branch of their own). A resumed attempt builds
+out the frozen base parameters (a tied one under each of its names) and adds
+:data:`FINGERPRINT_KEY`, the sha256 of the base weights as the model file built them (a
+state-dict hook, so the plain format, the sharded (DCP) one of ZeRO-1/2/3 and the weights files
+of hooks all follow without a branch of their own). A resumed attempt builds
 the base again from the model file with the job's seed (the engine seeds torch before
 ``build_model``), injects the adapters and loads them; loading refuses a checkpoint whose
 fingerprint differs from the rebuilt base's (another model file, or a model file whose weights
 are not a function of the seed), and does not ask for the frozen base weights.
 
 At the end (:mod:`ace3.runtime.techniques.lora_merge`): rank 0 writes the merged model (base weights plus
-``lora_alpha / r * B @ A``, the original module names, float32) to
-``output_dir/artifacts/merged_model.safetensors`` for a job; an in-process run hands the
-caller's module back with its own layers, the adapters merged into their weights.
+``lora_alpha / r * B @ A``, the original module names, float32; gathered from every rank under
+ZeRO-2/3) to ``output_dir/artifacts/merged_model.safetensors`` for a job; an in-process run
+hands the caller's module back with its own layers, the adapters merged into their weights.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import re
@@ -165,15 +170,19 @@ class LoRAAdapters:
     frozen: set[str]  # names (as the adapted model has them) of the frozen parameters
     fingerprint: torch.Tensor
     grad_before: dict[int, bool]  # id(parameter) -> requires_grad before injection
+    # full name -> the layer's structure with its tensors on the meta device, copied before a
+    # strategy shards the model (the merge computes each layer's update on a copy of it)
+    templates: dict[str, nn.Module] = field(default_factory=dict)
     handles: list[Any] = field(default_factory=list)
     whole: bool = False  # state_dict() keeps everything (for the merge)
+    trainable: int = 0  # parameter elements, counted whole before any sharding
+    total: int = 0
 
     # -- figures --------------------------------------------------------------------------------
     def counts(self) -> tuple[int, int]:
-        """(trainable, total) parameter elements of the adapted model."""
-        params = list(self.model.parameters())
-        trainable = sum(p.numel() for p in params if p.requires_grad)
-        return trainable, sum(p.numel() for p in params)
+        """(trainable, total) parameter elements of the adapted model, as counted when the
+        adapters were injected (whole tensors, before a strategy shards them)."""
+        return self.trainable, self.total
 
     def summary(self) -> dict[str, Any]:
         trainable, total = self.counts()
@@ -260,6 +269,19 @@ class LoRAAdapters:
         self.layers = {}
 
 
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are on the meta device (no memory):
+    its structure, to be given real tensors later (``to_empty`` and ``load_state_dict``)."""
+    memo: dict[int, Any] = {}
+    for param in module.parameters():
+        memo[id(param)] = nn.Parameter(
+            torch.empty(param.shape, dtype=param.dtype, device="meta"), param.requires_grad
+        )
+    for buffer in module.buffers():
+        memo[id(buffer)] = torch.empty(buffer.shape, dtype=buffer.dtype, device="meta")
+    return copy.deepcopy(module, memo)
+
+
 def apply_lora(model: nn.Module, config: TrainingConfig) -> LoRAAdapters | None:
     """Inject ``config.lora``'s adapters into ``model`` in place (None without ``lora``); see
     the module docstring. Call after :func:`ace3.runtime.techniques.freezing.apply_freezing`."""
@@ -287,15 +309,20 @@ def apply_lora(model: nn.Module, config: TrainingConfig) -> LoRAAdapters | None:
         if id(param) in keep:
             param.requires_grad_(True)
     layers = {name: model.get_submodule(name) for name in targets}
-    named = list(model.named_parameters())
+    named = list(model.named_parameters())  # (a tied weight once)
     frozen = [(name, param) for name, param in named if not param.requires_grad]
+    # every name a frozen tensor has: a tied weight (GPT-2's lm_head is wte) under each
+    every_name = model.named_parameters(remove_duplicate=False)
     adapters = LoRAAdapters(
         model=model,
         config=config,
         layers=layers,
-        frozen={name for name, _ in frozen},
+        frozen={name for name, param in every_name if not param.requires_grad},
         fingerprint=base_fingerprint(frozen),
         grad_before=grad_before,
+        templates={name: meta_copy(layer) for name, layer in layers.items()},
+        trainable=sum(p.numel() for _, p in named if p.requires_grad),
+        total=sum(p.numel() for _, p in named),
     )
     adapters._install_hooks()
     model.__dict__[_ATTRIBUTE] = adapters

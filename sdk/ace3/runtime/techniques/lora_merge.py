@@ -1,11 +1,13 @@
 """The end of a LoRA run (:mod:`ace3.runtime.techniques.lora`): the merged model, and the figures of the
 summary.
 
-:func:`merged_state_dict` turns the adapted model into plain weights under the original module
-names: every base tensor (``fc1.base_layer.weight`` -> ``fc1.weight``) as float32 (the
+:func:`merge_weights` turns the adapted model's whole state (:func:`whole_weights`: on rank 0,
+gathered from every rank where ZeRO-2/3 sharded it) into plain weights under the original
+module names: every base tensor (``fc1.base_layer.weight`` -> ``fc1.weight``) as float32 (the
 full-precision values the checkpoints hold, whatever the precision level), and each adapted
 layer's weight plus its adapters' update, computed by peft (``get_delta_weight``) on a float32
-copy of that one layer. :class:`LoRAExtension` (a loop extension) adds ``trainable_parameters`` and
+CPU copy of that one layer (made from the layer's structure, copied onto the meta device before
+any sharding). :class:`LoRAExtension` (a loop extension) adds ``trainable_parameters`` and
 ``total_parameters`` to the summary and, for a job, has rank 0 write
 ``output_dir/artifacts/merged_model.safetensors`` at the end (the worker syncs it as an
 artifact). In-process runs write no file: the caller's module gets the merged weights
@@ -24,6 +26,7 @@ from torch import nn
 from ace3.runtime.loop.extensions import LoopExtension
 from ace3.runtime.loop.precision import Precision
 from ace3.runtime.loop.view import LoopView
+from ace3.runtime.parallel.sharding import rank0_float32_state
 from ace3.runtime.techniques.lora import ADAPTER, LoRAAdapters
 
 MERGED_MODEL = "merged_model.safetensors"  # under output_dir/artifacts
@@ -40,22 +43,28 @@ def _layer_of(key: str, layers: dict[str, nn.Module]) -> str | None:
 
 
 @torch.no_grad()
-def _update(layer: nn.Module, state: dict[str, Any]) -> torch.Tensor:
+def _update(template: nn.Module, state: dict[str, Any]) -> torch.Tensor:
     """``lora_alpha / r * B @ A`` of one layer (shaped like its weight), in float32: peft's
-    own computation on a float32 copy of the layer loaded with ``state`` (its tensors)."""
-    clone = copy.deepcopy(layer).to(device="cpu", dtype=torch.float32)
+    own computation on a float32 CPU copy of the layer (``template``: its structure on the meta
+    device) given ``state`` (its tensors)."""
+    clone = copy.deepcopy(template).to_empty(device="cpu").to(torch.float32)
     clone.load_state_dict({key: value.to("cpu", torch.float32) for key, value in state.items()})
     return clone.get_delta_weight(ADAPTER)
 
 
-def merged_state_dict(adapters: LoRAAdapters, precision: Precision) -> dict[str, torch.Tensor]:
-    """The adapted model as plain weights (float32 on the CPU, original names); see the
-    module docstring."""
+def whole_weights(adapters: LoRAAdapters, precision: Precision, is_main: bool) -> dict[str, Any]:
+    """The adapted model's whole state (base weights and adapters, float32 on the CPU) on rank
+    0, an empty dict elsewhere: gathered where a strategy sharded it (a collective then: every
+    rank calls this)."""
     with adapters.whole_state():
-        state = precision.model_state_dict(adapters.model)
-    merged: dict[str, torch.Tensor] = {}
+        return rank0_float32_state(adapters.model, precision, is_main)
+
+
+def merge_weights(adapters: LoRAAdapters, whole: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The merged model (original names, float32 on the CPU) from :func:`whole_weights`."""
+    merged: dict[str, Any] = {}
     per_layer: dict[str, dict[str, Any]] = {name: {} for name in adapters.layers}
-    for key, value in state.items():
+    for key, value in whole.items():
         layer = _layer_of(key, adapters.layers)
         if layer is None:
             merged[key] = value
@@ -64,14 +73,20 @@ def merged_state_dict(adapters: LoRAAdapters, precision: Precision) -> dict[str,
         per_layer[layer][local] = value
         if local.startswith("base_layer."):
             merged[f"{layer}.{local[len('base_layer.') :]}"] = value
-    for name, layer in adapters.layers.items():
+    for name in adapters.layers:
         weight = merged[f"{name}.weight"].to("cpu", torch.float32)
-        merged[f"{name}.weight"] = weight + _update(layer, per_layer[name])
+        merged[f"{name}.weight"] = weight + _update(adapters.templates[name], per_layer[name])
     return {
         key: value.detach().to("cpu").clone().contiguous()
         for key, value in merged.items()
         if isinstance(value, torch.Tensor)
     }
+
+
+def merged_state_dict(adapters: LoRAAdapters, precision: Precision) -> dict[str, torch.Tensor]:
+    """The adapted model as plain weights (float32 on the CPU, original names) of a model
+    that is not sharded; see the module docstring."""
+    return merge_weights(adapters, whole_weights(adapters, precision, is_main=True))
 
 
 class LoRAExtension(LoopExtension):
@@ -81,12 +96,15 @@ class LoRAExtension(LoopExtension):
         self.adapters, self.precision, self.write_merged = adapters, precision, write_merged
 
     def finish(self, loop: LoopView) -> dict[str, Any]:
-        if self.write_merged and loop.ctx.is_main:
+        if not self.write_merged:
+            return self.adapters.summary()
+        whole = whole_weights(self.adapters, self.precision, loop.ctx.is_main)  # every rank
+        if loop.ctx.is_main:
             from ace3.training.checkpoints import save_checkpoint
 
             path = loop.place.output_dir / "artifacts" / MERGED_MODEL
             path.parent.mkdir(parents=True, exist_ok=True)
-            state = merged_state_dict(self.adapters, self.precision)
+            state = merge_weights(self.adapters, whole)
             save_checkpoint(state, path)
             size = path.stat().st_size
             loop.log(
