@@ -7,7 +7,6 @@ the training config back."""
 
 from __future__ import annotations
 
-from ace3.config.base import OFFLOAD_FIELDS
 from ace3.config.batch_growth import batch_growth
 from ace3.config.extra_optimizers import EXTRA_OPTIMIZERS, FIELD_OWNERS
 from ace3.config.layout import parallel_degrees, runs_pipeline, runs_tensor_parallel
@@ -34,21 +33,10 @@ def lora_problems(config: TrainingConfig) -> list[ConfigProblem]:
     if runs_pipeline(config):
         refuse("pipeline_parallel_size", "not implemented: the pipeline splits the model by "
                "its layers before the adapters would be placed; use data parallelism "
-               "(zero_stage 0 or 1)")  # fmt: skip
+               "(any zero_stage, 0 to 3)")  # fmt: skip
     if runs_tensor_parallel(config):
         refuse("tensor_parallel_size", "not implemented: the tensor plans shard nn.Linear "
-               "layers that LoRA replaces; use data parallelism (zero_stage 0 or 1)")  # fmt: skip
-    split = runs_pipeline(config) or runs_tensor_parallel(config)  # (refused above)
-    if config.effective_zero_stage >= 2 and not split:
-        field = (
-            "zero_stage"
-            if config.zero_stage >= 2
-            else next(name for name in OFFLOAD_FIELDS if getattr(config, name))
-        )
-        refuse(field, f"ZeRO stage {config.effective_zero_stage} (FSDP) is not implemented "
-               "with LoRA: the adapters are a small share of the model, so ZeRO-1 (zero_stage="
-               "1) or plain data parallelism (zero_stage=0) already hold little optimizer "
-               "state")  # fmt: skip
+               "layers that LoRA replaces; use data parallelism (any zero_stage, 0 to 3)")  # fmt: skip
     if config.pruning is not None:
         refuse("pruning", "not implemented: pruning would mask the frozen base weights and the "
                "adapter matrices alike, and the merged model would lose the masks; prune the "

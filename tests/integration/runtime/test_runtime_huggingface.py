@@ -1,6 +1,7 @@
 """A Hugging Face model directory (``model.kind='huggingface'``) trained by the engine under real
 torchrun (2 ranks, gloo): a tiny GPT-2 built from a config with a tokenizer trained on local
-text (nothing downloaded), LoRA on its Conv1D ``c_attn`` layers and full fine-tuning with ZeRO-3;
+text (nothing downloaded), LoRA on its Conv1D ``c_attn`` layers (under DDP and under ZeRO-3,
+whose adapter checkpoint resumes on another number of ranks) and full fine-tuning with ZeRO-3;
 what the job writes (``huggingface/`` and ``adapter/``) loads with ``transformers`` and ``peft``,
 computes what the trained model computes, and generates; ``eval_prompts``' samples are what the
 trained model generates."""
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration.runtime.test_runtime_torchrun import assert_ok, events, run_job
+import ace3
+from tests.integration.runtime.test_runtime_torchrun import assert_ok, events, run_job, train_losses
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -108,13 +110,34 @@ def _logits(model: Any) -> torch.Tensor:
         return model(PROBE).logits
 
 
-@pytest.mark.parametrize("bias", ["none", "lora_only"])
+LORA_ZERO3 = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "bias": "lora_only"}
+LORA_ZERO3_CONFIG = {
+    "lora": LORA_ZERO3, "zero_stage": 3, "save_interval": 3, "eval_prompts": ["the quick"],
+    "eval_max_new_tokens": 3,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lora_zero3_run(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LoRA (its biases training too) with ZeRO-3 on 2 ranks, a checkpoint at steps 3 and 6,
+    and a sample generation (every rank in the sharded, adapted model's generate)."""
+    job_dir = tmp_path_factory.mktemp("lora-zero3")
+    job = _job(workdir, **LORA_ZERO3_CONFIG)
+    assert_ok(run_job(job, job_dir, nproc=2))
+    return job_dir
+
+
+@pytest.mark.parametrize("layout", ["ddp", "zero3"])
 def test_lora_on_gpt2_exports_a_merged_directory_and_peft_adapters(
-    workdir: Path, tmp_path: Path, bias: str
+    workdir: Path, tmp_path: Path, layout: str, request: pytest.FixtureRequest
 ) -> None:
-    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "bias": bias}
-    done = run_job(_job(workdir, lora=lora), tmp_path, nproc=2)
-    assert_ok(done)
+    if layout == "zero3":  # the adapters placed before FSDP shards the model, gathered at the end
+        bias = "lora_only"
+        tmp_path = request.getfixturevalue("lora_zero3_run")
+    else:
+        bias = "none"
+        lora = {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], "bias": bias}
+        assert_ok(run_job(_job(workdir, lora=lora), tmp_path, nproc=2))
     artifacts = tmp_path / "output" / "artifacts"
     export, adapter = artifacts / "huggingface", artifacts / "adapter"
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
@@ -136,9 +159,19 @@ def test_lora_on_gpt2_exports_a_merged_directory_and_peft_adapters(
     with_adapter = peft.PeftModel.from_pretrained(base, str(adapter))
     torch.testing.assert_close(_logits(merged), _logits(with_adapter), rtol=1e-4, atol=1e-4)
     assert not torch.allclose(_logits(merged), base_logits), "the adapters did not train"
+    # the base stayed frozen: only the adapted layers' weights (and their biases, trained with
+    # bias='lora_only') differ from the source model's
+    merged_weights = dict(merged.named_parameters())
+    source = transformers.AutoModelForCausalLM.from_pretrained(str(workdir / "gpt2"))
+    moved = {n for n, p in source.named_parameters() if not torch.equal(p, merged_weights[n])}
+    adapted = {f"transformer.h.{i}.attn.c_attn.{w}" for i in (0, 1) for w in ("weight", "bias")}
+    assert moved == (adapted if bias == "lora_only" else {n for n in adapted if "weight" in n})
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(export))
     generated = merged.generate(**tokenizer("the quick", return_tensors="pt"), max_new_tokens=3)
     assert generated.shape[1] >= 3
+    if layout == "zero3":
+        [record] = [e for e in events(tmp_path) if e["type"] == "eval_samples"]
+        assert [sample["prompt"] for sample in record["samples"]] == ["the quick"]
     [summary] = [e for e in events(tmp_path) if e["type"] == "summary"]
     c_attn = 2 * 4 * (16 + 48) + (2 * 48 if bias == "lora_only" else 0)  # (+ their biases)
     final = summary["final_metrics"]
@@ -175,6 +208,45 @@ def test_full_fine_tuning_with_zero3_gathers_the_weights_it_exports(
         new = new[: next((i for i, t in enumerate(new.tolist()) if t == 1), len(new))]  # EOS
         assert sample["completion"] == tokenizer.decode(new, skip_special_tokens=True)
         assert sample["completion_tokens"] == len(new) and not sample["truncated"]
+
+
+def test_a_lora_zero3_checkpoint_holds_the_adapters_and_resumes_on_one_process(
+    workdir: Path, tmp_path: Path, lora_zero3_run: Path
+) -> None:
+    """The step-3 checkpoint of the 2-rank run (sharded, adapters only) continues on one
+    process as the uninterrupted run did (the same samples in each step; float sums in
+    another order, so close rather than bitwise: in-process ZeRO-3 resumes bit for bit,
+    tests/unit/runtime/test_lora.py)."""
+    from safetensors.torch import load_file
+
+    from ace3.files import sha256_file
+
+    checkpoint = lora_zero3_run / "output" / "checkpoints" / "step-00000003.dcp.tar"
+    saved = ace3.load_checkpoint(checkpoint)["model"]  # no base weight (nor the tied lm_head)
+    adapted = [f"transformer.h.{i}.attn.c_attn" for i in (0, 1)]
+    assert set(saved) == {"_ace3_lora_base_sha256"} | {
+        f"{layer}.{tensor}"
+        for layer in adapted
+        for tensor in ("lora_A.default.weight", "lora_B.default.weight", "base_layer.bias")
+    }  # fmt: skip
+    job = _job(workdir, **LORA_ZERO3_CONFIG)
+    job.update(resume_from=str(checkpoint), resume_sha256=sha256_file(checkpoint))
+    done = run_job(job, tmp_path, nproc=1)
+    assert_ok(done)
+    assert "at step 3" in done.stdout and "written by 2 process(es)" in done.stdout
+    losses = [dict(train_losses(events(d))) for d in (lora_zero3_run, tmp_path)]
+    assert losses[1] == pytest.approx({s: v for s, v in losses[0].items() if s > 3}, rel=1e-5)
+    final = [
+        next(e for e in events(d) if e["type"] == "summary")["final_metrics"]
+        for d in (lora_zero3_run, tmp_path)
+    ]
+    assert final[1]["val_loss"] == pytest.approx(final[0]["val_loss"], rel=1e-5)
+    assert final[1]["trainable_parameters"] == final[0]["trainable_parameters"]
+    adapters = [load_file(str(d / "output/artifacts/adapter/adapter_model.safetensors"))
+                for d in (lora_zero3_run, tmp_path)]  # fmt: skip
+    assert adapters[0].keys() == adapters[1].keys()
+    for name, value in adapters[0].items():
+        torch.testing.assert_close(adapters[1][name], value, rtol=0, atol=5e-3)
 
 
 CHATML = (

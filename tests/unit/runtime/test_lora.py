@@ -74,7 +74,13 @@ class Watch(TrainingHook):
 
 
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    """Whole copies (a ZeRO-3 run's shards gathered while its process group is up)."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in model.named_parameters()
+    }
 
 
 def _train(tmp_path: Path, model: nn.Module, **fields: Any) -> tuple[Watch, Any]:
@@ -159,7 +165,7 @@ def test_the_merged_state_computes_what_base_and_adapters_compute() -> None:
     assert all(value.dtype == torch.float32 for value in merged.values())
 
 
-@pytest.mark.parametrize("zero_stage", [0, 1], ids=["plain", "zero1"])
+@pytest.mark.parametrize("zero_stage", [0, 1, 3], ids=["plain", "zero1", "zero3"])
 def test_an_adapter_only_checkpoint_resumes_exactly_on_the_rebuilt_base(
     tmp_path: Path, zero_stage: int
 ) -> None:
@@ -237,12 +243,17 @@ def _run_job(
     return root / name
 
 
-@pytest.mark.parametrize("start", ["seed", "init_from"])
+@pytest.mark.parametrize(
+    ("start", "zero_stage"), [("seed", 0), ("init_from", 0), ("seed", 3)],
+    ids=["seed", "init_from", "seed-zero3"],
+)  # fmt: skip
 def test_a_job_attempt_resumes_its_adapters_on_the_base_it_started_from(
-    tmp_path: Path, start: str
+    tmp_path: Path, start: str, zero_stage: int
 ) -> None:
     """The base of a resumed attempt: the model file's weights from the seed, or init_from's
-    (which a resume of a LoRA job loads again: its checkpoint holds the adapters alone)."""
+    (which a resume of a LoRA job loads again: its checkpoint holds the adapters alone). At
+    ZeRO-3 the adapted layers are FSDP units of their own (the Sequential's children), and the
+    merged model is gathered from the shards."""
     from safetensors.torch import load_file
 
     built = _sequential(seed=0 if start == "seed" else 7)
@@ -250,21 +261,27 @@ def test_a_job_attempt_resumes_its_adapters_on_the_base_it_started_from(
     if start == "init_from":
         init_from = tmp_path / "pretrained.pt"
         torch.save(built.state_dict(), init_from)
-    whole = _run_job(tmp_path, "whole", init_from=init_from)
-    cut = _run_job(tmp_path, "cut", init_from=init_from, max_steps=6)
-    first = cut / "checkpoints" / "step-00000006.pt"
-    resumed = _run_job(tmp_path, "resumed", resume_from=first, init_from=init_from)
-    last = [torch.load(out / "checkpoints" / "step-00000012.pt", weights_only=True)
-            for out in (whole, resumed)]  # fmt: skip
-    assert list(last[0]["model"]) == list(last[1]["model"])
-    for name, value in last[0]["model"].items():
-        assert torch.equal(last[1]["model"][name], value), name
+    fields = {"init_from": init_from, "zero_stage": zero_stage}
+    whole = _run_job(tmp_path, "whole", **fields)
+    cut = _run_job(tmp_path, "cut", max_steps=6, **fields)
+    first = (
+        cut / "checkpoints" / ("step-00000006.pt" if zero_stage == 0 else "step-00000006.dcp.tar")
+    )
+    resumed = _run_job(tmp_path, "resumed", resume_from=first, **fields)
+    if zero_stage == 0:
+        last = [torch.load(out / "checkpoints" / "step-00000012.pt", weights_only=True)
+                for out in (whole, resumed)]  # fmt: skip
+        assert list(last[0]["model"]) == list(last[1]["model"])
+        for name, value in last[0]["model"].items():
+            assert torch.equal(last[1]["model"][name], value), name
     merged = [load_file(out / "artifacts" / "merged_model.safetensors") for out in (whole, resumed)]
     assert set(merged[0]) == set(built.state_dict())
     for name, value in merged[0].items():
         assert torch.equal(merged[1][name], value), name
         base = built.state_dict()[name]
         assert torch.equal(value, base) == (name not in {"0.weight", "2.weight"}), name
+    if zero_stage:
+        return
 
     # a LoRA checkpoint holds no whole model to start another job from: the merged model does
     with pytest.raises(ValueError, match="start from that job's merged model"):
@@ -283,14 +300,24 @@ def test_trainable_parameters_train_fully_next_to_the_adapters(tmp_path: Path) -
     assert len(checkpoint["optimizer"]["state"]) == 6
 
 
-def test_lora_composes_with_autocast(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero_stage", [0, 3], ids=["plain", "zero3"])
+def test_lora_composes_with_autocast_and_clipping(tmp_path: Path, zero_stage: int) -> None:
+    """bf16 autocast and gradient clipping apply as without LoRA; at ZeRO-3 FSDP shards frozen
+    base weights and trainable adapters in the same units, the norm is over the sharded
+    adapters' gradients, and the counts are of whole tensors."""
     model = _net()
     original = {name: value.clone() for name, value in model.state_dict().items()}
-    watch, run = _train(tmp_path, model, mixed_precision=True, amp_dtype="bfloat16")
+    fields = {"mixed_precision": True, "amp_dtype": "bfloat16", "max_grad_norm": 0.5}
+    watch, run = _train(tmp_path, model, zero_stage=zero_stage, **fields)
     for name, value in watch.end.items():
         if ".lora_" not in name:
             assert torch.equal(value, original[name.replace(".base_layer.", ".")]), name
+        else:
+            assert not torch.equal(value, watch.begin[name]), f"{name} did not train"
     assert run.final_metrics["trainable_parameters"] == 6400
+    assert run.final_metrics["total_parameters"] == sum(v.numel() for v in watch.end.values())
+    norms = [value for _, value in run.history["grad_norm"]]
+    assert norms and all(0 < norm < 1e3 for norm in norms)
 
 
 def test_a_target_that_matches_no_layer_is_refused_with_the_module_names() -> None:
@@ -333,19 +360,22 @@ def test_settings_lora_cannot_run_with_are_refused_with_the_reason() -> None:
         problem.field: problem.reason
         for fields in (
             {"freeze": ["head"]},
-            {"zero_stage": 3},
             {"num_gpus": 2, "pipeline_parallel_size": 2},
             {"num_gpus": 2, "tensor_parallel_size": 2},
         )
         for problem in ace3.unsupported_settings(ace3.TrainingConfig(lora=lora, **fields))
     }
-    assert set(refused) >= {
-        "freeze",
-        "zero_stage",
-        "pipeline_parallel_size",
-        "tensor_parallel_size",
-    }
+    assert set(refused) >= {"freeze", "pipeline_parallel_size", "tensor_parallel_size"}
     assert "already freezes every base weight" in refused["freeze"]
-    assert "ZeRO stage 3 (FSDP) is not implemented with LoRA" in refused["zero_stage"]
-    for fields in ({}, {"zero_stage": 1}, {"trainable": ["head"]}, {"mixed_precision": True}):
-        assert ace3.unsupported_settings(ace3.TrainingConfig(lora=lora, **fields)) == []
+    assert "tensor plans shard nn.Linear layers" in refused["tensor_parallel_size"]
+    accepted: list[dict[str, Any]] = [
+        {},
+        {"zero_stage": 1},
+        {"zero_stage": 2},
+        {"zero_stage": 3, "trainable": ["head"]},
+        {"cpu_offload": True},  # (ZeRO-3 with FSDP's CPU offload)
+        {"zero_stage": 3, "offload_optimizer": True, "offload_parameters": True},
+        {"zero_stage": 3, "mixed_precision": True, "gradient_checkpointing": True},
+    ]
+    for fields in accepted:
+        assert ace3.unsupported_settings(ace3.TrainingConfig(lora=lora, **fields)) == [], fields
