@@ -49,6 +49,9 @@ class ModelOut(_Out):
         None,
         description=f"{_HF}model_type, max_position_embeddings, has_tokenizer, has_chat_template.",
     )
+    source_job_id: str | None = Field(
+        None, description="The job whose export this model is (a fine-tuned model); null: uploaded."
+    )
     created_at: datetime
 
 

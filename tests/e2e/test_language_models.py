@@ -83,6 +83,13 @@ def test_a_hugging_face_directory_is_fine_tuned_with_lora_and_comes_back_deploya
     generated = merged.generate(**tokenizer("the quick", return_tensors="pt"), max_new_tokens=3)
     assert generated.shape[1] >= 3
     assert json.loads((out / "huggingface" / "config.json").read_text())["model_type"] == "gpt2"
+    # the export was registered as a model of the owner's, named after the job that made it
+    job = client.jobs.retrieve(result.job_id)
+    assert job.fine_tuned_model_id is not None
+    tuned_model = client.models.retrieve(job.fine_tuned_model_id)
+    assert (tuned_model.kind, tuned_model.source_job_id) == ("huggingface", job.id)
+    assert tuned_model.parameter_count == merged.num_parameters()
+    assert result.final_metrics["trained_tokens"] == 8 * 8 * 16  # steps x batch x length
 
     # a LoRA target that matches no module of the stored directory: refused at submission
     wrong = ace3.LoRAConfig(target_modules=["q_proj"])

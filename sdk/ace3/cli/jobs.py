@@ -55,6 +55,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             ("model", job.model_id),
             ("dataset", job.dataset_id),
             ("validation dataset", job.validation_dataset_id),
+            ("fine-tuned model", job.fine_tuned_model_id),
             ("model kwargs", job.model_kwargs),
             ("created", job.created_at),
             ("started", job.started_at),

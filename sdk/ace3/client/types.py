@@ -49,6 +49,7 @@ class Model(_APIObject):
     parameter_count: int | None = None
     module_names: list[str] | None = None
     hf_config: dict[str, Any] | None = None
+    source_job_id: str | None = None  # the job whose export this model is; None: uploaded
     created_at: datetime | None = None
 
 

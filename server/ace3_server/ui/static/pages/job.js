@@ -103,6 +103,13 @@ export async function render(root, { api, params, navigate }) {
       card("Created", formatTime(job.created_at)),
       card("Progress", lastStep ? (job.plan?.total_steps ? `step ${lastStep}/${job.plan.total_steps}` : `step ${lastStep}`) : ""),
     );
+    if (job.fine_tuned_model_id) {
+      // The model the run's Hugging Face export was registered as (train or download it by id).
+      cardList.push(card("Fine-tuned model", job.fine_tuned_model_id, { id: "job-fine-tuned-model" }));
+    }
+    if (typeof job.final_metrics?.trained_tokens === "number") {
+      cardList.push(card("Trained tokens", formatNumber(job.final_metrics.trained_tokens)));
+    }
     if (typeof job.final_metrics?.best_val_accuracy === "number") {
       cardList.push(card("Best val_accuracy", formatNumber(job.final_metrics.best_val_accuracy)));
     }
