@@ -195,8 +195,30 @@ def test_lora_with_gradient_checkpointing_trains_the_adapters(tmp_path: Path) ->
     )  # fmt: skip
     base = {name: value.clone() for name, value in model.state_dict().items()}
     train_in_process(config, model, Tokens(16), checkpoint_dir=tmp_path / "ckpt")
-    assert model.is_gradient_checkpointing
+    assert model.is_activation_checkpointing
     changed = {
         name for name, value in model.state_dict().items() if not torch.equal(value, base[name])
     }
     assert changed == {f"transformer.h.{i}.attn.c_attn.weight" for i in (0, 1)}
+
+
+def test_llama_lora_with_bf16_autocast_and_gradient_checkpointing(tmp_path: Path) -> None:
+    """Seed 004's recipe on a Llama: every linear layer adapted, bf16 autocast, checkpointed
+    activations; the adapters train, the merged layers are the adapted ones, the loss is
+    finite."""
+    model = _llama()
+    config = ace3.TrainingConfig(
+        batch_size=8, max_steps=3, validation_split=0.0, learning_rate=0.05, seed=0,
+        mixed_precision=True, amp_dtype="bfloat16", gradient_checkpointing=True,
+        lora=ace3.LoRAConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+    )  # fmt: skip
+    base = {name: value.clone() for name, value in model.state_dict().items()}
+    run = train_in_process(config, model, Tokens(24), checkpoint_dir=tmp_path / "ckpt")
+    assert torch.isfinite(torch.tensor(run.final_metrics["train_loss"]))
+    changed = {
+        name.rsplit(".", 2)[-2]
+        for name, value in model.state_dict().items()
+        if not torch.equal(value, base[name])
+    }
+    assert changed == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert all(value.dtype == torch.float32 for value in model.state_dict().values())

@@ -2,8 +2,9 @@
 
 What gets checkpointed, in this order of preference:
 
-1. a model with a ``gradient_checkpointing_enable()`` method (the Hugging Face convention):
-   that method is called;
+1. a model with an ``activation_checkpointing_enable()`` or ``gradient_checkpointing_enable()``
+   method (the Hugging Face convention; the first is transformers 5's name): that method is
+   called, non-reentrant;
 2. an ``nn.Sequential`` (the model itself, else its largest ``nn.Sequential`` submodule by
    parameter count): its forward runs through ``torch.utils.checkpoint.checkpoint_sequential``
    with ``checkpoint_segments`` segments (default: about the square root of its length, the
@@ -50,15 +51,21 @@ def default_segments(length: int) -> int:
 
 def enable_gradient_checkpointing(model: nn.Module, segments: int | None) -> str:
     """Turn checkpointing on for ``model``; return a sentence saying what was done."""
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if callable(enable):
+    # transformers 5 names it activation_checkpointing_enable (the old name warns it goes in v6).
+    for method, kwargs in (
+        ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+        ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
+    ):
+        enable = getattr(model, method, None)
+        if not callable(enable):
+            continue
         # Non-reentrant: the reentrant kind gives no gradients to adapters (LoRA) whose inputs
         # come from frozen layers, and transformers 4.x defaulted to it.
         try:
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable(**{kwargs: {"use_reentrant": False}})
         except TypeError:  # (a model's own method without that argument)
             enable()
-        return f"{type(model).__name__}.gradient_checkpointing_enable() called"
+        return f"{type(model).__name__}.{method}() called"
     found = largest_sequential(model)
     if found is None:
         raise ValueError(
