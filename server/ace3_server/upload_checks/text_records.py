@@ -2,20 +2,22 @@
 ``{"messages": [{"role": ..., "content": ...}, ...]}``), prompt/completion (``{"prompt": ...,
 "completion": ...}``) and plain text (``{"text": ...}``). The kind is told by the first record,
 or named (``records=``: then a record need only hold that kind's fields, whatever else it holds);
-the first records are checked for its shape (a 422 naming the line): every record of one kind,
-roles among system/user/assistant/tool with string contents, a chat with an assistant turn to
-learn from, string prompts, completions and texts. The job tokenizes them with the model's own
-tokenizer (:mod:`ace3.runtime.data.text_records`)."""
+the first records are checked for its shape (a 422 naming the line and the field): every record
+of one kind, chats as :mod:`ace3.config.chat_messages` says (roles among
+system/user/assistant/tool/developer with string contents, an assistant turn to learn from,
+typed and bounded tool calls and ``tools``), string prompts, completions and texts. The job
+tokenizes them with the model's own tokenizer (:mod:`ace3.runtime.data.text_records`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ace3.config.chat_messages import CHAT_ROLES, check_chat_record
 from ace3.config.text_records import RecordKind, has_kind_fields, text_record_kind
 from ace3_server.upload_checks.errors import UploadCheckError
 
 __all__ = ["ROLES", "RecordKind", "check_text_record", "text_record_kind"]
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = CHAT_ROLES
 _EXPECTED = (
     '{"messages": [{"role": ..., "content": ...}, ...]}, {"prompt": ..., "completion": ...} '
     'or {"text": ...}'
@@ -23,22 +25,10 @@ _EXPECTED = (
 
 
 def _check_chat(record: dict[str, Any], line_no: int) -> None:
-    messages = record["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise UploadCheckError(f"line {line_no}: 'messages' must be a non-empty list")
-    for index, message in enumerate(messages):
-        where = f"line {line_no}: messages[{index}]"
-        if not isinstance(message, dict):
-            raise UploadCheckError(f'{where} must be an object {{"role": ..., "content": ...}}')
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise UploadCheckError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise UploadCheckError(f"{where}: 'content' must be a string")
-    if not any(message["role"] == "assistant" for message in messages):
-        raise UploadCheckError(
-            f"line {line_no}: a chat with no assistant turn has nothing for the model to learn"
-        )
+    try:
+        check_chat_record(record)
+    except ValueError as exc:
+        raise UploadCheckError(f"line {line_no}: {exc}") from exc
 
 
 def check_text_record(

@@ -197,9 +197,9 @@ def test_read_records_skips_blank_lines_and_names_the_file_and_line(tmp_path: Pa
     assert read_records(good) == ("chat", [{"messages": CHAT}])
     bad_role = [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]
     cases = {
-        "message 1: role 'robot' is not one of": {"messages": bad_role},
-        "the chat has no assistant message": {"messages": [{"role": "user", "content": "x"}]},
-        'message 1: "content" must be a string': {
+        "messages[0]: role 'robot' is not one of": {"messages": bad_role},
+        "a chat with no assistant turn": {"messages": [{"role": "user", "content": "x"}]},
+        "messages[0]: 'content' must be a string": {
             "messages": [{"role": "assistant", "content": ["x"]}]
         },
     }

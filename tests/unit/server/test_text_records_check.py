@@ -92,3 +92,34 @@ def test_packing_a_dataset_that_holds_no_text_records_is_refused() -> None:
     assert packing_problems(pairs, ace3.TrainingConfig()) == []
     unknown = {"dataset_id": SimpleNamespace(batch_layout=None)}
     assert packing_problems(unknown, packed) == []
+
+
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+TOOL_CHAT = {
+    "messages": [
+        {"role": "developer", "content": "you add"},
+        {"role": "user", "content": "1 + 1?"},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "2"},
+        {"role": "assistant", "content": "2"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+}
+
+
+def test_chats_with_tool_calls_are_chat_records_and_a_malformed_call_names_line_and_field(
+    tmp_path: Path,
+) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", CHAT, TOOL_CHAT)
+    assert check_dataset_file(path, "jsonl") == {"kind": "records", "records": "chat"}
+    bad_call = {**TOOL_CALL, "function": {"name": "add", "arguments": {"a": 1}}}
+    messages = [*TOOL_CHAT["messages"][:2], {**TOOL_CHAT["messages"][2], "tool_calls": [bad_call]}]
+    bad = {**TOOL_CHAT, "messages": messages}
+    with pytest.raises(UploadCheckError, match=r"line 2: messages\[2\]\.tool_calls\[0\]\.function"):
+        check_dataset_file(_jsonl(tmp_path / "d.jsonl", CHAT, bad), "jsonl")
+    named = {"messages": [{"role": "critic", "content": "x"}], "id": 3}
+    with pytest.raises(UploadCheckError, match=r"line 3: messages\[0\]: role 'critic' is not"):
+        check_dataset_file(_jsonl(tmp_path / "d.jsonl", CHAT, TOOL_CHAT, named), "jsonl")
+    with pytest.raises(UploadCheckError, match=r"line 1: tools\[0\]: 'type' must be"):
+        retrieval = {**TOOL_CHAT, "tools": [{"type": "retrieval", "function": {"name": "x"}}]}
+        check_dataset_file(_jsonl(tmp_path / "d.jsonl", retrieval), "jsonl")

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ace3.config.text_records import RecordKind
+from ace3.runtime.data.text_tool_calls import (
+    check_tool_calls_rendered,
+    has_tools,
+    rendering_tools,
+    template_messages,
+)
 
 RECORD_KINDS: tuple[RecordKind, ...] = ("chat", "prompt_completion", "text")
 IGNORE_INDEX = -100
@@ -42,7 +48,7 @@ def tokenize_record(record: dict[str, Any], kind: RecordKind, tokenizer: Any) ->
     example silently contributes nothing (or, alone in a batch, a NaN loss).
     """
     if kind == "chat":
-        example = _tokenize_chat(record["messages"], tokenizer)
+        example = _tokenize_chat(record["messages"], tokenizer, record.get("tools") or None)
     elif kind == "prompt_completion":
         example = _tokenize_prompt_completion(record["prompt"], record["completion"], tokenizer)
     elif kind == "text":
@@ -112,8 +118,12 @@ def chat_template_of(tokenizer: Any) -> str:
     return template
 
 
-def _tokenize_chat(messages: list[dict[str, Any]], tokenizer: Any) -> TokenizedExample:
-    """Learn each assistant turn (its reply and end-of-turn tokens); ignore everything else.
+def _tokenize_chat(
+    record_messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any] | None
+) -> TokenizedExample:
+    """Learn each assistant turn (its reply, its tool calls and end-of-turn tokens); ignore
+    everything else (system, user and tool messages). ``tools`` goes to the template as
+    ``tools=``; a template that cannot render the tool calls, or drops them, is an error.
 
     A template with ``{% generation %}`` blocks gives the mask itself. Otherwise (or when
     that mask is all zeros) each assistant turn is found by rendering the conversation up to
@@ -124,9 +134,28 @@ def _tokenize_chat(messages: list[dict[str, Any]], tokenizer: Any) -> TokenizedE
     at the end-of-turn token.
     """
     template = chat_template_of(tokenizer)
+    messages = template_messages(record_messages)
+    tool_chat = has_tools(messages, tools)
+    example = rendering_tools(
+        lambda: _chat_example(template, messages, tokenizer, tools), tool_chat
+    )
+    example = _checked_chat(example)
+    if tool_chat:
+        learned = [label != IGNORE_INDEX for label in example.labels]
+        check_tool_calls_rendered(messages, example.input_ids, learned, tokenizer)
+    return example
+
+
+def _chat_example(
+    template: str, messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any] | None
+) -> TokenizedExample:
     if GENERATION_BLOCK.search(template):
         rendered = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            messages,
+            tools=tools,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
         )
         input_ids = [int(token) for token in rendered["input_ids"]]
         mask = list(rendered["assistant_masks"])
@@ -135,15 +164,22 @@ def _tokenize_chat(messages: list[dict[str, Any]], tokenizer: Any) -> TokenizedE
                 token if learned else IGNORE_INDEX
                 for token, learned in zip(input_ids, mask, strict=True)
             ]
-            return _checked_chat(TokenizedExample(input_ids=input_ids, labels=labels))
-    return _checked_chat(_chat_by_difference(messages, tokenizer))
+            return TokenizedExample(input_ids=input_ids, labels=labels)
+    return _chat_by_difference(messages, tokenizer, tools)
 
 
 def _render_ids(
-    tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    generation_prompt: bool,
+    tools: list[Any] | None = None,
 ) -> list[int]:
     rendered = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, add_generation_prompt=generation_prompt
+        messages,
+        tools=tools,
+        tokenize=True,
+        return_dict=True,
+        add_generation_prompt=generation_prompt,
     )
     return [int(token) for token in rendered["input_ids"]]
 
@@ -156,29 +192,33 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return special
 
 
-def _prefix_ids(tokenizer: Any, messages: list[dict[str, Any]], turn: int) -> list[int]:
+def _prefix_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], turn: int, tools: list[Any] | None
+) -> list[int]:
     """The tokens before assistant turn ``turn``: the conversation so far with the generation
     prompt (the template's assistant header), learned by nobody. Before a first turn (the
     chat opens with the assistant: transformers renders no empty conversation) it is what the
     turn rendered with an empty reply shares with the turn rendered with its reply: any default
     system prompt, BOS and the header."""
     if turn:
-        return _render_ids(tokenizer, messages[:turn], generation_prompt=True)
+        return _render_ids(tokenizer, messages[:turn], True, tools)
     first = messages[0]
-    empty = _render_ids(tokenizer, [{**first, "content": ""}], generation_prompt=False)
-    whole = _render_ids(tokenizer, [first], generation_prompt=False)
+    empty = _render_ids(tokenizer, [{"role": first["role"], "content": ""}], False, tools)
+    whole = _render_ids(tokenizer, [first], False, tools)
     return empty[: common_prefix_length(empty, whole)]
 
 
-def _chat_by_difference(messages: list[dict[str, Any]], tokenizer: Any) -> TokenizedExample:
-    input_ids = _render_ids(tokenizer, messages, generation_prompt=False)
+def _chat_by_difference(
+    messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any] | None
+) -> TokenizedExample:
+    input_ids = _render_ids(tokenizer, messages, False, tools)
     labels = [IGNORE_INDEX] * len(input_ids)
     special_ids = _special_ids(tokenizer)
     for turn, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _prefix_ids(tokenizer, messages, turn)
-        through = _render_ids(tokenizer, messages[: turn + 1], generation_prompt=False)
+        before = _prefix_ids(tokenizer, messages, turn, tools)
+        through = _render_ids(tokenizer, messages[: turn + 1], False, tools)
         start = common_prefix_length(before, input_ids)
         end = common_prefix_length(through, input_ids)
         # A merge across a boundary may change a token or two; more means the template renders

@@ -1,7 +1,8 @@
 """Text records for language-model fine-tuning: chat, prompt/completion and plain text in JSONL.
 
 A record is one JSON object per line: ``{"messages": [{"role", "content"}, ...]}`` (OpenAI's
-chat format), ``{"prompt", "completion"}`` or ``{"text"}``. This module reads and checks
+chat format, with tool calls and ``tools``: :mod:`ace3.config.chat_messages`),
+``{"prompt", "completion"}`` or ``{"text"}``. This module reads and checks
 them, and gathers the public names of the pieces that tokenize (``text_masking``) and batch
 (``text_packing``) them, so the engine imports one module. It runs inside the job.
 """
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ace3.config.chat_messages import CHAT_ROLES, check_chat_record
 from ace3.config.text_records import has_kind_fields
 from ace3.runtime.data.text_masking import (
     IGNORE_INDEX,
@@ -47,7 +49,6 @@ __all__ = [
     "tokenize_records",
 ]
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
 # How many records detection looks at: enough to catch a file that mixes kinds early.
 DETECTION_RECORDS = 100
 EXPECTED = (
@@ -109,22 +110,7 @@ def check_record(record: Any, kind: RecordKind, *, named: bool = False) -> None:
             if not isinstance(record[key], str):
                 raise ValueError(f'"{key}" must be a string')
     else:
-        _check_messages(record["messages"])
-
-
-def _check_messages(messages: Any) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise ValueError('"messages" must be a non-empty list of {"role", "content"} objects')
-    for index, message in enumerate(messages, start=1):
-        if not isinstance(message, dict):
-            raise ValueError(f"message {index} is not an object")
-        role = message.get("role")
-        if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise ValueError(f"message {index}: role {role!r} is not one of {list(CHAT_ROLES)}")
-        if not isinstance(message.get("content"), str):
-            raise ValueError(f'message {index}: "content" must be a string')
-    if not any(message["role"] == "assistant" for message in messages):
-        raise ValueError("the chat has no assistant message: there is nothing to learn")
+        check_chat_record(record)
 
 
 def read_records(
