@@ -51,6 +51,7 @@ def test_the_openai_client_fine_tunes_and_fine_tunes_the_result_again(
         job = _fine_tune(client, sdk, base_model, training_file.id)
         assert job.status == "succeeded", job.error
         assert job.hyperparameters.batch_size == 4 and job.finished_at is not None
+        assert job.trained_tokens is not None and job.trained_tokens > 0
         events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
         assert events[0].message.startswith("The job has successfully completed")
         steps = [e.data["step"] for e in events if e.type == "metrics"]
