@@ -76,6 +76,25 @@ def test_a_file_of_other_records_is_refused_naming_the_line(client: Any) -> None
         client.files.create(file=("train.jsonl", _jsonl(RECORDS)), purpose="assistants")
 
 
+def test_a_chat_file_with_tool_calls_is_taken_and_a_malformed_call_refused(client: Any) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    chat = {
+        "messages": [
+            {"role": "user", "content": "1 + 1?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"},
+            {"role": "assistant", "content": "2"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+    }
+    taken = client.files.create(file=("tools.jsonl", _jsonl([chat])), purpose="fine-tune")
+    assert taken.status == "processed"
+    no_name = {**call, "function": {"arguments": "{}"}}
+    bad = {"messages": [chat["messages"][0], {"role": "assistant", "tool_calls": [no_name]}]}
+    with pytest.raises(openai.BadRequestError, match=r"line 2: messages\[1\]\.tool_calls\[0\]"):
+        client.files.create(file=("bad.jsonl", _jsonl([chat, bad])), purpose="fine-tune")
+
+
 def _create(client: Any, model: str, file_id: str, **extra: Any) -> Any:
     return client.fine_tuning.jobs.create(model=model, training_file=file_id, **extra)
 
