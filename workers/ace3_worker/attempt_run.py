@@ -233,7 +233,9 @@ class AttemptRunner:
                 self.ingest.final_artifact_sync(artifacts, running.lines)
             self.watcher.through_outage(watch, beat, drain)
             membership.report(job, watch, returncode, events, beat)
-        membership.decide(watch)
+            # (a gang's leader records the attempt here: registering a succeeded run's export
+            # copies the whole model, so the lease is kept alive meanwhile)
+            membership.decide(watch)
 
     def _usage_monitor(
         self,

@@ -268,7 +268,7 @@ class Outcomes(OutcomeWriter):
                     error=reason + "; no retries left",
                 )
             return
-        self.record(
+        self.record_surviving_outage(
             job_id,
             attempt,
             JobState(verdict.outcome),

@@ -2,7 +2,8 @@
 (``ace3_control.job_transitions.finish``), through a database outage when asked. A succeeded
 attempt's exported model is registered in the same transaction
 (:mod:`ace3_worker.export_registration`): the job reads ``succeeded`` with its
-``fine_tuned_model_id``, or ``failed`` saying why its export cannot be a model."""
+``fine_tuned_model_id``, or ``failed`` saying why its export cannot be a model; a store that
+fails meanwhile is ridden out like a database outage."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from ace3_control.db import rows_changed
 from ace3_control.models import JobState
 from ace3_control.settings import Settings
 from ace3_worker.attempt import MAX_DB_RETRY_SECONDS, POLL_SECONDS
-from ace3_worker.export_registration import ExportError, ExportRegistrar, Registered
+from ace3_worker.export_registration import (
+    ExportError,
+    ExportRegistrar,
+    PreparedExport,
+    StoreOutage,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +59,7 @@ class OutcomeWriter:
             try:
                 self.record(job_id, attempt, state, **fields)
                 return
-            except DBAPIError:
+            except (DBAPIError, StoreOutage):
                 if time.monotonic() > deadline:
                     logger.exception("job %s attempt %d: outcome not recorded", job_id, attempt)
                     return
@@ -61,25 +67,26 @@ class OutcomeWriter:
                 delay = min(delay * 2, MAX_DB_RETRY_SECONDS)
 
     def record(self, job_id: str, attempt: int, state: JobState, **fields: Any) -> None:
+        """Write the terminal ``state``; a succeeded run's export is checked and stored first
+        (outside the transaction: it copies the whole model), then its row added in the
+        transaction of the state. Raises StoreOutage (retried by the callers like a database
+        outage) when the store failed meanwhile."""
+        prepared: PreparedExport | None = None
+        if state is JobState.SUCCEEDED and self.exports is not None:
+            try:
+                prepared = self.exports.prepare(self.sessions, job_id)
+            except ExportError as exc:
+                state = JobState.FAILED
+                fields["error"] = EXPORT_FAILED.format(reason=exc)
+                logger.warning("job %s attempt %d: %s", job_id, attempt, fields["error"])
         with self.sessions() as session:
-            registered: Registered | None = None
-            if state is JobState.SUCCEEDED and self.exports is not None:
-                try:
-                    registered = self.exports.register(session, job_id)
-                except ExportError as exc:
-                    session.rollback()
-                    state = JobState.FAILED
-                    fields["error"] = EXPORT_FAILED.format(reason=exc)
-                    logger.warning("job %s attempt %d: %s", job_id, attempt, fields["error"])
-            if registered is not None:
-                fields["fine_tuned_model_id"] = registered.model_id
+            if prepared is not None and self.exports is not None:
+                fields["fine_tuned_model_id"] = self.exports.add(session, prepared)
             result = session.execute(job_transitions.finish(job_id, attempt, state, **fields))
             if rows_changed(result):
                 session.commit()
             else:
                 session.rollback()
-                if self.exports is not None:
-                    self.exports.discard(session, registered)
         if rows_changed(result):
             logger.info("job %s attempt %d: %s", job_id, attempt, state.value)
         else:

@@ -32,6 +32,7 @@ from ace3_worker.attempt import (
     Beat,
 )
 from ace3_worker.drain import draining, grace_seconds
+from ace3_worker.export_registration import StoreOutage
 from ace3_worker.ingest import Ingest, JobOutput
 from ace3_worker.job_dir import JobDirectory
 from ace3_worker.launch import RunningTorchrun
@@ -280,31 +281,39 @@ class Watcher:
         self, watch: AttemptWatch, beat: Callable[[], None], action: Callable[[], object]
     ) -> None:
         """Run a last step of the attempt (store what is left, record the outcome) through a
-        database outage, as the watch loop does: retried with the heartbeat until it works, or
-        until the lease cannot be this attempt's any more (the reconciler then re-queues the
-        job, which resumes from its last stored checkpoint)."""
+        database or artifact-store outage, as the watch loop does: retried with the heartbeat
+        until it works, or until the lease cannot be this attempt's any more (a store failing
+        for a lease's length, while the heartbeats still renew it, counts as that too): the
+        reconciler then re-queues the job, which resumes from its last stored checkpoint."""
         delay = POLL_SECONDS
+        store_failing_since: float | None = None
         while True:
             try:
                 if time.monotonic() - watch.run.lease_renewed_at > self.settings.heartbeat_seconds:
                     beat()
                 action()
                 return
-            except DBAPIError as exc:
-                waited = time.monotonic() - watch.run.lease_renewed_at
+            except (DBAPIError, StoreOutage) as exc:
+                now = time.monotonic()
+                waited = now - watch.run.lease_renewed_at
+                if isinstance(exc, StoreOutage):
+                    store_failing_since = store_failing_since or now
+                    waited = max(waited, now - store_failing_since)
                 if watch.run.lease_lost or waited > self.settings.lease_seconds:
                     logger.error(
-                        "job %s attempt %d: database unreachable for %.0f s after the run; "
-                        "giving the job up to the reconciler",
+                        "job %s attempt %d: %s for %.0f s after the run; giving the job up to "
+                        "the reconciler",
                         watch.job_id,
                         watch.attempt,
+                        exc if isinstance(exc, StoreOutage) else "database unreachable",
                         waited,
                     )
                     watch.run.lease_lost = True
                     return
                 logger.warning(
-                    "job %s: database unreachable (%s); retrying",
+                    "job %s: %s unreachable (%s); retrying",
                     watch.job_id,
+                    "artifact store" if isinstance(exc, StoreOutage) else "database",
                     type(exc).__name__,
                 )
                 time.sleep(delay)

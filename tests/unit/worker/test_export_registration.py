@@ -20,7 +20,7 @@ from ace3_control.models import Job, JobArtifact, JobState, StoredModel
 from ace3_control.settings import Settings
 from ace3_control.storage import LocalArtifactStore
 from ace3_server.migrations_check import upgrade
-from ace3_worker.export_registration import ExportRegistrar
+from ace3_worker.export_registration import ExportRegistrar, StoreOutage
 from ace3_worker.outcome_writer import OutcomeWriter
 from tests.conftest import insert_job
 
@@ -172,7 +172,7 @@ def test_stored_bytes_that_changed_fail_the_job_naming_the_file(
         assert "huggingface/config.json" in (failed.error or "")
 
 
-def test_a_fenced_out_attempt_registers_nothing_and_leaves_no_tree(
+def test_a_fenced_out_attempt_adds_no_model(
     tmp_path: Path, sessions: sessionmaker[Session], store: LocalArtifactStore
 ) -> None:
     with sessions() as session:
@@ -184,7 +184,62 @@ def test_a_fenced_out_attempt_registers_nothing_and_leaves_no_tree(
         assert job.fine_tuned_model_id is None
         assert session.scalar(select(func.count()).select_from(StoredModel).where(
             StoredModel.source_job_id == job_id)) == 0  # fmt: skip
-    assert store.list("models/") == []
+
+
+@pytest.mark.parametrize(
+    ("files", "reason"),
+    [
+        ({}, "stored no huggingface/ export"),
+        ({"huggingface/config.json/x": b"{}"}, "no config.json at the top of huggingface/"),
+        ({**EXPORT, "huggingface/a": b"1", "huggingface/a/b": b"2"}, "huggingface/a is both"),
+        ({**EXPORT, "huggingface/../x": b"1"}, "not a plain relative path"),
+    ],
+)
+def test_an_export_the_job_mangled_fails_the_job_naming_it_not_the_worker(
+    tmp_path: Path,
+    sessions: sessionmaker[Session],
+    store: LocalArtifactStore,
+    files: dict[str, bytes],
+    reason: str,
+) -> None:
+    with sessions() as session:
+        job_id = _job(session, store, files).id
+    _writer(tmp_path, sessions, store).record(job_id, 1, JobState.SUCCEEDED, exit_code=0)
+    with sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.state == JobState.FAILED
+        assert reason in (job.error or "") and str(tmp_path) not in (job.error or "")
+
+
+class FlakyStore(LocalArtifactStore):
+    """A store whose reads fail ``failures`` times (a connection lost), then work."""
+
+    failures = 1
+
+    def fetch(self, key: str, target: Path, sha256: str | None = None) -> Path:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the store went away")
+        return super().fetch(key, target, sha256)
+
+
+def test_a_store_outage_is_retried_not_a_failed_job(
+    tmp_path: Path, sessions: sessionmaker[Session]
+) -> None:
+    store = FlakyStore(tmp_path / "store")
+    with sessions() as session:
+        job_id = _job(session, store, EXPORT).id
+    writer = _writer(tmp_path, sessions, store)
+    with pytest.raises(StoreOutage, match="the store went away"):
+        writer.record(job_id, 1, JobState.SUCCEEDED, exit_code=0)
+    with sessions() as session:
+        assert session.get(Job, job_id).state == JobState.RUNNING  # type: ignore[union-attr]
+    store.failures = 2
+    writer.record_surviving_outage(job_id, 1, JobState.SUCCEEDED, exit_code=0)
+    with sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.state == JobState.SUCCEEDED
+        assert job.fine_tuned_model_id is not None
 
 
 def test_other_jobs_and_other_states_register_nothing(
