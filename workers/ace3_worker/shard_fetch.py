@@ -116,10 +116,10 @@ class S3ShardSource:
             close=body.close,
         )
 
-    def read_range(self, shard: Shard, first: int, last: int) -> bytes:
-        """Bytes ``first`` to ``last`` (inclusive) of the shard (a large one is fetched in
-        ranges: :mod:`ace3_worker.shard_ranges`), checked as :meth:`open`'s object is: the
-        registered ETag, the object's total size."""
+    def open_range(self, shard: Shard, first: int, last: int) -> shard_ranges.Part:
+        """A stream of bytes ``first`` to ``last`` (inclusive) of the shard (a large one is
+        fetched in ranges: :mod:`ace3_worker.shard_ranges`), checked as :meth:`open`'s object
+        is: the registered ETag, the object's total size; and the part's own length."""
         response = self._get(shard, Range=f"bytes={first}-{last}")
         body = response["Body"]
         try:
@@ -132,9 +132,45 @@ class S3ShardSource:
                     f"shard {shard.name!r}: asked for bytes {first}-{last}, the source answered "
                     f"{response.get('ContentRange')!r}"
                 )
-            return bytes(body.read(last - first + 2))
-        finally:
+            length = int(response.get("ContentLength", -1))
+            if length != last - first + 1:
+                raise OSError(f"shard {shard.name!r}: bytes {first}-{last} came as {length} bytes")
+        except BaseException:
             body.close()
+            raise
+        return BodyPart(body, length)
+
+
+class BodyPart:
+    """A ranged GET's body read straight into the caller's buffers: through the HTTP
+    response under botocore's (``http.client``'s ``readinto``, no bytes object per read) where
+    it is one, else through the body's ``read``. The connection goes back to the client's
+    pool once every byte was read, and is closed with a part left unread."""
+
+    def __init__(self, body: Any, length: int) -> None:
+        self.body, self.left = body, length
+        raw = getattr(body, "_raw_stream", None)  # (urllib3's response)
+        inner = getattr(raw, "_fp", None)  # (http.client's, under it)
+        self._release = getattr(raw, "release_conn", None)
+        self._readinto = getattr(inner, "readinto", None)
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        view = buffer[: self.left]
+        if self._readinto is not None:
+            count = int(self._readinto(view))
+        else:
+            data = self.body.read(len(view))
+            count = len(data)
+            view[:count] = data
+        self.left -= count
+        release = self._release
+        if not self.left and release is not None:
+            self._release = None
+            release()
+        return count
+
+    def close(self) -> None:
+        self.body.close()
 
 
 class StoreShardSource:
@@ -265,7 +301,7 @@ def _copy(source: ShardSource, shard: Shard, fd: int, stop: threading.Event, *, 
     the bytes arrive)."""
     if isinstance(source, S3ShardSource) and shard.size >= shard_ranges.RANGED_MIN_BYTES:
         return shard_ranges.copy_ranges(
-            functools.partial(source.read_range, shard), shard, fd, stop,
+            functools.partial(source.open_range, shard), shard, fd, stop,
             stopped=lambda: FetchStopped(shard.name), flush=flush,
         )  # fmt: skip
     found = source.open(shard)

@@ -1,18 +1,24 @@
-"""Reading a shard's bytes fast. Large shards are fetched as parallel ranged reads
-(:func:`copy_ranges`), as boto3's own
-``download_file`` does: one streaming GET of an object store such as SeaweedFS or S3 delivers a
-fraction of what several ranges at once do (on the benchmark's SeaweedFS, 128 MiB objects came
-at about 100 MiB/s through one GET, against about 200 through boto3's ranges:
-``benchmarks/data_streaming.py``).
+"""Reading a shard's bytes fast, and cheaply in CPU: on a machine of few cores the object store
+may share them (``benchmarks/data_streaming.py``: SeaweedFS on the same two cores), so every
+CPU-second the fetch spends is one the store cannot serve with.
 
-A shard of at least :data:`RANGED_MIN_BYTES` is read as parts of :data:`PART_BYTES`, at most
-:data:`RANGE_READERS` reads in flight (the source checks each part against the manifest:
-:meth:`ace3_worker.shard_fetch.S3ShardSource.read_range`). Each part is written at its offset
-into the entry's reserved part file as it arrives, and hashed (sha256) in order: at most
-:data:`PARTS_AHEAD` parts are held in memory, waiting for their turn in the hash. Meanwhile
-the bytes written so far are flushed (one ``fdatasync`` at a time), so that the ``fsync`` after
-the last part has little left to do, where the cache fsyncs its entries at all
+A shard of at least :data:`RANGED_MIN_BYTES` is read as parts of :data:`PART_BYTES` (ranged
+GETs, as boto3's own ``download_file`` reads), at most :data:`RANGE_READERS` parts in flight
+(the source checks each part against the manifest:
+:meth:`ace3_worker.shard_fetch.S3ShardSource.open_range`). Each part streams in chunks of
+:data:`CHUNK_BYTES` read straight into reused buffers (``readinto``: no bytes object per
+chunk, no part held whole), each written at its offset into the entry's reserved part file
+by the thread that read it and handed to the caller's thread, which hashes them (sha256) in
+order; a part runs at most :data:`CHUNKS_AHEAD` chunks ahead of the hash. Meanwhile the bytes
+written so far are flushed (one ``fdatasync`` at a time), so that the ``fsync`` after the last
+part has little left to do, where the cache fsyncs its entries at all
 (:mod:`ace3_worker.shard_cache_boot`: not where it is tagged with this boot).
+
+What it costs, 128 MiB objects on SeaweedFS on the same 2 cores, the variants interleaved
+(medians of CPU seconds of the fetching process, with the machine loaded by other work, load
+5-7): 8 MiB parts read whole as bytes and hashed after, 0.29-0.35; the chunks into reused
+buffers, 0.24-0.25; boto3's ``download_file``, which hashes nothing, 0.21-0.24
+(benchmarks/README.md).
 
 A smaller shard is one streaming read, whose chunks a thread of their own reads ahead
 (:func:`read_ahead`, at most :data:`READ_AHEAD_CHUNKS` of them), so that the socket's reads
@@ -26,9 +32,9 @@ import hashlib
 import os
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from ace3.config.shards import Shard
 
@@ -37,13 +43,25 @@ RANGED_MIN_BYTES = 32 * MiB
 PART_BYTES = 8 * MiB
 MIN_PART_BYTES = 4 * MiB
 RANGE_READERS = 6
-PARTS_AHEAD = RANGE_READERS + 1
+CHUNK_BYTES = MiB
+CHUNKS_AHEAD = 4
 SYNC_BYTES = 32 * MiB
 READ_AHEAD_CHUNKS = 8
-_PUT_SECONDS = 0.1  # (how often a reader blocked on a full queue looks whether it was closed)
+_PUT_SECONDS = 0.1  # (how often a blocked reader looks whether it was closed or the copy ended)
 
-# (first byte, last byte) -> exactly those bytes of the shard
-ReadPart = Callable[[int, int], bytes]
+
+class Part(Protocol):
+    """One part's bytes as they arrive (``io.BytesIO`` is one)."""
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Up to ``len(buffer)`` of the next bytes into ``buffer``; 0 at the end."""
+
+    def close(self) -> None: ...
+
+
+# (first byte, last byte) -> a stream of exactly those bytes of the shard
+OpenPart = Callable[[int, int], Part]
+_Arrived = tuple[bytearray, int] | BaseException
 
 
 def part_ranges(size: int) -> list[tuple[int, int]]:
@@ -54,15 +72,83 @@ def part_ranges(size: int) -> list[tuple[int, int]]:
     return [(first, min(first + part, size) - 1) for first in range(0, size, part)]
 
 
-def _write_at(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
+def _write_at(fd: int, view: memoryview, offset: int) -> None:
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
 
 
+class _Copy:
+    """One shard's parts, read by a pool of threads; the caller's thread hashes them."""
+
+    def __init__(self, open_part: OpenPart, shard: Shard, fd: int, stop: threading.Event,
+                 stopped: Callable[[], BaseException]) -> None:  # fmt: skip
+        self.open_part, self.shard, self.fd = open_part, shard, fd
+        self.stop, self.stopped, self.ended = stop, stopped, threading.Event()
+        self.ranges = part_ranges(shard.size)
+        self.arrived: list[queue.SimpleQueue[_Arrived]] = [queue.SimpleQueue() for _ in self.ranges]
+        self.room = [threading.Semaphore(CHUNKS_AHEAD) for _ in self.ranges]
+        self.spare: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+
+    def _buffer(self, index: int) -> bytearray | None:
+        """A spare buffer once the part is fewer than CHUNKS_AHEAD chunks ahead of the hash;
+        None when the copy ended meanwhile."""
+        while not self.room[index].acquire(timeout=_PUT_SECONDS):
+            if self.ended.is_set():
+                return None
+        try:
+            return self.spare.get_nowait()
+        except queue.Empty:  # (at most RANGE_READERS * CHUNKS_AHEAD of them, made as needed)
+            return bytearray(CHUNK_BYTES)
+
+    def read(self, index: int) -> None:
+        """Part ``index`` into the file, chunk by chunk, each handed to the hash."""
+        first, last = self.ranges[index]
+        arrived, offset, end = self.arrived[index], first, last + 1
+        try:
+            part = self.open_part(first, last)
+            try:
+                while offset < end:
+                    if self.stop.is_set():
+                        raise self.stopped()
+                    buffer = self._buffer(index)
+                    if buffer is None:
+                        return
+                    with memoryview(buffer) as whole:
+                        count = part.readinto(whole[: min(CHUNK_BYTES, end - offset)])
+                        if not count:
+                            raise OSError(
+                                f"shard {self.shard.name!r}: bytes {first}-{last} came as "
+                                f"{offset - first} bytes"
+                            )
+                        _write_at(self.fd, whole[:count], offset)
+                    arrived.put((buffer, count))
+                    offset += count
+            finally:
+                part.close()
+        except BaseException as exc:  # (the hash raises it, whatever it was)
+            arrived.put(exc)
+
+    def hash(self, index: int, digest: hashlib._Hash) -> None:
+        """Part ``index``'s chunks into ``digest`` in order, as they arrive."""
+        first, last = self.ranges[index]
+        left = last - first + 1
+        while left:
+            item = self.arrived[index].get()
+            if isinstance(item, BaseException):
+                raise item
+            if self.stop.is_set():
+                raise self.stopped()
+            buffer, count = item
+            with memoryview(buffer) as whole:
+                digest.update(whole[:count])
+            self.spare.put(buffer)
+            self.room[index].release()
+            left -= count
+
+
 def copy_ranges(
-    read_part: ReadPart,
+    open_part: OpenPart,
     shard: Shard,
     fd: int,
     stop: threading.Event,
@@ -70,22 +156,14 @@ def copy_ranges(
     stopped: Callable[[], BaseException],
     flush: bool = True,
 ) -> str:
-    """The shard's bytes into ``fd`` (at their offsets), read part by part with ``read_part``
-    (several at once); their sha256. Raises what ``read_part`` raises, ``stopped()`` when
-    ``stop`` is set meanwhile, ``OSError`` when a part arrives short or long. ``flush``: the
-    entry will be fsynced, so the bytes written so far are flushed while the rest arrive."""
-    ranges = part_ranges(shard.size)
+    """The shard's bytes into ``fd`` (at their offsets), read part by part with ``open_part``
+    (several at once); their sha256. Raises what ``open_part`` or reading a part raises,
+    ``stopped()`` when ``stop`` is set meanwhile, ``OSError`` when a part arrives short. The
+    part's stream must not give more than it was asked for (the source checks its length).
+    ``flush``: the entry will be fsynced, so the bytes written so far are flushed while the rest
+    arrive."""
+    copy = _Copy(open_part, shard, fd, stop, stopped)
     digest = hashlib.sha256()
-
-    def fetch(first: int, last: int) -> bytes:
-        if stop.is_set():
-            raise stopped()
-        data = read_part(first, last)
-        if len(data) != last - first + 1:
-            raise OSError(f"shard {shard.name!r}: bytes {first}-{last} came as {len(data)} bytes")
-        _write_at(fd, data, first)
-        return data
-
     pool = ThreadPoolExecutor(RANGE_READERS, thread_name_prefix="shard-ranges")
     # The bytes written so far go to disk while the rest arrive, so that the fsync after the
     # last part (ShardCache.commit) waits for little: one fdatasync at a time, every
@@ -93,27 +171,21 @@ def copy_ranges(
     syncer = ThreadPoolExecutor(1, thread_name_prefix="shard-sync")
     syncing: Future[None] | None = None
     hashed = synced = 0
-    pending: deque[Future[bytes]] = deque()
     try:
-        upcoming = iter(ranges)
-        for first, last in upcoming:
-            pending.append(pool.submit(fetch, first, last))
-            if len(pending) >= PARTS_AHEAD:
-                break
-        while pending:
-            data = pending.popleft().result()  # (in order: the hash needs them so)
-            if stop.is_set():
-                raise stopped()
-            digest.update(data)
-            hashed += len(data)
-            following = next(upcoming, None)
-            if following is not None:
-                pending.append(pool.submit(fetch, *following))
+        # (parts start as the hash moves on: at most RANGE_READERS of them ahead of it)
+        for index in range(min(RANGE_READERS, len(copy.ranges))):
+            pool.submit(copy.read, index)
+        for index, (first, last) in enumerate(copy.ranges):
+            copy.hash(index, digest)
+            hashed += last - first + 1
+            if index + RANGE_READERS < len(copy.ranges):
+                pool.submit(copy.read, index + RANGE_READERS)
             if flush and hashed - synced >= SYNC_BYTES and (syncing is None or syncing.done()):
                 syncing, synced = syncer.submit(os.fdatasync, fd), hashed
         if syncing is not None:
             syncing.result()
     finally:
+        copy.ended.set()
         pool.shutdown(wait=True, cancel_futures=True)
         syncer.shutdown(wait=True)
     return digest.hexdigest()

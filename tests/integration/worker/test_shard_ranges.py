@@ -7,6 +7,7 @@ session's SeaweedFS, with the part size made tiny (a few 64 KiB parts)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import random
 import secrets
@@ -36,6 +37,7 @@ def tiny_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard_ranges, "PART_BYTES", PART)
     monkeypatch.setattr(shard_ranges, "MIN_PART_BYTES", PART)
     monkeypatch.setattr(shard_ranges, "RANGED_MIN_BYTES", 2 * PART)
+    monkeypatch.setattr(shard_ranges, "CHUNK_BYTES", PART // 4)
 
 
 def _shard(data: bytes) -> Shard:
@@ -46,10 +48,10 @@ def test_parts_arrive_in_any_order_and_are_written_and_hashed_in_place(tmp_path:
     data = os.urandom(SIZE)
     asked: list[tuple[int, int]] = []
 
-    def read_part(first: int, last: int) -> bytes:
+    def read_part(first: int, last: int) -> io.BytesIO:
         asked.append((first, last))
         time.sleep(random.random() / 100)  # (parts finish out of order)
-        return data[first : last + 1]
+        return io.BytesIO(data[first : last + 1])
 
     fd = os.open(tmp_path / "part", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
@@ -70,13 +72,15 @@ def test_a_short_part_or_a_stop_ends_the_copy(tmp_path: Path) -> None:
     try:
         with pytest.raises(OSError, match=r"bytes 131072-196607 came as 10 bytes"):
             shard_ranges.copy_ranges(
-                lambda first, last: data[first : first + 10 if first == 2 * PART else last + 1],
+                lambda first, last: io.BytesIO(
+                    data[first : first + 10 if first == 2 * PART else last + 1]
+                ),
                 _shard(data), fd, stop, stopped=lambda: FetchStopped("x"),
             )  # fmt: skip
 
-        def stopping(first: int, last: int) -> bytes:
+        def stopping(first: int, last: int) -> io.BytesIO:
             stop.set()
-            return data[first : last + 1]
+            return io.BytesIO(data[first : last + 1])
 
         with pytest.raises(FetchStopped):
             shard_ranges.copy_ranges(
