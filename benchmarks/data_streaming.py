@@ -119,10 +119,14 @@ def fetch_throughput(
     total = sum(shard.size for shard in manifest.shards) / MiB
     numbered = list(enumerate(manifest.shards))
 
-    def timed(one: Any) -> float:
-        started = time.perf_counter()
+    cpu: dict[str, list[float]] = {"worker": [], "plain": [], "verified": []}
+
+    def timed(one: Any, name: str) -> float:
+        """MiB/s; the CPU seconds per GiB this process spent (every thread) go to cpu[name]."""
+        started, used = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(at_once) as pool:
             list(pool.map(one, numbered))
+        cpu[name].append((time.process_time() - used) / total * 1024)
         return total / (time.perf_counter() - started)
 
     def worker() -> float:
@@ -130,7 +134,7 @@ def fetch_throughput(
         source, stop = S3ShardSource(manifest.uri, client), threading.Event()
         rate = timed(lambda item: obtain(
             cache, source, manifest.digest(), f"{item[0]:06d}.bin", item[1], stop=stop, wait=True
-        ))  # fmt: skip
+        ), "worker")  # fmt: skip
         shutil.rmtree(root / "fetch-cache")
         return rate
 
@@ -149,7 +153,7 @@ def fetch_throughput(
 
         def run() -> float:
             target.mkdir()
-            rate = timed(one)
+            rate = timed(one, "verified" if verify else "plain")
             shutil.rmtree(target)
             return rate
 
@@ -159,6 +163,8 @@ def fetch_throughput(
     runs = {"worker": worker, "plain": download(False), "verified": download(True)}
     for run in runs.values():
         run()  # (a round unmeasured: connections, threads, the server's caches)
+    for figures in cpu.values():
+        figures.clear()
     rates: dict[str, list[float]] = {name: [] for name in runs}
     for repeat in range(repeats):
         order = list(runs.items())
@@ -175,6 +181,7 @@ def fetch_throughput(
         "verified": statistics.median(rates["verified"]),
         "ratio": statistics.median(ratios),
         "ratio_verified": statistics.median(verified),
+        "cpu": {name: statistics.median(figures) for name, figures in cpu.items()},
     }
 
 
@@ -376,6 +383,11 @@ def fetch_rows(fetch: list[dict[str, Any]]) -> list[Row]:
             "    the same against download_file + sha256 + fsync",
             f"{figures['worker']:.0f} / {figures['verified']:.0f} = "
             f"{figures['ratio_verified']:.2f}", "", None,
+        ))  # fmt: skip
+        used = figures["cpu"]
+        rows.append((
+            "    CPU-s per GiB in this process (medians): worker / boto3 / boto3 + sha256",
+            f"{used['worker']:.2f} / {used['plain']:.2f} / {used['verified']:.2f}", "", None,
         ))  # fmt: skip
     return rows
 
