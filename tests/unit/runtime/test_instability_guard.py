@@ -199,6 +199,31 @@ def test_tokens_per_sec_counts_token_ids() -> None:
     assert result.final_metrics["trained_tokens"] == 16 * 6
 
 
+def test_trained_tokens_survive_a_resume_between_reports(tmp_path: Path) -> None:
+    """A checkpoint saved between two metrics reports carries the tokens run since the first,
+    so the resumed run's count equals the undisturbed one's."""
+    from ace3.runtime.in_process import train_in_process
+
+    class Bag(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.out = nn.Embedding(50, 4), nn.Linear(4, 1)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.out(self.embed(ids).mean(dim=1))
+
+    ids = torch.randint(0, 50, (16, 6), generator=torch.Generator().manual_seed(0))
+    data = TensorDataset(ids, torch.zeros(16, 1))
+    config = ace3.TrainingConfig(**{**BASE, "epochs": 2, "log_interval": 100, "save_interval": 3})
+    whole = train_in_process(config, Bag(), data, checkpoint_dir=tmp_path / "whole")
+    assert whole.final_metrics["trained_tokens"] == 2 * 16 * 6
+    step3 = tmp_path / "whole" / "step-00000003.pt"
+    resumed = train_in_process(
+        config, Bag(), data, checkpoint_dir=tmp_path / "resumed", resume_from=step3
+    )
+    assert resumed.final_metrics["trained_tokens"] == whole.final_metrics["trained_tokens"]
+
+
 def test_token_counting_rule() -> None:
     ids = torch.ones(4, 7, dtype=torch.long)
     mask = torch.ones(4, 7, dtype=torch.long)

@@ -228,6 +228,7 @@ class TrainingLoop:
             "interval": [interval.loss_sum, interval.steps],
             "epoch": [epoch.loss_sum, epoch.steps],
         }
+        self.run_metrics.bank_tokens(self.steps, self.state)
         self.saver.save()  # records it, prunes, calls on_checkpoint (async: once written)
         self.last_saved_step = self.state.step
 
@@ -387,6 +388,7 @@ class TrainingLoop:
                 extension.close()
 
     def _summary(self, extras: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.run_metrics.bank_tokens(self.steps, self.state)  # (every rank, as the memory's)
         state, memory = self.state, None
         if self.memory is not None:  # peak memory (the largest rank's), the state's size
             reading = max_over_ranks(self.memory.reading(), self.ctx.device)

@@ -123,8 +123,9 @@ class RunMetrics:
         memory, peak = _memory_mb(self.ctx.device)
         busy, tokens_run = runner.take_span()
         waited, self.data_wait = self.data_wait, 0.0
+        unbanked, runner.unbanked_tokens = runner.unbanked_tokens, 0
         mine = [memory, peak, 1000.0 * busy / steps, self.nvml.utilisation(), float(tokens_run),
-                1000.0 * waited / steps]  # fmt: skip
+                1000.0 * waited / steps, float(unbanked)]  # fmt: skip
         table = torch.tensor(mine, dtype=torch.float64, device=self.ctx.device)
         if self.ctx.world_size > 1:
             gathered = [torch.empty_like(table) for _ in range(self.ctx.world_size)]
@@ -135,10 +136,21 @@ class RunMetrics:
         values.update(data_wait_values([row[5] for row in rows]))
         tokens = sum(row[4] for row in rows)
         if tokens > 0:  # every rank of a data replica ran the same tokens: count them once
-            replicated = tokens * self.replicas / self.ctx.world_size
-            values["tokens_per_sec"] = replicated / elapsed
-            state.trained_tokens += round(replicated)
+            values["tokens_per_sec"] = tokens * self.replicas / self.ctx.world_size / elapsed
+        state.trained_tokens += round(
+            sum(row[6] for row in rows) * self.replicas / self.ctx.world_size
+        )
         return values
+
+    def bank_tokens(self, runner: StepRunner, state: TrainState) -> None:
+        """Add the token ids run since the last report or save to ``state.trained_tokens``
+        before a checkpoint records it (a collective on every rank), so a resumed run's count
+        misses none; the rate's span is left as it is."""
+        unbanked, runner.unbanked_tokens = runner.unbanked_tokens, 0
+        total = torch.tensor([float(unbanked)], dtype=torch.float64, device=self.ctx.device)
+        if self.ctx.world_size > 1:
+            dist.all_reduce(total)
+        state.trained_tokens += round(float(total.item()) * self.replicas / self.ctx.world_size)
 
 
 def reports_after(

@@ -130,6 +130,8 @@ class StepRunner:
         self.grad_norm: torch.Tensor | None = None  # the global norm of a step's gradients...
         self.grad_norm_step = 0  # ... of this step (from 1)
         self.tokens = 0  # token ids this rank ran since the last report (see count_tokens)
+        # ... and since they were last added to TrainState.trained_tokens (a report or a save)
+        self.unbanked_tokens = 0
         self.busy_seconds = 0.0  # host time inside run() since the last report
 
     def take_span(self) -> tuple[float, int]:
@@ -164,7 +166,9 @@ class StepRunner:
         parts, config, strategy = self.parts, self.config, self.strategy
         started = time.perf_counter()
         for batch in batches:
-            self.tokens += count_tokens(batch)
+            counted = count_tokens(batch)
+            self.tokens += counted
+            self.unbanked_tokens += counted
         while True:
             parts.precision.zero_grad(parts.optimizer)
             strategy.before_step(parts)
