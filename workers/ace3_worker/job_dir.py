@@ -177,7 +177,8 @@ def _dataset_spec(
             split, manifest, into, requests, directory.visible, kind=dataset.kind
         )
         directory.streams = (*directory.streams, stream)
-        return spec
+        records = named_records(getattr(dataset, "batch_layout", None))  # (records= named)
+        return {**spec, "records": records} if records is not None else spec
     if not store.exists(dataset.storage_key):
         raise FileNotFoundError(
             f"dataset {dataset.id} ({dataset.filename}) is missing from storage"

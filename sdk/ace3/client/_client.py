@@ -104,7 +104,8 @@ class ClientDatasets(Datasets):
         ``"jsonl"`` (.jsonl, .jsonl.gz, .jsonl.zst) or ``"tokens"`` (.bin; ``dtype`` "uint16",
         the default, or "uint32"); ``columns``: parquet's inputs and targets columns when not
         named so; ``records``: jsonl's kind of text records (``"chat"``,
-        ``"prompt_completion"``, ``"text"``; jobs cannot stream them yet). Registering the
+        ``"prompt_completion"``, ``"text"``; a Hugging Face model's job streams them, each rank
+        tokenizing its own shards). Registering the
         same listing again returns the same dataset
         (``uploaded=False``); a listing that changed is a new one. A uri the service may not
         read, or that holds no shards, is a :class:`~ace3.errors.ValidationError` naming

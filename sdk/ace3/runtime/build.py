@@ -13,6 +13,8 @@ checkpoint's per-rank RNG states on top.
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ from ace3.runtime.data.text_datasets import (
     pad_token_id,
     text_records_file,
 )
+from ace3.runtime.data.text_streams import load_text_streams, stream_records_kind
+from ace3.runtime.data.text_tokens import Once
 from ace3.runtime.data.train_source import train_data_for
 from ace3.runtime.hf_export import HuggingFaceExport
 from ace3.runtime.job_spec import JobSpec
@@ -48,7 +52,7 @@ from ace3.runtime.loop.total_steps import total_optimizer_steps
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.observe.log import ENGINE
 from ace3.runtime.parallel import ParallelDims, Strategy, strategy_for
-from ace3.runtime.process.distributed import DistContext
+from ace3.runtime.process.distributed import DistContext, barrier
 from ace3.runtime.techniques.compression import compression_extensions
 from ace3.runtime.techniques.distillation import make_distiller
 from ace3.runtime.techniques.freezing import ParameterCounts, apply_freezing
@@ -139,14 +143,11 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
         ckpt = load_checkpoint(Path(job.resume_from), job.resume_sha256)
     seed_all(config.seed)
     user = load_user_code(job.model)
-    text_file = text_records_file(job.dataset) if user.source_dir is not None else None
     text = None
     if user.source_dir is not None:  # (a tokens dataset past the context too)
         check_sequence_length(user.source_dir, config.sequence_length)
-    if text_file is not None and user.source_dir is not None:  # chat or text records
-        text = load_text_datasets(
-            text_file, job.validation_dataset, config, user.source_dir, job.dataset.records
-        )
+        text = load_text_data(job, ctx, user.source_dir)
+    if text is not None:  # chat or text records
         data = text.datasets
     else:
         if config.packing:
@@ -184,6 +185,36 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
             f"micro-batches of {micro} per rank, the effective batch unchanged"
         )
     return parts
+
+
+def load_text_data(job: JobSpec, ctx: DistContext, model_dir: Path) -> TextData | None:
+    """Text records for a Hugging Face model directory: a ``.jsonl`` file (tokenized once per
+    node: :mod:`ace3.runtime.data.text_tokens`, in this attempt's ``TMPDIR``) or jsonl shards
+    (each rank tokenizing its own as it streams them); None when the dataset holds none."""
+    once = None
+    if ctx.world_size > 1:
+        tag = hashlib.sha256(job.output_dir.encode()).hexdigest()[:16]
+        scratch = Path(tempfile.gettempdir()) / f"ace3-tokenized-{tag}"
+        once = Once(scratch, ctx.local_rank == 0, lambda: barrier(ctx))
+    text_file = text_records_file(job.dataset)
+    if text_file is not None:
+        return load_text_datasets(
+            text_file, job.validation_dataset, job.config, model_dir, job.dataset.records, once
+        )
+    replica = _data_replica(job, ctx)
+    kind = stream_records_kind(job.dataset, replica[0])
+    stream = job.dataset.stream
+    if kind is None and stream is not None and stream.format == "jsonl":
+        raise ValueError(
+            f"{stream.shards[0].file}: its first record is not a text record (chat, "
+            "prompt/completion or text), and a Hugging Face model trains on text records: "
+            "name their kind with records= if they are such records"
+        )
+    if kind is None:
+        return None
+    return load_text_streams(
+        job.dataset, job.validation_dataset, job.config, replica, model_dir, kind, once
+    )
 
 
 def eval_samples_for(

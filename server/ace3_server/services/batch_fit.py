@@ -152,6 +152,18 @@ def records_problem(layout: dict[str, Any] | None, hf_config: dict[str, Any] | N
     return None
 
 
+def unread_shards(dataset: Any) -> bool:
+    """jsonl shards whose records no one named: their records were never read (``PAIR`` is
+    assumed), and a job on a Hugging Face model reads their kind from the first record (text
+    records, or a clear failure)."""
+    layout = getattr(dataset, "batch_layout", None)
+    return (
+        getattr(dataset, "kind", None) in ("remote", "shards")
+        and getattr(dataset, "format", None) == "jsonl"
+        and (layout is None or layout.get("kind") != "records")
+    )
+
+
 def huggingface_batch_problem(layout: dict[str, Any] | None) -> str | None:
     """A Hugging Face causal LM (a stored model directory) computes its loss only when given
     ``labels``, which (inputs, targets) batches, passed as ``model(inputs)``, never give it."""
@@ -188,7 +200,7 @@ def batch_problems(
     for field, dataset in datasets.items():
         hf_config = (model.hf_config or {}) if model.kind == "huggingface" else None
         problem = records_problem(dataset.batch_layout, hf_config)
-        if problem is None and model.kind == "huggingface":
+        if problem is None and model.kind == "huggingface" and not unread_shards(dataset):
             problem = huggingface_batch_problem(dataset.batch_layout)
         elif problem is None and model.kind == "file":
             problem = batch_fit_problem(
@@ -206,6 +218,8 @@ def packing_problems(datasets: Mapping[str, Any], config: Any) -> list[dict[str,
     train = datasets.get("dataset_id")
     layout = getattr(train, "batch_layout", None)
     if not getattr(config, "packing", False) or layout is None or layout["kind"] == "records":
+        return []
+    if unread_shards(train):
         return []
     return [
         {

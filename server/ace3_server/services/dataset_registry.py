@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
 from ace3.config.shards import ShardManifest
-from ace3.config.text_records import RecordKind, named_layout, named_records
+from ace3.config.text_records import RecordKind, named_layout
 from ace3_control.dataset_sources import SourceProblem, check_source, list_manifest
 from ace3_control.models import StoredDataset, utcnow
 from ace3_control.settings import Settings
@@ -209,22 +209,10 @@ def stream_problems(
     """What a job's (or a search's base) ``config`` lacks for the sharded datasets it names
     (``datasets``: the request field -> the owned row): a tokens dataset needs
     ``sequence_length``; a training stream whose sample count is unknown (jsonl, webdataset)
-    cannot count ``epochs`` and needs ``max_steps``; text records (``records=``) cannot be
-    streamed yet."""
+    cannot count ``epochs`` and needs ``max_steps`` (text records in jsonl shards too: what
+    the model and the records need is :mod:`ace3_server.services.batch_fit`'s)."""
     problems: list[dict[str, Any]] = []
     sharded = {field: row for field, row in datasets.items() if row.kind in SHARDED_KINDS}
-    for field, row in sharded.items():
-        kind = named_records(row.batch_layout)
-        if kind is not None:  # (not built yet: language-models.md)
-            problems.append(
-                {
-                    "loc": ["body", field],
-                    "msg": f"dataset {row.name!r} holds {kind} text "
-                    "records in shards, which a job cannot stream yet: upload them as one "
-                    ".jsonl file (client.load_dataset(path, records=...))",
-                    "type": "value_error",
-                }
-            )
     tokens = [field for field, row in sharded.items() if row.format == "tokens"]
     if tokens and config.sequence_length is None:
         problems.append(

@@ -1,7 +1,8 @@
 """``records=`` names the kind of a ``.jsonl`` dataset's text records (issue 29, point 2),
 through the real API on a database of its own: checked against the first records (a 422 naming
 ``records`` and the line), refused for another format, shown on the dataset, named again on the
-same bytes, and accepted on jsonl shards, where a job cannot stream text records yet."""
+same bytes, and accepted on jsonl shards, which a job on a Hugging Face model streams (and
+refuses where a file of them would be refused)."""
 
 from __future__ import annotations
 
@@ -84,25 +85,47 @@ def test_the_same_bytes_named_again_take_the_named_kind(
     assert client.load_dataset(path).records == "text"  # (no records=: the named kind stays)
 
 
-def test_jsonl_shards_take_records_and_jobs_refuse_them_for_now(
+def test_jsonl_shards_take_records_and_a_hugging_face_model_streams_them(
     api: httpx.Client, client: ace3.Client, tmp_path: Path
 ) -> None:
+    pytest.importorskip("transformers")
+    from tests.e2e.test_language_models import _gpt2_directory
+
     shards = tmp_path / "shards"
     shards.mkdir()
     (shards / "0.jsonl").write_bytes(_jsonl(CHAT))
-    dataset = client.load_dataset(shards, format="jsonl", records="chat")
-    assert dataset.records == "chat"
+    chats = client.load_dataset(shards, format="jsonl", records="chat")
+    assert chats.records == "chat"
+    (shards / "0.jsonl").write_bytes(_jsonl({"prompt": "a", "completion": "b"}))
+    completions = client.load_dataset(shards, format="jsonl", records="prompt_completion")
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "0.bin").write_bytes(np.arange(8, dtype=np.uint16).tobytes())
     with pytest.raises(ace3.errors.ValidationError, match="records is for format='jsonl'"):
         client.load_dataset(tmp_path / "t", format="tokens", records="text")
+    _gpt2_directory(tmp_path / "gpt2")  # (its tokenizer has no chat template)
+    hf_model = client.load_model(tmp_path / "gpt2").id
     model = api.post(
         "/v1/models",
         files={"file": ("m.py", b"import torch\ndef build_model():\n    return torch.nn.Linear(1, 1)\n")},
     )  # fmt: skip
     assert model.status_code == 201, model.text
-    body = {"model_id": model.json()["id"], "dataset_id": dataset.id}
-    response = api.post("/v1/jobs", json=body | {"config": {"max_steps": 1}})
+
+    def submit(model_id: str, dataset: Any, **config: Any) -> httpx.Response:
+        body = {"model_id": model_id, "dataset_id": dataset.id, "config": config}
+        return api.post("/v1/jobs", json=body)
+
+    created = submit(hf_model, completions, max_steps=1, packing=True)  # streamed, no longer a 422
+    assert created.status_code == 201, created.text
+    # what a single .jsonl file of records is refused for, shards of them are too
+    assert "epochs" in _refused_at(submit(hf_model, completions, epochs=1), ["config", "epochs"])
+    assert "chat template" in _refused_at(submit(hf_model, chats, max_steps=1), ["dataset_id"])
+    assert "Hugging Face" in _refused_at(
+        submit(model.json()["id"], chats, max_steps=1), ["dataset_id"]
+    )
+
+
+def _refused_at(response: httpx.Response, loc: list[str]) -> str:
     assert response.status_code == 422, response.text
-    messages = [p["msg"] for p in response.json()["detail"] if p["loc"] == ["body", "dataset_id"]]
-    assert any("cannot stream yet" in msg for msg in messages), messages
+    messages = [p["msg"] for p in response.json()["detail"] if p["loc"] == ["body", *loc]]
+    assert messages, response.text
+    return " ".join(messages)

@@ -50,3 +50,20 @@ def test_the_named_kind_of_records_reaches_the_job_spec(
     spec = json.loads(directory.job_file.read_text())
     assert spec["dataset"].get("records") == expected
     assert JobSpec.model_validate(spec).dataset.records == expected
+
+
+def test_the_named_kind_of_streamed_records_reaches_the_job_spec(tmp_path: Path) -> None:
+    store = LocalArtifactStore(tmp_path / "store")
+    model = _stored(store, tmp_path, "model.py")
+    manifest = {
+        "uri": "s3://bucket/chats/", "format": "jsonl",
+        "shards": [{"name": "0.jsonl", "size": 10, "etag": "e"}],
+    }  # fmt: skip
+    data = SimpleNamespace(
+        id="d1", name="chats", kind="remote", manifest=manifest, batch_layout=named_layout("chat")
+    )
+    job = SimpleNamespace(id="job1", config={}, model_kwargs={}, micro_batch_halvings=0)
+    (tmp_path / "work").mkdir()
+    directory = prepare_job_directory(tmp_path / "work", store, job, 1, model, data, None, None)
+    spec = JobSpec.model_validate(json.loads(directory.job_file.read_text()))
+    assert spec.dataset.stream is not None and spec.dataset.records == "chat"

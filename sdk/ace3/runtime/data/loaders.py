@@ -105,7 +105,7 @@ def validation_loader(
     readers of this replica (disjoint shards, one pass), or one pass over a user's
     ``IterableDataset`` (this rank's copy, which splits its samples itself)."""
     if isinstance(dataset, IterableDataset):
-        from ace3.runtime.data.stream import ShardStream, stream_collate
+        from ace3.runtime.data.stream import ShardStream
 
         return DataLoader(
             dataset,
@@ -114,7 +114,7 @@ def validation_loader(
             pin_memory=pin_memory,
             drop_last=False,
             generator=_generator(0),
-            collate_fn=stream_collate if isinstance(dataset, ShardStream) else collate_fn,
+            collate_fn=dataset.collate_fn if isinstance(dataset, ShardStream) else collate_fn,
         )
     assert isinstance(dataset, Sized)
     return DataLoader(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,12 @@ from ace3.config import TrainingConfig
 from ace3.config.text_records import RecordKind, text_record_kind
 from ace3.runtime.data.datasets import DEFAULT_VALIDATION_SPLIT, Datasets, single_data_file
 from ace3.runtime.data.text_records import (
+    TextReport,
     TokenizedExample,
     TokenizedTextDataset,
     collate_text,
-    read_records,
-    tokenize_records,
 )
+from ace3.runtime.data.text_tokens import Once, tokenize_once
 from ace3.runtime.hf_model import read_model_config
 from ace3.runtime.job_spec import DatasetSpec
 
@@ -132,34 +132,36 @@ class TextData:
     tokenizer: Any
 
 
-def _examples(
-    path: Path, tokenizer: Any, named: RecordKind | None = None
-) -> tuple[str, list[TokenizedExample]]:
-    kind, records = read_records(path, named)
-    return kind, tokenize_records(records, kind, tokenizer)
-
-
-def _dataset(
-    name: str, kind: str, examples: list[TokenizedExample], length: int, packing: bool, pad_id: int
-) -> tuple[TokenizedTextDataset, str]:
-    dataset = TokenizedTextDataset(examples, length, packing, pad_id)
-    report = dataset.report
-    note = (
-        f"{name}: {len(examples)} {kind.replace('_', '/')} example(s), {report.tokens:,} "
-        f"tokens; {report.truncated} truncated to {length} tokens"
+def text_note(name: str, kind: str, report: TextReport, length: int, packs: int | None) -> str:
+    """What tokenizing ``name`` gave, for the log (``packs``: the sequences packed, if so)."""
+    return (
+        f"{name}: {report.examples + report.dropped} {kind.replace('_', '/')} example(s), "
+        f"{report.tokens:,} tokens; {report.truncated} truncated to {length} tokens"
         + (
             f", {report.dropped} left out (nothing to learn once truncated)"
             if report.dropped
             else ""
         )
-        + (f"; packed into {len(dataset)} sequence(s)" if packing else "")
+        + (f"; packed into {packs} sequence(s)" if packs is not None else "")
         + f"; padding at most {report.padding_share:.1%} of the tokens"
     )
-    return dataset, note
+
+
+def tokenized_dataset(
+    name: str,
+    kind: str,
+    examples: Sequence[TokenizedExample],
+    length: int,
+    packing: bool,
+    pad_id: int,
+) -> tuple[TokenizedTextDataset, str]:
+    dataset = TokenizedTextDataset(examples, length, packing, pad_id)
+    packs = len(dataset) if packing else None
+    return dataset, text_note(name, kind, dataset.report, length, packs)
 
 
 def _held_out(
-    examples: list[TokenizedExample], fraction: float, seed: int
+    examples: Sequence[TokenizedExample], fraction: float, seed: int
 ) -> tuple[list[TokenizedExample], list[TokenizedExample]]:
     """Examples held out for validation before any packing (a permutation seeded by ``seed``,
     the same on every rank), so that the fraction is of examples, not of packs."""
@@ -181,15 +183,21 @@ def load_text_datasets(
     config: TrainingConfig,
     model_dir: Path,
     records: RecordKind | None = None,
+    once: Once | None = None,
 ) -> TextData:
     """Tokenize the training records (and the validation ones) with the model's tokenizer;
-    ``records``: the kind the training dataset named (``DatasetSpec.records``)."""
+    ``records``: the kind the training dataset named (``DatasetSpec.records``); ``once``: the
+    node's leader tokenizes each file for its ranks (:mod:`.text_tokens`)."""
     check_sequence_length(model_dir, config.sequence_length)
     tokenizer = load_tokenizer(model_dir)
     pad_id = pad_token_id(tokenizer)
     length = config.sequence_length or default_sequence_length(model_dir)
-    build = functools.partial(_dataset, length=length, packing=config.packing, pad_id=pad_id)
-    kind, examples = _examples(train_file, tokenizer, records)
+    build = functools.partial(
+        tokenized_dataset, length=length, packing=config.packing, pad_id=pad_id
+    )
+    kind, examples = tokenize_once(
+        train_file, tokenizer, records, once.at("train") if once else None
+    )
     validation_file = text_records_file(validation_spec)
     if validation_spec is not None and validation_file is None:
         raise ValueError(
@@ -207,8 +215,11 @@ def load_text_datasets(
     notes = [note]
     validation: Dataset[Any] | None = None
     if validation_file is not None:
-        validation_kind, validation_examples = _examples(
-            validation_file, tokenizer, validation_spec.records if validation_spec else None
+        validation_kind, validation_examples = tokenize_once(
+            validation_file,
+            tokenizer,
+            validation_spec.records if validation_spec else None,
+            once.at("validation") if once else None,
         )
         validation, note = build(validation_file.name, validation_kind, validation_examples)
         notes.append(note)

@@ -19,6 +19,7 @@ to the earlier examples of its pack: only the positions restart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,12 +45,49 @@ class TextReport:
     dropped: int = 0
 
 
+def truncate(example: TokenizedExample, length: int) -> tuple[TokenizedExample | None, bool]:
+    """``example`` cut to ``length`` tokens, and whether it was cut; None for the example when,
+    cut, it learns nothing (every learned token was past ``length``)."""
+    truncated = len(example.input_ids) > length
+    if truncated:
+        example = TokenizedExample(
+            input_ids=example.input_ids[:length], labels=example.labels[:length]
+        )
+    return (example if learns_something(example.labels) else None), truncated
+
+
+def single_item(example: TokenizedExample) -> dict[str, torch.Tensor]:
+    """One unpacked example as an item ``{"input_ids", "labels"}``."""
+    return {
+        "input_ids": torch.tensor(example.input_ids, dtype=torch.long),
+        "labels": torch.tensor(example.labels, dtype=torch.long),
+    }
+
+
+def pack_item(pack: Sequence[TokenizedExample]) -> dict[str, torch.Tensor]:
+    """Examples packed into one item ``{"input_ids", "labels", "position_ids"}`` (see the
+    module docstring: positions restart, each example's first label is ignored)."""
+    input_ids: list[int] = []
+    labels: list[int] = []
+    position_ids: list[int] = []
+    for example in pack:
+        input_ids += example.input_ids
+        # The first token is never learned: it would be predicted from the previous example.
+        labels += [IGNORE_INDEX, *example.labels[1:]]
+        position_ids += range(len(example.input_ids))
+    return {
+        "input_ids": torch.tensor(input_ids, dtype=torch.long),
+        "labels": torch.tensor(labels, dtype=torch.long),
+        "position_ids": torch.tensor(position_ids, dtype=torch.long),
+    }
+
+
 class TokenizedTextDataset(Dataset[dict[str, torch.Tensor]]):
     """Items ``{"input_ids", "labels"}`` (and ``"position_ids"`` when packing), 1-D int64."""
 
     def __init__(
         self,
-        examples: list[TokenizedExample],
+        examples: Sequence[TokenizedExample],
         sequence_length: int,
         packing: bool,
         pad_token_id: int,
@@ -67,33 +105,22 @@ class TokenizedTextDataset(Dataset[dict[str, torch.Tensor]]):
                 f"(none of the {len(examples)} keeps a learned token after its first once "
                 "truncated); raise sequence_length or shorten the prompts"
             )
-        self.items = self._packed(kept) if packing else [self._single(example) for example in kept]
+        self.items = self._packed(kept) if packing else [single_item(example) for example in kept]
         self.report.examples = len(kept)
         self.report.tokens = sum(len(example.input_ids) for example in kept)
         positions = len(self.items) * sequence_length
         self.report.padding_share = 1.0 - self.report.tokens / positions
 
-    def _truncated(self, examples: list[TokenizedExample]) -> list[TokenizedExample]:
+    def _truncated(self, examples: Sequence[TokenizedExample]) -> list[TokenizedExample]:
         kept: list[TokenizedExample] = []
         for example in examples:
-            if len(example.input_ids) > self.sequence_length:
-                self.report.truncated += 1
-                example = TokenizedExample(
-                    input_ids=example.input_ids[: self.sequence_length],
-                    labels=example.labels[: self.sequence_length],
-                )
-            if not learns_something(example.labels):
+            cut, truncated = truncate(example, self.sequence_length)
+            self.report.truncated += truncated
+            if cut is None:
                 self.report.dropped += 1
                 continue
-            kept.append(example)
+            kept.append(cut)
         return kept
-
-    @staticmethod
-    def _single(example: TokenizedExample) -> dict[str, torch.Tensor]:
-        return {
-            "input_ids": torch.tensor(example.input_ids, dtype=torch.long),
-            "labels": torch.tensor(example.labels, dtype=torch.long),
-        }
 
     def _packed(self, examples: list[TokenizedExample]) -> list[dict[str, torch.Tensor]]:
         packs: list[list[TokenizedExample]] = [[]]
@@ -104,23 +131,7 @@ class TokenizedTextDataset(Dataset[dict[str, torch.Tensor]]):
                 room = self.sequence_length
             packs[-1].append(example)
             room -= len(example.input_ids)
-        return [self._pack(pack) for pack in packs]
-
-    @staticmethod
-    def _pack(pack: list[TokenizedExample]) -> dict[str, torch.Tensor]:
-        input_ids: list[int] = []
-        labels: list[int] = []
-        position_ids: list[int] = []
-        for example in pack:
-            input_ids += example.input_ids
-            # The first token is never learned: it would be predicted from the previous example.
-            labels += [IGNORE_INDEX, *example.labels[1:]]
-            position_ids += range(len(example.input_ids))
-        return {
-            "input_ids": torch.tensor(input_ids, dtype=torch.long),
-            "labels": torch.tensor(labels, dtype=torch.long),
-            "position_ids": torch.tensor(position_ids, dtype=torch.long),
-        }
+        return [pack_item(pack) for pack in packs]
 
     def __len__(self) -> int:
         return len(self.items)

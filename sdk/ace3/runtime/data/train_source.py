@@ -114,7 +114,8 @@ class StreamTrainData(TrainData):
 
         self.stream, self.config, self.replica = stream, config, replica
         self.per_rank_batch, self.rank, self.pin_memory = per_rank_batch, rank, pin_memory
-        self.collate: Callable[[list[Any]], Any] = stream_collate
+        # (a stream's own: text records are padded by collate_text)
+        self.collate: Callable[[list[Any]], Any] = getattr(stream, "collate_fn", stream_collate)
         self.template = copy.deepcopy(stream)  # unread: first_batches' copies start from it
         if batch_growth(config) is not None:
             raise ValueError(

@@ -26,14 +26,16 @@ reader (another world size or ``num_workers``) is refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ace3.config import TrainingConfig
 from ace3.config.shards import request_file_name
 from ace3.runtime.data.stream.assignment import ShardPlan
+from ace3.runtime.data.stream.collate import stream_collate
 from ace3.runtime.data.stream.formats import ShardFormat
 from ace3.runtime.data.stream.reader import STATE_VERSION, Position, Reader
 from ace3.runtime.data.stream.waiting import ENGINE, RequestFile
@@ -41,6 +43,9 @@ from ace3.runtime.job_spec import DatasetSpec
 
 
 class ShardStream(IterableDataset[Any]):
+    #: whether a jsonl stream's samples are text records (:mod:`.text`), not (inputs, targets)
+    reads_records: ClassVar[bool] = False
+
     def __init__(
         self,
         spec: DatasetSpec,
@@ -73,7 +78,8 @@ class ShardStream(IterableDataset[Any]):
         self.position_of = {m: position for position, m in enumerate(self.manifest_index)}
         shards = [stream.shards[m] for m in self.manifest_index]
         self.sizes = [shard.size for shard in shards]
-        self.format = ShardFormat(stream, config.sequence_length)
+        self.format = ShardFormat(stream, config.sequence_length, records=self.reads_records)
+        self.collate_fn: Callable[[list[Any]], Any] = stream_collate  # (the loaders' collate_fn)
         counts = [self.format.count(shard.size, shard.samples) for shard in shards]
         train = split == "train"
         self.cycle = cycle and train

@@ -6,7 +6,9 @@ footer says which row group holds a row) without decoding what comes before; ``j
 lines and ``webdataset`` tar members without decoding them. A sample is:
 
 - parquet, jsonl: ``(inputs, targets)`` tensors, as today's dataset files give (floats and
-  bools float32, integers int64; a list column is one more dimension);
+  bools float32, integers int64; a list column is one more dimension); jsonl of text records
+  (``records``): ``(file name, line number, the parsed record)``, tokenized by
+  :mod:`.text`;
 - tokens: ``{"input_ids", "labels"}``, int64 ``[L]`` (a window of L + 1 token ids, stride L;
   labels are the next tokens, or, for a model that shifts them itself, the input ids);
 - webdataset: a dict keyed by extension (:mod:`.webdataset`).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 from collections.abc import Generator, Iterable
 from pathlib import Path
 from typing import Any
@@ -43,8 +46,12 @@ def token_samples(size: int, dtype: str, sequence_length: int) -> int:
 class ShardFormat:
     """How the shards of one stream are read (its format, dtype, columns, sequence length)."""
 
-    def __init__(self, stream: StreamSpec, sequence_length: int | None) -> None:
+    def __init__(
+        self, stream: StreamSpec, sequence_length: int | None, records: bool = False
+    ) -> None:
         self.format = stream.format
+        # jsonl of text records: each sample is the parsed record (a dict), tokenized later
+        self.records = records and stream.format == "jsonl"
         self.dtype = stream.dtype or "uint16"
         self.columns = dict(DEFAULT_COLUMNS)
         for role, column in (stream.columns or {}).items():
@@ -58,7 +65,7 @@ class ShardFormat:
         """The shard's samples, when known before reading it."""
         if self.format == "tokens":
             return token_samples(size, self.dtype, self.sequence_length)
-        return recorded
+        return None if self.records else recorded
 
     def samples(self, path: Path, start: int = 0) -> Generator[Any, None, None]:
         """The shard's samples from index ``start`` on."""
@@ -66,6 +73,8 @@ class ShardFormat:
             return self._tokens(path, start)
         if self.format == "parquet":
             return self._parquet(path, start)
+        if self.records:
+            return _jsonl_objects(path, start)
         if self.format == "jsonl":
             return _jsonl(path, start)
         return webdataset_samples(path, start)
@@ -201,7 +210,8 @@ def _open_text(path: Path) -> io.TextIOBase:
     return path.open(encoding="utf-8")
 
 
-def _jsonl(path: Path, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+def _lines(path: Path, start: int) -> Generator[tuple[int, str], None, None]:
+    """The shard's non-blank lines (with their 1-based numbers) from the ``start``-th on."""
     errors: tuple[type[BaseException], ...] = (OSError, EOFError, UnicodeDecodeError)
     if path.name.endswith(".zst"):
         import zstandard
@@ -212,16 +222,29 @@ def _jsonl(path: Path, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor
     try:
         with _open_text(path) as handle:
             for line_no, line in enumerate(handle, start=1):
-                if index < start:  # skipped lines are counted, not parsed
-                    index += bool(line.strip())
-                    continue
-                pair = jsonl_pair(line, path, line_no)
-                if pair is None:
+                if not line.strip():
                     continue
                 index += 1
-                yield _tensor(pair[0], path, line_no), _tensor(pair[1], path, line_no)
+                if index > start:  # skipped lines are counted, not parsed
+                    yield line_no, line
     except errors as exc:
         raise ValueError(f"{path}: unreadable after line {line_no}: {exc}") from exc
+
+
+def _jsonl(path: Path, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+    for line_no, line in _lines(path, start):
+        pair = jsonl_pair(line, path, line_no)
+        if pair is not None:
+            yield _tensor(pair[0], path, line_no), _tensor(pair[1], path, line_no)
+
+
+def _jsonl_objects(path: Path, start: int) -> Generator[tuple[str, int, Any], None, None]:
+    """Text records: ``(file name, line number, parsed JSON)``, checked later (by kind)."""
+    for line_no, line in _lines(path, start):
+        try:
+            yield path.name, line_no, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {line_no}: not valid JSON ({exc})") from exc
 
 
 def _tensor(value: Any, path: Path, line_no: int) -> torch.Tensor:
