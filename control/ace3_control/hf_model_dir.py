@@ -13,6 +13,7 @@ Tokenizer files, ``generation_config.json`` and ``chat_template.jinja`` travel w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ from typing import Any
 from ace3_control.check_errors import UploadCheckError
 from ace3_control.safetensors_headers import json_item_count, read_safetensors_shapes
 
+# How a model directory is stored (an upload's or a job's export): kind "huggingface", built with
+# from_pretrained, no entry module; under models/<owner>/<sha256>-<variant digest>/tree.
+HUGGINGFACE = "huggingface"
+FROM_PRETRAINED = "from_pretrained"
+VARIANT = f"{FROM_PRETRAINED}|"
 CONFIG = "config.json"
 SINGLE_WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -241,3 +247,9 @@ def _has_chat_template(tree: Path) -> bool:
         tree / TOKENIZER_CONFIG, MAX_TOKENIZER_CONFIG_BYTES, MAX_JSON_ITEMS
     )
     return bool(tokenizer_config.get("chat_template"))
+
+
+def stored_tree_key(owner_id: str, sha256: str) -> str:
+    """The store key of an owner's model directory whose record's sha256 is ``sha256``."""
+    variant_digest = hashlib.sha256(VARIANT.encode()).hexdigest()[:16]
+    return f"models/{owner_id}/{sha256}-{variant_digest}/tree"

@@ -19,7 +19,6 @@ and an export of the same files are two rows.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -30,16 +29,21 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ace3_control.check_errors import UploadCheckError
-from ace3_control.hf_model_dir import CONFIG, check_hf_model, is_hf_model_dir
+from ace3_control.hf_model_dir import (
+    CONFIG,
+    FROM_PRETRAINED,
+    HUGGINGFACE,
+    VARIANT,
+    check_hf_model,
+    is_hf_model_dir,
+    stored_tree_key,
+)
 from ace3_control.models import Job, JobArtifact, StoredModel
 from ace3_control.models.base import utcnow
 from ace3_control.storage import ArtifactStore, tree_digest
 from ace3_control.storage.base import StoredDigestError
 
 EXPORT_DIR = "huggingface"  # under artifacts/, as ace3.runtime.hf_export writes it
-HUGGINGFACE = "huggingface"
-FROM_PRETRAINED = "from_pretrained"
-VARIANT = f"{FROM_PRETRAINED}|"  # the variant an uploaded model directory records
 MAX_NAME_CHARS = 200
 
 
@@ -89,11 +93,6 @@ def export_paths(paths: list[str]) -> list[PurePosixPath]:
     return relative
 
 
-def _variant_key(owner_id: str, digest: str) -> str:
-    variant_digest = hashlib.sha256(VARIANT.encode()).hexdigest()[:16]
-    return f"models/{owner_id}/{digest}-{variant_digest}/tree"
-
-
 class ExportRegistrar:
     """Registers succeeded runs' exports for one worker process."""
 
@@ -133,7 +132,7 @@ class ExportRegistrar:
             self._fetch(files, tree)
             described = self._check(tree)
             digest = tree_digest(tree)
-            key = _variant_key(owner_id, digest)
+            key = stored_tree_key(owner_id, digest)
             try:
                 if not self.store.exists(key):  # (content-addressed: the same bytes are there)
                     self.store.put_file(key, tree)

@@ -6,11 +6,18 @@ with ``from_pretrained``."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
-from ace3_control.hf_model_dir import CONFIG, check_hf_model, is_hf_model_dir
+from ace3_control.hf_model_dir import (
+    CONFIG,
+    FROM_PRETRAINED,
+    HUGGINGFACE,
+    VARIANT,
+    check_hf_model,
+    is_hf_model_dir,
+    stored_tree_key,
+)
 from ace3_control.storage import tree_digest
 from ace3_server.archives import DEFAULT_MAX_MEMBERS, is_archive_name
 from ace3_server.errors import field_error
@@ -24,8 +31,6 @@ from ace3_server.services.artifacts import (
 from ace3_server.services.uploads import StagedUpload
 from ace3_server.upload_checks import UploadCheckError
 
-HUGGINGFACE = "huggingface"
-FROM_PRETRAINED = "from_pretrained"
 # The form's default factory, or the one this kind records: anything else is a mistake.
 ACCEPTED_FACTORIES = ("build_model", FROM_PRETRAINED)
 
@@ -69,12 +74,10 @@ def prepare_hf_model(
     except UploadCheckError as exc:
         shutil.rmtree(tree, ignore_errors=True)
         raise refuse(exc, f"{display}: ") from None
-    variant = f"{FROM_PRETRAINED}|"
-    variant_digest = hashlib.sha256(variant.encode()).hexdigest()[:16]
     fields = {
         "kind": HUGGINGFACE,
         "entry_module": None,
-        "variant": variant,
+        "variant": VARIANT,
         "requirements": None,
         "tree_sha256": tree_digest(tree),
         "forward_signature": None,
@@ -83,5 +86,5 @@ def prepare_hf_model(
         "module_names": model.module_names,
         "hf_config": model.summary(),
     }
-    key = f"models/{owner_id}/{staged.sha256}-{variant_digest}/tree"
+    key = stored_tree_key(owner_id, staged.sha256)
     return PreparedArtifact(tree, key, fields | stored_fields(display, FROM_PRETRAINED, staged))
