@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi import HTTPException
+from pydantic import ValidationError
 
 from ace3.config.states import JobState
 from ace3_server.openai_api.errors import OpenAIError, openai_error_response, param_of
@@ -19,7 +20,8 @@ from ace3_server.openai_api.mapping import (
     status_of,
     training_config,
 )
-from ace3_server.openai_api.objects import metrics_csv, trained_tokens
+from ace3_server.openai_api.objects import trained_tokens
+from ace3_server.openai_api.results import csv_cell
 
 
 def _body(**fields: Any) -> FineTuningJobCreate:
@@ -61,6 +63,14 @@ def test_hyperparameters_map_and_full_fine_tuning_is_asked_for_in_ace3() -> None
         ({"hyperparameters": {"warmup": 1}}, "hyperparameters.warmup"),
         ({"hyperparameters": {"n_epochs": 0}}, "hyperparameters.n_epochs"),
         ({"hyperparameters": {"batch_size": 1.5}}, "hyperparameters.batch_size"),
+        ({"hyperparameters": {"n_epochs": 10**12}}, "hyperparameters.n_epochs"),
+        ({"hyperparameters": {"n_epochs": 51}}, "hyperparameters.n_epochs"),
+        ({"hyperparameters": {"batch_size": 257}}, "hyperparameters.batch_size"),
+        ({"hyperparameters": {"learning_rate_multiplier": float("nan")}},
+         "hyperparameters.learning_rate_multiplier"),
+        ({"method": {"type": "supervised", "supervised": {"hyperparameters": {
+            "learning_rate_multiplier": float("inf")}}}},
+         "method.supervised.hyperparameters.learning_rate_multiplier"),
         ({"method": {"type": "dpo"}}, "method.type"),
         ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"x": 1}}}},
          "method.supervised.hyperparameters.x"),
@@ -90,12 +100,27 @@ def test_errors_have_openais_shape() -> None:
     assert param_of(["query", "after"]) == "after"
 
 
-def test_the_metrics_csv_has_a_line_a_step_and_openais_loss_names() -> None:
-    class Row:
-        def __init__(self, step: int, name: str, value: float) -> None:
-            self.step, self.name, self.value = step, name, value
+def test_openais_largest_hyperparameters_are_taken() -> None:
+    hyperparameters = {"n_epochs": 50, "batch_size": 256, "learning_rate_multiplier": 1000}
+    config = training_config(_body(hyperparameters=hyperparameters))
+    assert (config.epochs, config.batch_size) == (50, 256)
 
-    rows: Any = [Row(1, "train_loss", 2.0), Row(2, "train_loss", 1.5), Row(2, "val_loss", 1.7)]
-    assert metrics_csv(rows).decode().splitlines() == [
-        "step,train_loss,valid_loss", "1,2.0,", "2,1.5,1.7"]  # fmt: skip
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}],
+)
+def test_metadata_past_openais_limits_is_refused(metadata: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as refused:
+        _body(metadata=metadata)
+    assert refused.value.errors()[0]["loc"][0] == "metadata"
+    assert _body(metadata={f"k{i}": "v" * 512 for i in range(16)}).metadata
+
+
+def test_a_csv_cell_never_starts_a_formula_but_a_number_is_kept() -> None:
+    assert [csv_cell(text) for text in ("=1+2", "+x", "-x", "@SUM(A1)", "\tx", "\rx")] == [
+        "'=1+2", "'+x", "'-x", "'@SUM(A1)", "'\tx", '"\'\rx"']  # fmt: skip
+    assert [csv_cell(text) for text in ("-1.25", "+2", "1e-05", "train_loss")] == [
+        "-1.25", "+2", "1e-05", "train_loss"]  # fmt: skip
+    assert csv_cell('a,"b"') == '"a,""b"""'
     assert trained_tokens({"trained_tokens": 1234.0}) == 1234 and trained_tokens(None) is None

@@ -1,30 +1,31 @@
 """``/openai/v1/files``: a file is an ACE3 dataset (the same id), uploaded through the same
 staging, caps, checks and content-addressed store as ``POST /v1/datasets``
 (``UploadGuardMiddleware`` refuses a bad key or an oversized body before it is read). Only
-``.jsonl`` files of chat or prompt/completion records are taken (a 400 naming the line). A
-job's ``result_files`` (``ftmetrics-<job id>``) are read here too: its metrics as CSV."""
+``.jsonl`` files of chat or prompt/completion records are taken (a 400 naming the line; also
+a 400 for the bytes of a dataset whose records were named another kind with ``records=``). A
+job's ``result_files`` (``ftmetrics-<job id>``) are read here too: its metrics as CSV, streamed
+(``openai_api.results``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, Query, Response, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, Response, UploadFile
+from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from ace3_control.models import JobMetric, StoredDataset
+from ace3.config.text_records import named_records
+from ace3_control.models import Job, StoredDataset
 from ace3_server.api.deps import OwnerDep, SessionDep, SettingsDep, StoreDep
 from ace3_server.api.downloads import stored_file_response
 from ace3_server.api.params import StoredText
 from ace3_server.openai_api.errors import OpenAIError, OpenAIRoute
-from ace3_server.openai_api.objects import (
-    METRICS_FILE_PREFIX,
-    file_object,
-    metrics_csv,
-    metrics_file_object,
-)
-from ace3_server.services import artifacts, jobs
+from ace3_server.openai_api.objects import METRICS_FILE_PREFIX, file_object, metrics_file_object
+from ace3_server.openai_api.owned import owned_job
+from ace3_server.openai_api.results import result_csv, result_csv_size
+from ace3_server.services import artifacts
 from ace3_server.services.pagination import paginate
 from ace3_server.services.uploads import StagedUpload, stage_upload
 
@@ -98,6 +99,19 @@ async def create_file(
         )
     finally:
         staged.discard()
+    named = named_records(row.batch_layout)
+    if named is not None and named not in FINE_TUNE_RECORDS:
+        # (the same bytes, uploaded before through /v1/datasets with records= naming them so:
+        # a job on this file would read them as that kind)
+        raise OpenAIError(
+            400,
+            f"{row.filename}: these bytes are dataset {row.id}, whose records were named "
+            f"{named} (records={named!r}); a fine-tuning file holds chat or prompt/completion "
+            f"records: upload it through POST /v1/datasets with records='chat' or "
+            f"'prompt_completion' (once no unfinished job uses it)",
+            param="file",
+            code="invalid_file_format",
+        )
     return file_object(row)
 
 
@@ -108,14 +122,10 @@ async def _owned_file(session: SessionDep, owner_id: str, file_id: str) -> Store
     return row
 
 
-async def _metrics(session: SessionDep, owner_id: str, file_id: str) -> tuple[Any, bytes]:
-    """(the job, its metrics CSV) of a result file id."""
+async def _result_job(session: SessionDep, owner_id: str, file_id: str) -> Job:
+    """The caller's job whose result file ``file_id`` is (404 naming ``file_id`` otherwise)."""
     job_id = file_id.removeprefix(METRICS_FILE_PREFIX)
-    job = await jobs.get_owned_job(session, owner_id, job_id)
-    rows = await session.scalars(
-        select(JobMetric).where(JobMetric.job_id == job.id).order_by(JobMetric.step, JobMetric.id)
-    )
-    return job, metrics_csv(list(rows))
+    return await owned_job(session, owner_id, job_id, param="file_id")
 
 
 @router.get("")
@@ -143,24 +153,27 @@ async def list_files(
 @router.get("/{file_id}")
 async def retrieve_file(file_id: StoredText, session: SessionDep, owner_id: OwnerDep) -> Any:
     if file_id.startswith(METRICS_FILE_PREFIX):
-        job, content = await _metrics(session, owner_id, file_id)
-        return metrics_file_object(job, len(content))
+        job = await _result_job(session, owner_id, file_id)
+        return metrics_file_object(job, await result_csv_size(session, job.id))
     return file_object(await _owned_file(session, owner_id, file_id))
 
 
 @router.get("/{file_id}/content")
 async def file_content(
     file_id: StoredText,
+    request: Request,
     session: SessionDep,
     owner_id: OwnerDep,
     store: StoreDep,
     settings: SettingsDep,
 ) -> Response:
     if file_id.startswith(METRICS_FILE_PREFIX):
-        job, content = await _metrics(session, owner_id, file_id)
+        job = await _result_job(session, owner_id, file_id)
         disposition = f'attachment; filename="{job.id}-metrics.csv"'
-        return Response(
-            content, media_type="text/csv", headers={"content-disposition": disposition}
+        return StreamingResponse(
+            result_csv(request.app.state.session_factory, job.id),
+            media_type="text/csv",
+            headers={"content-disposition": disposition},
         )
     row = await _owned_file(session, owner_id, file_id)
     return await stored_file_response(

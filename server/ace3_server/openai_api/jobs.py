@@ -24,6 +24,7 @@ from ace3_server.openai_api.mapping import (
     training_config,
 )
 from ace3_server.openai_api.objects import checkpoint_object, job_object
+from ace3_server.openai_api.owned import owned_job
 from ace3_server.schemas import JobCreate
 from ace3_server.services import artifacts, jobs
 from ace3_server.services.hf_models import HUGGINGFACE
@@ -130,25 +131,18 @@ async def list_fine_tuning_jobs(
     return {"object": "list", "data": data, "has_more": next_cursor is not None}
 
 
-async def _owned(session: AsyncSession, owner_id: str, job_id: str) -> Job:
-    row = await session.get(Job, job_id)
-    if row is None or row.owner_id != owner_id:
-        raise OpenAIError(404, f"no fine-tuning job {job_id!r}", param="fine_tuning_job_id")
-    return row
-
-
 @router.get("/{job_id}")
 async def retrieve_fine_tuning_job(
     job_id: StoredText, session: SessionDep, owner_id: OwnerDep
 ) -> dict[str, Any]:
-    return job_object(await _owned(session, owner_id, job_id))
+    return job_object(await owned_job(session, owner_id, job_id))
 
 
 @router.post("/{job_id}/cancel")
 async def cancel_fine_tuning_job(
     job_id: StoredText, session: SessionDep, owner_id: OwnerDep
 ) -> dict[str, Any]:
-    job = await _owned(session, owner_id, job_id)
+    job = await owned_job(session, owner_id, job_id)
     if job.state in TERMINAL_STATES:
         raise OpenAIError(
             400,
@@ -169,7 +163,7 @@ async def list_fine_tuning_checkpoints(
     limit: Limit = 10,
 ) -> dict[str, Any]:
     """The job's stored checkpoints, newest (highest step) first."""
-    await _owned(session, owner_id, job_id)
+    await owned_job(session, owner_id, job_id)
     stmt = select(JobCheckpoint).where(JobCheckpoint.job_id == job_id)
     if after is not None:
         anchor = await session.get(JobCheckpoint, after)

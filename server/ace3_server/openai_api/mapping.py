@@ -6,7 +6,10 @@
   {"lora": null}}`` asks for full fine-tuning, ``{"ace3": {"lora": {...}}}`` for other adapters.
 - Hyperparameters: ``n_epochs`` -> ``epochs`` (auto: 3), ``batch_size`` -> ``batch_size``
   (auto: 8), ``learning_rate_multiplier`` x the base rate (:data:`LORA_BASE_LEARNING_RATE` with
-  LoRA, :data:`FULL_BASE_LEARNING_RATE` without; auto: 1). ``seed`` -> ``seed``.
+  LoRA, :data:`FULL_BASE_LEARNING_RATE` without; auto: 1). ``seed`` -> ``seed``. OpenAI's
+  ranges (:data:`HYPERPARAMETER_RANGES`); a value out of range is a 400 naming it as the caller
+  wrote it (``hyperparameters.n_epochs``). ``metadata``: OpenAI's limits (16 keys of at most 64
+  characters, string values of at most 512).
 - ``extra_body={"ace3": {...}}``: any other :class:`ace3.config.TrainingConfig` field, validated
   by it (a bad field is a 400 naming ``ace3.<field>``). A field the OpenAI request sets too
   (``epochs`` beside ``n_epochs``, ...) is refused.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ace3.config import TrainingConfig
 from ace3.config.states import JobState
@@ -32,6 +35,12 @@ STATUSES: dict[str, str] = {
     JobState.CANCELLED: "cancelled",
 }
 HYPERPARAMETERS = ("n_epochs", "batch_size", "learning_rate_multiplier")
+#: OpenAI's ranges (learning_rate_multiplier: above 0, finite); ACE3's own wider ones are the
+#: TrainingConfig fields under ``ace3`` (:data:`_SETS`).
+HYPERPARAMETER_RANGES: dict[str, tuple[float, float]] = {
+    "n_epochs": (1, 50), "batch_size": (1, 256), "learning_rate_multiplier": (0, 1e3)}  # fmt: skip
+_SETS = {"n_epochs": "epochs", "batch_size": "batch_size"}
+METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 AUTO_EPOCHS = 3  # TrainingConfig's own default (epoch_count)
 AUTO_BATCH_SIZE = 8
 LORA_BASE_LEARNING_RATE = 2e-4
@@ -53,9 +62,24 @@ class FineTuningJobCreate(BaseModel):
     method: dict[str, Any] | None = None
     suffix: str | None = Field(None, max_length=64)
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: dict[str, str] | None = None
     integrations: list[Any] | None = Field(None, max_length=0)
     ace3: dict[str, Any] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_within_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        """OpenAI's limits: 16 keys, keys of 64 characters, values of 512."""
+        if value is None:
+            return value
+        if len(value) > METADATA_KEYS:
+            raise ValueError(f"at most {METADATA_KEYS} keys, not {len(value)}")
+        for key, text in value.items():
+            if len(key) > METADATA_KEY_CHARS:
+                raise ValueError(f"key {key[:20]!r}...: at most {METADATA_KEY_CHARS} characters")
+            if len(text) > METADATA_VALUE_CHARS:
+                raise ValueError(f"{key!r}'s value: at most {METADATA_VALUE_CHARS} characters")
+        return value
 
 
 def status_of(state: str) -> str:
@@ -75,14 +99,17 @@ def _check_hyperparameters(values: dict[str, Any], where: str) -> dict[str, Any]
     for name, value in values.items():
         if value == "auto":
             continue
-        number = name == "learning_rate_multiplier" and isinstance(value, int | float)
-        whole = isinstance(value, int) and value >= 1
-        if isinstance(value, bool) or not (whole or (number and 0 < value <= 1e3)):
+        low, high = HYPERPARAMETER_RANGES[name]
+        if name == "learning_rate_multiplier":
+            fits = isinstance(value, int | float) and low < value <= high  # (NaN never fits)
+            wanted = f"a number above {low:g} and at most {high:g}"
+        else:
+            fits = isinstance(value, int) and low <= value <= high
+            wanted = f"an integer from {low:g} to {high:g} (more: extra_body={{'ace3': {{'"
+            wanted += f"{_SETS[name]}': ...}}}} instead)"
+        if isinstance(value, bool) or not fits:
             raise OpenAIError(
-                400,
-                f"{name} must be 'auto' or a positive "
-                f"{'number' if name == 'learning_rate_multiplier' else 'integer'}, not {value!r}",
-                param=f"{where}.{name}",
+                400, f"{name} must be 'auto' or {wanted}, not {value!r}", param=f"{where}.{name}"
             )
     return values
 

@@ -1,19 +1,17 @@
 """ACE3 rows written as OpenAI's objects: a dataset as a ``file``, a job as a
 ``fine_tuning.job``, a checkpoint as a ``fine_tuning.job.checkpoint``; and a job's metrics as
-the CSV its ``result_files`` name (``ftmetrics-<job id>``, made from ``job_metrics`` when read)."""
+the file its ``result_files`` name (``ftmetrics-<job id>``: ``openai_api.results``)."""
 
 from __future__ import annotations
 
-import csv
-import io
 from datetime import datetime
 from typing import Any
 
-from ace3_control.models import TERMINAL_STATES, Job, JobCheckpoint, JobMetric, StoredDataset
+from ace3_control.models import TERMINAL_STATES, Job, JobCheckpoint, StoredDataset
 from ace3_server.openai_api.mapping import resolved_hyperparameters, status_of
 
 METRICS_FILE_PREFIX = "ftmetrics-"
-#: ACE3 metric names -> OpenAI's (checkpoint metrics, metric events, the CSV's columns).
+#: ACE3 metric names -> OpenAI's (checkpoint metrics, metric events).
 METRIC_NAMES = {"train_loss": "train_loss", "val_loss": "valid_loss", "val_accuracy": "valid_mean_token_accuracy"}  # fmt: skip
 #: final_metrics keys that count the tokens a run trained on, first found wins.
 TOKEN_COUNTS = ("trained_tokens", "tokens")
@@ -57,23 +55,6 @@ def metrics_file_object(job: Job, size: int) -> dict[str, Any]:
 
 def openai_metric_name(name: str) -> str:
     return METRIC_NAMES.get(name, name)
-
-
-def metrics_csv(rows: list[JobMetric]) -> bytes:
-    """One line a step: ``step`` then every metric the job reported (OpenAI's names for the
-    losses first), empty where a step did not report it."""
-    steps: dict[int, dict[str, float]] = {}
-    for row in rows:
-        steps.setdefault(row.step, {})[openai_metric_name(row.name)] = row.value
-    names = sorted({name for values in steps.values() for name in values})
-    known = [name for name in METRIC_NAMES.values() if name in names]
-    columns = known + [name for name in names if name not in known]
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(["step", *columns])
-    for step in sorted(steps):
-        writer.writerow([step, *(steps[step].get(name, "") for name in columns)])
-    return out.getvalue().encode()
 
 
 def trained_tokens(final_metrics: dict[str, Any] | None) -> int | None:

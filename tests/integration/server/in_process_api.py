@@ -8,6 +8,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +54,30 @@ def add_key(session: Any, owner_id: str) -> tuple[str, str]:
     return key.plaintext, row.id
 
 
+@dataclass
+class Served:
+    """An API of its own: its base URL, one API key per owner, its database and settings."""
+
+    base: str
+    keys: list[str]
+    database_url: str
+    settings: Settings
+
+
 @contextlib.contextmanager
-def serve_one_owner(redis_url: str, data_dir: Path, label: str) -> Iterator[tuple[str, str]]:
-    """(the base URL, an owner's API key) of an API of its own over a fresh database with one
-    owner, publishing to a queue no worker reads (jobs stay queued)."""
+def serve_owners(redis_url: str, data_dir: Path, label: str, owners: int = 1) -> Iterator[Served]:
+    """An API of its own over a fresh database with ``owners`` owners (a key each),
+    publishing to a queue no worker reads (jobs stay queued)."""
     from ace3_control.db import make_sync_engine, sync_session_factory
     from tests.conftest import fresh_database, insert_job
 
     with fresh_database() as url:
         engine = make_sync_engine(url)
         with sync_session_factory(engine)() as session:
-            key, _ = add_key(session, insert_job(session, state="cancelled").owner_id)
+            keys = [
+                add_key(session, insert_job(session, state="cancelled").owner_id)[0]
+                for _ in range(owners)
+            ]
         engine.dispose()
         settings = Settings(
             data_dir=data_dir,
@@ -72,4 +86,11 @@ def serve_one_owner(redis_url: str, data_dir: Path, label: str) -> Iterator[tupl
             queue_name=f"ace3-{label}-{secrets.token_hex(4)}",  # no worker reads it
         )
         with serve(settings) as (_, base):
-            yield base, key
+            yield Served(base, keys, url, settings)
+
+
+@contextlib.contextmanager
+def serve_one_owner(redis_url: str, data_dir: Path, label: str) -> Iterator[tuple[str, str]]:
+    """(the base URL, an owner's API key) of :func:`serve_owners` with one owner."""
+    with serve_owners(redis_url, data_dir, label) as served:
+        yield served.base, served.keys[0]

@@ -1,6 +1,7 @@
 """The OpenAI-compatible API (``/openai/v1``) driven by the official ``openai`` package against
 an API of its own (jobs stay queued: no worker reads its queue): files, fine-tuning jobs, their
-listing, cancellation, events and OpenAI's error shapes and statuses."""
+listing, cancellation, events, result files, another owner's view and OpenAI's error shapes and
+statuses."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 
 import ace3
-from tests.integration.server.in_process_api import serve_one_owner
+from ace3_server.openai_api.results import HEADER
+from tests.integration.server.in_process_api import Served, serve, serve_owners
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
@@ -27,15 +29,30 @@ def _jsonl(records: list[Any]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    with serve_one_owner(redis_url, Path(tmp_path_factory.mktemp("openai")), "openai") as served:
+def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    data_dir = Path(tmp_path_factory.mktemp("openai"))
+    with serve_owners(redis_url, data_dir, "openai", owners=2) as served:
         yield served
 
 
 @pytest.fixture(scope="module")
-def client(api: tuple[str, str]) -> Any:
-    base, key = api
+def api(served: Served) -> tuple[str, str]:
+    return served.base, served.keys[0]
+
+
+def _client(base: str, key: str) -> Any:
     return openai.OpenAI(base_url=f"{base}/openai/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def client(api: tuple[str, str]) -> Any:
+    return _client(*api)
+
+
+@pytest.fixture(scope="module")
+def other_owner(served: Served) -> Any:
+    """The client of a second owner of the same API."""
+    return _client(served.base, served.keys[1])
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +165,7 @@ def test_a_job_is_cancelled_once_and_its_metrics_file_is_readable(
         client.fine_tuning.jobs.cancel(job.id)
     (result,) = cancelled.result_files
     assert client.files.retrieve(result).purpose == "fine-tune-results"
-    assert client.files.content(result).read().decode().splitlines() == ["step"]
+    assert client.files.content(result).read().decode().splitlines() == [HEADER.strip()]
     messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id).data]
     assert messages == ["The job was cancelled", f"Created fine-tuning job: {job.id}"]
     older = client.fine_tuning.jobs.list_events(job.id, limit=1)
@@ -174,6 +191,12 @@ def test_refusals_have_openais_shape_and_status(
     with pytest.raises(openai.BadRequestError) as method:
         _create(client, model_id, training_file.id, method={"type": "dpo"})
     assert method.value.param == "method.type"
+    with pytest.raises(openai.BadRequestError) as epochs:  # out of OpenAI's range, named so
+        _create(client, model_id, training_file.id, hyperparameters={"n_epochs": 10**12})
+    assert epochs.value.param == "hyperparameters.n_epochs"
+    with pytest.raises(openai.BadRequestError) as metadata:
+        _create(client, model_id, training_file.id, metadata={"note": "x" * 513})
+    assert metadata.value.param == "metadata" and "512" in metadata.value.message
     with pytest.raises(openai.NotFoundError):
         client.fine_tuning.jobs.retrieve("0" * 32)
     base, _ = api
@@ -196,3 +219,109 @@ def test_an_idempotency_key_replays_the_same_request_and_refuses_another(
     with pytest.raises(openai.ConflictError):  # the same key, another suffix: not a replay
         _create(client, model_id, training_file.id, suffix="b", extra_headers=headers)
     client.fine_tuning.jobs.cancel(first.id)
+
+
+def test_another_owner_gets_openais_404_for_everything_of_the_first(
+    client: Any, other_owner: Any, model_id: str, training_file: Any
+) -> None:
+    job = _create(client, model_id, training_file.id)
+    (result,) = client.fine_tuning.jobs.cancel(job.id).result_files
+    jobs = other_owner.fine_tuning.jobs
+    refused = [
+        lambda: other_owner.files.retrieve(training_file.id),
+        lambda: other_owner.files.content(training_file.id),
+        lambda: other_owner.files.delete(training_file.id),
+        lambda: other_owner.files.retrieve(result),
+        lambda: other_owner.files.content(result),
+        lambda: jobs.retrieve(job.id),
+        lambda: jobs.cancel(job.id),
+        lambda: jobs.list_events(job.id),
+        lambda: jobs.checkpoints.list(job.id),
+        lambda: _create(other_owner, model_id, "0" * 32),  # the first owner's model by id
+        lambda: _create(other_owner, "tiny-gpt2", "0" * 32),  # ... and by name
+        lambda: _create(other_owner, "0" * 32, training_file.id),  # ... the first's file
+    ]
+    for call in refused:
+        with pytest.raises(openai.NotFoundError) as missing:
+            call()
+        body = missing.value.body
+        assert set(body) == {"message", "type", "param", "code"}, body
+        assert missing.value.type == "invalid_request_error"
+    assert client.files.retrieve(training_file.id).id == training_file.id  # still there
+    assert training_file.id not in [f.id for f in other_owner.files.list().data]
+    assert job.id not in [j.id for j in jobs.list().data]
+
+
+def test_an_upload_over_the_cap_is_a_413_in_openais_shape(served: Served) -> None:
+    capped = served.settings.model_copy(update={"max_upload_bytes": 1024})
+    with serve(capped) as (_, base), pytest.raises(openai.APIStatusError) as refused:
+        _client(base, served.keys[0]).files.create(
+            file=("big.jsonl", _jsonl(RECORDS) * 8), purpose="fine-tune"
+        )
+    assert refused.value.status_code == 413
+    assert (refused.value.type, refused.value.code) == ("invalid_request_error", "file_too_large")
+
+
+def _insert(served: Served, rows: list[Any]) -> None:
+    from ace3_control.db import make_sync_engine, sync_session_factory
+
+    engine = make_sync_engine(served.database_url)
+    with sync_session_factory(engine)() as session:
+        session.add_all(rows)
+        session.commit()
+    engine.dispose()
+
+
+def test_the_result_file_has_bounded_columns_in_pages_and_its_size(
+    client: Any, served: Served, model_id: str, training_file: Any, monkeypatch: Any
+) -> None:
+    from ace3_control.models import JobMetric
+    from ace3_server.openai_api import results
+
+    job = _create(client, model_id, training_file.id)
+    (result,) = client.fine_tuning.jobs.cancel(job.id).result_files
+    named = {"train_loss": 2.5, "val_loss": -1.25, "learning_rate": 1e-05, "=HYPERLINK()": 1.0}
+    invented = {f"made_up_{i}": float(i) for i in range(40)}  # no column each
+    _insert(served, [
+        JobMetric(job_id=job.id, step=step, name=name, value=value)
+        for step in (1, 2, 10) for name, value in {**named, **invented}.items()
+    ])  # fmt: skip
+    monkeypatch.setattr(results, "PAGE_ROWS", 2)  # a step's values span pages
+    content = client.files.content(result).read()
+    lines = content.decode().splitlines()
+    assert lines[0] == (
+        "step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy,"
+        "val_perplexity,learning_rate,tokens_per_sec"
+    )
+    assert lines[1:] == [f"{step},2.5,,-1.25,,,1e-05," for step in (1, 2, 10)]
+    assert client.files.retrieve(result).bytes == len(content)
+
+
+def test_events_page_through_logs_and_metrics_without_repeats(
+    client: Any, served: Served, model_id: str, training_file: Any
+) -> None:
+    from ace3_control.models import JobLog, JobMetric
+
+    job = _create(client, model_id, training_file.id)
+    rows: list[Any] = []
+    for step in range(1, 6):
+        rows.append(JobMetric(job_id=job.id, step=step, name="train_loss", value=1.0 / step))
+        rows.append(JobLog(job_id=job.id, attempt=1, rank=0, stream="stdout", line=f"log {step}"))
+    _insert(served, rows)
+    client.fine_tuning.jobs.cancel(job.id)
+    everything = client.fine_tuning.jobs.list_events(job.id, limit=100)
+    assert not everything.has_more and len(everything.data) == 12  # 5 + 5 + created, cancelled
+    seen, after = [], None
+    while True:
+        page = client.fine_tuning.jobs.list_events(
+            job.id, limit=3, **({"after": after} if after else {})
+        )
+        seen += page.data
+        if not page.has_more:
+            break
+        after = page.data[-1].id
+    assert [e.id for e in seen] == [e.id for e in everything.data]
+    assert sorted(e.message for e in seen if e.type == "metrics")[0] == "Step 1: train_loss=1"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.fine_tuning.jobs.list_events(job.id, after="ftevent-log-1")
+    assert bad.value.param == "after"
