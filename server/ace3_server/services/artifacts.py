@@ -277,8 +277,8 @@ async def store_artifact(
             existing.requirements = prepared.fields["requirements"]
             await session.commit()
         if named is not None and existing.batch_layout != prepared.fields["batch_layout"]:
-            existing.batch_layout = prepared.fields["batch_layout"]  # (records= named now)
-            await session.commit()
+            await rename_records(session, existing, prepared.fields["batch_layout"])
+            await session.commit()  # (records= named now)
         return existing, False
     await run_in_threadpool(store.put_file, prepared.storage_key, prepared.source)
     if existing is not None:
@@ -350,6 +350,27 @@ async def _unfinished_users(session: AsyncSession, row: Any) -> list[str]:
         .order_by(Search.id)
     )
     return users + [f"search {search_id}" for search_id in searches]
+
+
+def _records_kind(layout: Any) -> str | None:
+    """The kind of text records a batch layout says (named or told), None for none."""
+    return layout.get("records") if isinstance(layout, dict) else None
+
+
+async def rename_records(session: AsyncSession, row: StoredDataset, layout: Any) -> None:
+    """Give a live dataset the batch layout ``layout`` (``records=`` named on the same bytes
+    again). Refused (409, naming them) when that changes the kind of its records while jobs or
+    searches that have not finished use it: they were checked against the kind they were
+    submitted with, and every attempt of a job reads the kind again from the row."""
+    old, new = _records_kind(row.batch_layout), _records_kind(layout)
+    if old != new and (users := await _unfinished_users(session, row)):
+        detail = (
+            f"dataset {row.name!r} holds {old or 'no text'} records: naming them "
+            f"{new or 'otherwise'} is refused while it is {in_use_message(users)}"
+        )
+        await session.rollback()
+        raise HTTPException(status_code=409, detail=detail)
+    row.batch_layout = layout
 
 
 async def delete_artifact(session: AsyncSession, store: ArtifactStore, row: Any) -> None:

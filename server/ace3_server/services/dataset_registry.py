@@ -25,6 +25,7 @@ from ace3_control.settings import Settings
 from ace3_control.source_client import source_client
 from ace3_server.dataset_schemas import DatasetRegister
 from ace3_server.errors import field_error
+from ace3_server.services.artifacts import rename_records
 from ace3_server.services.batch_fit import batch_layout_of_format
 from ace3_server.storable import INT64_MAX
 
@@ -165,8 +166,10 @@ async def save_manifest_dataset(
     identity = [StoredDataset.owner_id == owner_id, StoredDataset.sha256 == digest]
     existing = await session.scalar(select(StoredDataset).where(*identity))
     layout = named_layout(records) if records else batch_layout_of_format(manifest.format)
-    if existing is not None and records is not None:
-        existing.batch_layout = layout  # (the same shards, records= named now)
+    if existing is not None and records is not None and existing.deleted_at is None:
+        await rename_records(session, existing, layout)  # (the same shards, named now)
+    elif existing is not None and records is not None:
+        existing.batch_layout = layout  # (revived below: no job uses a deleted dataset)
     if existing is not None and existing.deleted_at is None:
         await session.commit()
         return existing, False
