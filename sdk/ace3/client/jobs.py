@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from ace3.client._sse import decode_event, follow_events
 from ace3.config import TrainingConfig
+from ace3.config.events import EVAL_SAMPLES_PAGE
 from ace3.config.specs import ARTIFACT_SCHEME
 from ace3.files import sha256_file
 
@@ -163,7 +164,8 @@ class Jobs(_Runs[Job]):
         """One page of the job's typed records after id ``after`` (``type``:
         ``"instability"``, ``"preempted"`` or ``"eval_samples"``; None: all), oldest first;
         follow ``next_after`` for more. ``order="newest"``: the newest ``limit`` first
-        (``limit=1``: the latest one)."""
+        (``limit=1``: the latest one). A page that may hold eval_samples records (each up to
+        256 KiB) holds at most :data:`~ace3.config.events.EVAL_SAMPLES_PAGE`."""
         params = {"type": type, "after": after, "limit": limit, "order": order}
         payload = self._http.request("GET", f"/v1/jobs/{job_id}/records", params=params).json()
         records = [JobRecord.model_validate(item) for item in payload.get("data") or []]
@@ -181,10 +183,13 @@ class Jobs(_Runs[Job]):
         :class:`~ace3.config.events.InstabilityRecord`), preemptions (``"preempted"``,
         :class:`~ace3.config.events.PreemptedRecord`) and the completions of ``eval_prompts``
         (``"eval_samples"``, :class:`~ace3.config.events.EvalSamplesRecord`). The service keeps
-        at most 1000 an attempt (at most 100 of them eval_samples)."""
+        at most 1000 an attempt (of eval_samples, the newest 100). Read page by page (pages
+        that may hold eval_samples records: :data:`~ace3.config.events.EVAL_SAMPLES_PAGE`
+        records each)."""
         found: builtins.list[JobRecord] = []
+        limit = EVAL_SAMPLES_PAGE if type in (None, "eval_samples") else None
         while True:
-            page = self.record_page(job_id, type=type, after=after)
+            page = self.record_page(job_id, type=type, after=after, limit=limit)
             found += page.data
             if not page.data or page.next_after is None or page.next_after == after:
                 return found

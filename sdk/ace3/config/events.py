@@ -239,6 +239,9 @@ class RankFailureRecord(_Record):
 SAMPLE_TEXT_PATTERN = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
 MAX_SAMPLE_TEXT_CHARS = 8000
 MAX_EVAL_SAMPLES = 16
+# The typed records one page of ``GET /v1/jobs/{id}/records`` (or one read of the event stream)
+# holds at most when it may hold eval_samples records (each up to MAX_LINE_BYTES): 2.5 MiB.
+EVAL_SAMPLES_PAGE = 10
 SampleText = Annotated[
     str, StringConstraints(max_length=MAX_SAMPLE_TEXT_CHARS, pattern=SAMPLE_TEXT_PATTERN)
 ]

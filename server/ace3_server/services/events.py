@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ace3.config.events import EVAL_SAMPLES_PAGE
 from ace3_control.db import DATABASE_UNAVAILABLE_ERRORS
 from ace3_control.models import TERMINAL_STATES, Environment, Job, JobLog, JobMetric, JobRecord
 from ace3_server.schemas import JobOut, LogOut, MetricOut, RecordOut
@@ -106,13 +107,15 @@ def _state_signature(job: Job, environments: dict[str, Environment]) -> tuple[An
     )  # fmt: skip
 
 
-async def _rows_after(session: AsyncSession, model: Any, job_id: str, after: int) -> list[Any]:
+async def _rows_after(
+    session: AsyncSession, model: Any, job_id: str, after: int, limit: int = BATCH_ROWS
+) -> list[Any]:
     """The job's next rows of ``model`` (metrics, logs or records) after the cursor ``after``."""
     rows = await session.scalars(
         select(model)
         .where(model.job_id == job_id, model.id > after)
         .order_by(model.id)
-        .limit(BATCH_ROWS)
+        .limit(limit)
     )
     return list(rows.all())
 
@@ -123,7 +126,7 @@ async def _new_rows(
     return (
         await _rows_after(session, JobMetric, job_id, cursor.metrics_after),
         await _rows_after(session, JobLog, job_id, cursor.logs_after),
-        await _rows_after(session, JobRecord, job_id, cursor.records_after),
+        await _rows_after(session, JobRecord, job_id, cursor.records_after, EVAL_SAMPLES_PAGE),
     )
 
 
@@ -186,7 +189,7 @@ async def read_snapshot(
                     cursor.event_id(),
                 )
             )
-        drained = max(len(metrics), len(logs), len(records)) < BATCH_ROWS
+        drained = max(len(metrics), len(logs)) < BATCH_ROWS and len(records) < EVAL_SAMPLES_PAGE
         end = None
         if finished and drained:
             end = format_event("end", _job_payload(job, environments), cursor.event_id())

@@ -1,6 +1,7 @@
-"""A job's typed records (instability, preempted) over the real API and Postgres, stored the
-way the worker stores them: listed by type and cursor, invisible to another owner, decoded by
-the SDK, and streamed as ``record`` events whose ids resume without repeating or losing one."""
+"""A job's typed records (instability, preempted, eval_samples) over the real API and Postgres,
+stored the way the worker stores them: listed by type and cursor (pages that may hold
+eval_samples short), invisible to another owner, decoded by the SDK, and streamed as ``record``
+events whose ids resume without repeating or losing one."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import httpx
 import pytest
 
 import ace3
-from ace3.config.events import InstabilityRecord, PreemptedRecord
+from ace3.config.events import (
+    EVAL_SAMPLES_PAGE,
+    EvalSample,
+    EvalSamplesRecord,
+    InstabilityRecord,
+    PreemptedRecord,
+)
 from ace3_control.db import make_sync_engine, sync_session_factory
 from ace3_control.models import Job
 from ace3_worker.ingest import store_typed_record
@@ -91,3 +98,44 @@ def test_the_sdk_decodes_records_and_the_stream_resumes_after_the_last_one(
         metrics_and_logs = streamed[0].id.rsplit(":", 1)[0]
         old = client.jobs.events(job_id, last_event_id=metrics_and_logs, timeout=30)
         assert [event.data.record for event in old if event.type == "record"] == RECORDS
+
+
+def _samples(step: int) -> EvalSamplesRecord:
+    sample = EvalSample(prompt="2 + 2 =", completion=f" {step}", completion_tokens=1)
+    return EvalSamplesRecord(step=step, max_new_tokens=4, samples=[sample])
+
+
+def test_pages_that_may_hold_eval_samples_are_short_and_the_sdk_reads_them_all(
+    stack: Stack, database_url: str, keys: tuple[str, str, str]
+) -> None:
+    """An eval_samples record may be 256 KiB: a page that may hold them holds at most
+    EVAL_SAMPLES_PAGE, whatever ``limit`` asks; the SDK pages through all of them, and the
+    event stream sends them all, a short read at a time."""
+    count = EVAL_SAMPLES_PAGE + 3
+    engine = make_sync_engine(database_url)
+    with sync_session_factory(engine)() as session:
+        job: Job = insert_job(session, state="succeeded", attempt=1)
+        job.owner_id = keys[1]
+        store_typed_record(session, job.id, 1, PreemptedRecord(step=0, checkpoint=None))
+        for step in range(1, count + 1):
+            store_typed_record(session, job.id, 1, _samples(step))
+            session.flush()
+        session.commit()
+        job_id = job.id
+    engine.dispose()
+    with _http(stack, keys[0]) as owner:
+        path = f"/v1/jobs/{job_id}/records"
+        page = owner.get(path, params={"type": "eval_samples", "limit": 1000}).json()["data"]
+        assert [item["step"] for item in page] == list(range(1, EVAL_SAMPLES_PAGE + 1))
+        assert len(owner.get(path, params={"limit": 1000}).json()["data"]) == EVAL_SAMPLES_PAGE
+        newest = owner.get(path, params={"type": "eval_samples", "order": "newest", "limit": 1})
+        assert [item["step"] for item in newest.json()["data"]] == [count]
+        others = owner.get(path, params={"type": "preempted", "limit": 1000}).json()["data"]
+        assert [item["step"] for item in others] == [0]
+    with ace3.Client(api_key=keys[0], base_url=stack.base_url) as client:
+        assert [record.step for record in client.job(job_id).eval_samples()] == list(
+            range(1, count + 1)
+        )
+        assert len(client.jobs.records(job_id)) == count + 1
+        streamed = [e for e in client.jobs.events(job_id, timeout=30) if e.type == "record"]
+        assert [event.data.record.step for event in streamed] == list(range(count + 1))

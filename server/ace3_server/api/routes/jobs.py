@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.concurrency import run_in_threadpool
 
+from ace3.config.events import EVAL_SAMPLES_PAGE
 from ace3_control import scheduling
 from ace3_control.models import (
     TERMINAL_STATES,
@@ -207,11 +208,14 @@ async def list_records(
     """The typed records the job reported, oldest first (``order=newest``: newest first): the
     instability guard's (``instability``), preemptions (``preempted``) and the completions of
     ``eval_prompts`` at each validation (``eval_samples``). ``next_after`` is the largest id
-    returned."""
+    returned. A page that may hold eval_samples records (``type=eval_samples``, or no type)
+    holds at most :data:`EVAL_SAMPLES_PAGE` (each may be 256 KiB)."""
     await jobs.get_owned_job(session, owner_id, job_id)
     stmt = select(JobRecord).where(JobRecord.job_id == job_id, JobRecord.id > after)
     if record_type is not None:
         stmt = stmt.where(JobRecord.type == record_type)
+    if record_type in (None, "eval_samples"):
+        limit = min(limit, EVAL_SAMPLES_PAGE)
     by_id = JobRecord.id.desc() if order == "newest" else JobRecord.id
     rows = (await session.scalars(stmt.order_by(by_id).limit(limit))).all()
     return {"data": rows, "next_after": max((row.id for row in rows), default=after)}
