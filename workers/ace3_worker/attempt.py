@@ -28,8 +28,9 @@ MAX_GUARD_NOTICES_PER_ATTEMPT = 200
 # Typed records (job_records: instability, preempted) stored per attempt; past this they are
 # only counted (a job that writes them without end cannot flood the database).
 MAX_TYPED_RECORDS_PER_ATTEMPT = 1000
-# eval_samples records (up to ace3.config.events.MAX_LINE_BYTES each) stored per attempt, within
-# the typed records' bound: the first ones; later ones are counted, and said once in the log.
+# eval_samples records (up to ace3.config.events.MAX_LINE_BYTES each) kept per attempt, within
+# the typed records' bound: the newest (each one past it replaces the attempt's oldest); one the
+# typed records' bound leaves no room for is counted, and said once in the log.
 MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT = 100
 # rank_failure records kept per attempt (the earliest; one a failing rank, so a bound only a
 # job that writes its own ever reaches).

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sqlalchemy import delete, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -97,7 +98,9 @@ class JobOutput:
     guard_notices_left: int = MAX_GUARD_NOTICES_PER_ATTEMPT
     typed_records_left: int = MAX_TYPED_RECORDS_PER_ATTEMPT
     typed_records_dropped: int = 0  # past the bound: counted, not stored
+    # eval_samples slots left; once none is, each new one replaces the attempt's oldest
     eval_sample_records_left: int = MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT
+    eval_samples_dropped: int = 0  # not stored: the typed records' bound ran out first
 
 
 class IngestTarget(Protocol):
@@ -147,6 +150,27 @@ def store_typed_record(session: Session, job_id: str, attempt: int, record: Type
             created_at=utcnow(),
         )
     )
+
+
+def keep_newest_eval_samples(session: Session, job_id: str, attempt: int) -> None:
+    """Delete the attempt's eval_samples records older than its newest
+    MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT (one statement a batch; what it deletes is at most
+    what the batch added)."""
+    session.flush()
+    mine = (
+        JobRecord.job_id == job_id,
+        JobRecord.attempt == attempt,
+        JobRecord.type == "eval_samples",
+    )
+    cutoff = (
+        select(JobRecord.id)
+        .where(*mine)
+        .order_by(JobRecord.id.desc())
+        .offset(MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT)
+        .limit(1)
+        .scalar_subquery()
+    )
+    session.execute(delete(JobRecord).where(*mine, JobRecord.id <= cutoff))
 
 
 class Ingest:
@@ -203,11 +227,13 @@ class Ingest:
         stale_keys: list[str] = []
         with self.sessions() as session:
             reports.store_log_lines(session, job.id, watch.attempt, output.pending_lines + notices)
+            samples = False
             for item in taken:
                 if isinstance(item.record, MetricsRecord):
                     reports.store_metrics(session, job.id, item.record)
                 elif item.typed and isinstance(item.record, TypedRecord):
                     store_typed_record(session, job.id, watch.attempt, item.record)
+                    samples = samples or isinstance(item.record, EvalSamplesRecord)
                 elif item.plan is not None:
                     session.execute(
                         job_transitions.record_plan(
@@ -224,6 +250,8 @@ class Ingest:
                         job.config.get("max_checkpoints"),
                         checkpoints.best_by(job.config),
                     )
+            if samples and output.eval_sample_records_left <= 0:
+                keep_newest_eval_samples(session, job.id, watch.attempt)
             session.commit()
         output.pending_lines = []
         del output.pending_records[: len(taken)]
@@ -252,17 +280,22 @@ class Ingest:
             self._take_typed(output, job, item, record)
             return item
         elif isinstance(record, EvalSamplesRecord):
-            output.eval_sample_records_left -= 1
-            if output.eval_sample_records_left >= 0 and output.typed_records_left > 0:
-                output.typed_records_left -= 1
+            # (no line in the job's log: the samples are the record; past the bound, each
+            # replaces the attempt's oldest, so the newest are kept)
+            if output.eval_sample_records_left <= 0 or output.typed_records_left > 0:
+                if output.eval_sample_records_left > 0:
+                    output.eval_sample_records_left -= 1
+                    output.typed_records_left -= 1
                 item.typed = True
-                return item  # (no line in the job's log: the samples are the record)
+                return item
             output.typed_records_dropped += 1
-            if output.eval_sample_records_left != -1:
+            output.eval_samples_dropped += 1
+            if output.eval_samples_dropped > 1:
                 return item
             item.notice = (
-                f"ace3: eval_samples records past the first {MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT}"
-                " of this attempt are not kept"
+                f"ace3: the eval_samples record of step {record.step} is not kept, nor later "
+                f"ones: this attempt's typed records reached their bound of "
+                f"{MAX_TYPED_RECORDS_PER_ATTEMPT}"
             )
         elif isinstance(record, RankFailureRecord):
             output.rank_failures = sorted(

@@ -2,7 +2,8 @@
 each validated one is kept as a typed row in job_records (bounded per attempt, the rest only
 counted) and told in the job's log within a notice budget of its own, so a job on
 ``action="warn"`` that fires often cannot use up the refusals' notices. ``eval_samples`` records
-are kept the same way, untold in the log, the first of them up to a bound of their own."""
+are kept the same way, untold in the log, the newest of them up to a bound of their own (the
+oldest deleted), and said once in the log when the typed records' bound leaves them no room."""
 
 from __future__ import annotations
 
@@ -117,29 +118,58 @@ def _samples(step: int) -> str:
     return EvalSamplesRecord(step=step, max_new_tokens=8, samples=[sample]).model_dump_json()
 
 
-def test_eval_samples_are_stored_typed_within_their_own_bound(
+def _service_lines(supervisor: Supervisor, job_id: str) -> list[str]:
+    with supervisor.sessions() as session:
+        return list(
+            session.scalars(
+                select(JobLog.line)
+                .where(JobLog.job_id == job_id, JobLog.stream == "service")
+                .order_by(JobLog.id)
+            ).all()
+        )
+
+
+def test_the_newest_eval_samples_are_kept_within_their_own_bound(
     supervisor: Supervisor, directory: JobDirectory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ingest, "MAX_EVAL_SAMPLE_RECORDS_PER_ATTEMPT", 3)
+    monkeypatch.setattr(ingest, "RECORDS_PER_PASS", 2)  # (the oldest go over several batches)
     nul = _samples(9).replace("<b>9", "\\u0000")
-    lines = [_samples(step) for step in range(5)] + [nul]
+    lines = [_samples(step) for step in range(7)] + [nul]
     directory.events_file.write_text("\n".join(lines) + "\n")
     job_id, watch = _ingest(supervisor, directory, eval_sample_records_left=3)
     with supervisor.sessions() as session:
         rows = session.scalars(
             select(JobRecord).where(JobRecord.job_id == job_id).order_by(JobRecord.id)
         ).all()
-        notices = session.scalars(
-            select(JobLog.line)
-            .where(JobLog.job_id == job_id, JobLog.stream == "service")
-            .order_by(JobLog.id)
+    assert [(row.type, row.step) for row in rows] == [("eval_samples", step) for step in (4, 5, 6)]
+    assert rows[1].payload["samples"][0]["completion"] == "<b>5</b>\n"
+    assert watch.output.typed_records_dropped == 0
+    assert watch.output.typed_records_left == ingest.MAX_TYPED_RECORDS_PER_ATTEMPT - 3
+    notices = _service_lines(supervisor, job_id)
+    assert len(notices) == 1, notices
+    assert "refused an events record (eval_samples.samples.0.completion" in notices[0]
+
+
+def test_eval_samples_past_the_typed_records_bound_are_dropped_with_one_notice(
+    supervisor: Supervisor, directory: JobDirectory
+) -> None:
+    lines = [_warn(0)] + [_samples(step) for step in range(1, 5)]
+    directory.events_file.write_text("\n".join(lines) + "\n")
+    job_id, watch = _ingest(supervisor, directory, typed_records_left=3, guard_notices_left=0)
+    with supervisor.sessions() as session:
+        rows = session.scalars(
+            select(JobRecord).where(JobRecord.job_id == job_id).order_by(JobRecord.id)
         ).all()
-    assert [(row.type, row.step) for row in rows] == [("eval_samples", step) for step in range(3)]
-    assert rows[1].payload["samples"][0]["completion"] == "<b>1</b>\n"
+    assert [(row.type, row.step) for row in rows] == [
+        ("instability", 0), ("eval_samples", 1), ("eval_samples", 2)
+    ]  # fmt: skip
     assert watch.output.typed_records_dropped == 2
-    assert len(notices) == 2, notices
-    assert "eval_samples records past the first 3 of this attempt are not kept" in notices[0]
-    assert "refused an events record (eval_samples.samples.0.completion" in notices[1]
+    notices = _service_lines(supervisor, job_id)
+    assert notices == [
+        "ace3: the eval_samples record of step 3 is not kept, nor later ones: this attempt's "
+        f"typed records reached their bound of {ingest.MAX_TYPED_RECORDS_PER_ATTEMPT}"
+    ]
 
 
 @pytest.mark.parametrize(
