@@ -7,8 +7,11 @@ fine-tuning format). A message has a role among :data:`CHAT_ROLES` and a string 
 an assistant message may carry ``tool_calls`` (``[{"id", "type": "function", "function":
 {"name", "arguments"}}]``), and then its ``content`` may be null; a ``tool`` message answers a
 call (``tool_call_id``). ``arguments`` is a JSON string as OpenAI sends it, and must parse to
-a JSON object: the job hands the template the object, as Hugging Face templates expect.
-:func:`check_chat_record` raises ``ValueError`` naming the field (``messages[2].tool_calls[0]
+a JSON object: the job hands the template the object, as Hugging Face templates expect. A null
+or empty ``tool_calls`` (OpenAI's own ``ChatCompletionMessage.model_dump()`` writes
+``"tool_calls": null``) and a null ``tools`` are as if absent. An assistant message may carry
+OpenAI's ``weight``, 0 or 1: ``0`` means its turn is not learned (a chat must keep one learned
+assistant turn). :func:`check_chat_record` raises ``ValueError`` naming the field (``messages[2].tool_calls[0]
 .function``); each caller names the line."""
 
 from __future__ import annotations
@@ -31,10 +34,25 @@ def check_chat_record(record: dict[str, Any]) -> None:
         raise ValueError("'messages' must be a non-empty list")
     for index, message in enumerate(messages):
         _check_message(message, f"messages[{index}]")
-    if not any(message["role"] == "assistant" for message in messages):
+    assistant = [message for message in messages if message["role"] == "assistant"]
+    if not assistant:
         raise ValueError("a chat with no assistant turn has nothing for the model to learn")
-    if "tools" in record:
+    if not any(learned_turn(message) for message in assistant):
+        raise ValueError(
+            "every assistant turn has weight 0: the chat has nothing for the model to learn"
+        )
+    if record.get("tools") is not None:
         _check_tools(record["tools"])
+
+
+def learned_turn(message: dict[str, Any]) -> bool:
+    """Whether a (checked) assistant message's turn is learned: its ``weight`` is not 0."""
+    return bool(message.get("weight", 1) != 0)
+
+
+def has_tool_calls(message: dict[str, Any]) -> bool:
+    """Whether a message carries tool calls (a null or empty ``tool_calls`` is none)."""
+    return message.get("tool_calls") not in (None, [])
 
 
 def _check_message(message: object, where: str) -> None:
@@ -43,7 +61,17 @@ def _check_message(message: object, where: str) -> None:
     role, content = message.get("role"), message.get("content")
     if role not in CHAT_ROLES:
         raise ValueError(f"{where}: role {role!r} is not one of {', '.join(CHAT_ROLES)}")
-    if "tool_calls" in message:
+    if "weight" in message:
+        weight = message["weight"]
+        if role != "assistant":
+            raise ValueError(
+                f"{where}.weight: only an assistant message has a weight, not {role!r}"
+            )
+        if type(weight) is not int or weight not in (0, 1):
+            raise ValueError(
+                f"{where}.weight must be 0 (do not learn this turn) or 1, not {weight!r}"
+            )
+    if has_tool_calls(message):
         if role != "assistant":
             raise ValueError(f"{where}: only an assistant message has 'tool_calls', not {role!r}")
         _check_tool_calls(message["tool_calls"], where)

@@ -110,6 +110,14 @@ def test_a_chat_file_with_tool_calls_is_taken_and_a_malformed_call_refused(clien
     bad = {"messages": [chat["messages"][0], {"role": "assistant", "tool_calls": [no_name]}]}
     with pytest.raises(openai.BadRequestError, match=r"line 2: messages\[1\]\.tool_calls\[0\]"):
         client.files.create(file=("bad.jsonl", _jsonl([chat, bad])), purpose="fine-tune")
+    # OpenAI's own dumps: "tool_calls": null; a weight (0 or 1) on an assistant message.
+    dumped = {"role": "assistant", "content": "2", "tool_calls": None, "weight": 0}
+    weighted = {"messages": [*chat["messages"][:3], dumped, *chat["messages"][2:]]}
+    taken = client.files.create(file=("w.jsonl", _jsonl([weighted])), purpose="fine-tune")
+    assert taken.status == "processed"
+    bad = {"messages": [chat["messages"][0], {**dumped, "weight": 2}]}
+    with pytest.raises(openai.BadRequestError, match=r"line 2: messages\[1\]\.weight must be"):
+        client.files.create(file=("bad.jsonl", _jsonl([chat, bad])), purpose="fine-tune")
 
 
 def _create(client: Any, model: str, file_id: str, **extra: Any) -> Any:

@@ -62,6 +62,51 @@ def test_tool_calls_tool_results_tools_and_the_developer_role_are_accepted() -> 
     check_chat_record(plain)
 
 
+def test_null_or_empty_tool_calls_and_null_tools_are_as_if_absent() -> None:
+    # OpenAI's ChatCompletionMessage.model_dump() writes "tool_calls": null.
+    answered = _changed("messages.4.tool_calls", None)
+    check_chat_record(answered)
+    check_chat_record(_changed("messages.4.tool_calls", []))
+    check_chat_record(_changed("messages.1.tool_calls", None))
+    check_chat_record(_changed("tools", None))
+    with pytest.raises(ValueError, match=re.escape("messages[4]: 'content' must be a string")):
+        check_chat_record(_changed("messages.4.content", None) | {"tools": None})
+    no_content = _changed("messages.2.content", None)
+    no_content["messages"][2]["tool_calls"] = None  # no calls: content must be a string
+    with pytest.raises(ValueError, match=re.escape("messages[2]: 'content' must be a string")):
+        check_chat_record(no_content)
+
+
+def test_a_weight_of_0_or_1_on_an_assistant_message_is_accepted() -> None:
+    check_chat_record(_changed("messages.2.weight", 0))
+    check_chat_record(_changed("messages.4.weight", 1))
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason"),
+    [
+        ("messages.4.weight", 2, "messages[4].weight must be 0 (do not learn this turn) or 1"),
+        ("messages.4.weight", 0.5, "messages[4].weight must be 0"),
+        ("messages.4.weight", 1.0, "messages[4].weight must be 0"),
+        ("messages.4.weight", True, "messages[4].weight must be 0"),
+        ("messages.4.weight", None, "messages[4].weight must be 0"),
+        ("messages.4.weight", "0", "messages[4].weight must be 0"),
+        ("messages.1.weight", 0, "messages[1].weight: only an assistant message has a weight"),
+        ("messages.3.weight", 1, "messages[3].weight: only an assistant message has a weight"),
+    ],
+)
+def test_a_bad_weight_is_refused_naming_it(path: str, value: object, reason: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        check_chat_record(_changed(path, value))
+
+
+def test_a_chat_whose_every_assistant_turn_has_weight_0_is_refused() -> None:
+    record = _changed("messages.2.weight", 0)
+    record["messages"][4]["weight"] = 0
+    with pytest.raises(ValueError, match="every assistant turn has weight 0"):
+        check_chat_record(record)
+
+
 @pytest.mark.parametrize(
     ("path", "value", "reason"),
     [
@@ -71,7 +116,6 @@ def test_tool_calls_tool_results_tools_and_the_developer_role_are_accepted() -> 
         ("messages.2.content", 3, "messages[2]: 'content' must be a string or null"),
         ("messages.3.tool_call_id", 7, "messages[3]: 'tool_call_id' must be a string"),
         ("messages.1.tool_calls", [CALL], "messages[1]: only an assistant message has"),
-        ("messages.2.tool_calls", [], "messages[2]: 'tool_calls' must be a non-empty list"),
         ("messages.2.tool_calls", [CALL] * 129, "a non-empty list of at most 128 calls"),
         ("messages.2.tool_calls", "get_weather()", "'tool_calls' must be a non-empty list"),
         ("messages.2.tool_calls.0", "x", "messages[2].tool_calls[0] must be an object"),

@@ -123,3 +123,24 @@ def test_chats_with_tool_calls_are_chat_records_and_a_malformed_call_names_line_
     with pytest.raises(UploadCheckError, match=r"line 1: tools\[0\]: 'type' must be"):
         retrieval = {**TOOL_CHAT, "tools": [{"type": "retrieval", "function": {"name": "x"}}]}
         check_dataset_file(_jsonl(tmp_path / "d.jsonl", retrieval), "jsonl")
+
+
+def test_weights_and_null_tool_calls_at_upload(tmp_path: Path) -> None:
+    # OpenAI's format: weight 0 or 1 on assistant messages; "tool_calls": null is no calls.
+    weighted = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo", "weight": 0, "tool_calls": None},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "hello", "weight": 1, "tool_calls": []},
+        ],
+        "tools": None,
+    }
+    path = _jsonl(tmp_path / "d.jsonl", CHAT, weighted)
+    assert check_dataset_file(path, "jsonl") == {"kind": "records", "records": "chat"}
+    bad = {"messages": [{"role": "user", "content": "hi", "weight": 1}, *CHAT["messages"][1:]]}
+    with pytest.raises(UploadCheckError, match=r"line 2: messages\[0\]\.weight: only an assistant"):
+        check_dataset_file(_jsonl(tmp_path / "d.jsonl", CHAT, bad), "jsonl")
+    unlearned = {"messages": [CHAT["messages"][0], {**CHAT["messages"][1], "weight": 0}]}
+    with pytest.raises(UploadCheckError, match="line 3: every assistant turn has weight 0"):
+        check_dataset_file(_jsonl(tmp_path / "d.jsonl", CHAT, weighted, unlearned), "jsonl")

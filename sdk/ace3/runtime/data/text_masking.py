@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ace3.config.chat_messages import has_tool_calls, learned_turn
 from ace3.config.text_records import RecordKind
 from ace3.runtime.data.text_tool_calls import (
     check_tool_calls_rendered,
@@ -132,12 +133,20 @@ def _tokenize_chat(
     newline ChatML writes after ``<|im_end|>``) are not learned when they are only
     whitespace: they are template separators the model never writes, since generation stops
     at the end-of-turn token.
+
+    An assistant turn of ``weight`` 0 (OpenAI's format) is rendered but not learned. The
+    template never sees ``weight``, nor a null or empty ``tool_calls``.
     """
     template = chat_template_of(tokenizer)
-    messages = template_messages(record_messages)
+    skipped = {
+        turn
+        for turn, message in enumerate(record_messages)
+        if message["role"] == "assistant" and not learned_turn(message)
+    }
+    messages = template_messages([_for_template(message) for message in record_messages])
     tool_chat = has_tools(messages, tools)
     example = rendering_tools(
-        lambda: _chat_example(template, messages, tokenizer, tools), tool_chat
+        lambda: _chat_example(template, messages, tokenizer, tools, skipped), tool_chat
     )
     example = _checked_chat(example)
     if tool_chat:
@@ -146,8 +155,19 @@ def _tokenize_chat(
     return example
 
 
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """The message without ``weight`` and without a null or empty ``tool_calls`` (templates
+    test ``'tool_calls' in message``)."""
+    dropped = {"weight"} if has_tool_calls(message) else {"weight", "tool_calls"}
+    return {key: value for key, value in message.items() if key not in dropped}
+
+
 def _chat_example(
-    template: str, messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any] | None
+    template: str,
+    messages: list[dict[str, Any]],
+    tokenizer: Any,
+    tools: list[Any] | None,
+    skipped: set[int],
 ) -> TokenizedExample:
     if GENERATION_BLOCK.search(template):
         rendered = tokenizer.apply_chat_template(
@@ -160,12 +180,15 @@ def _chat_example(
         input_ids = [int(token) for token in rendered["input_ids"]]
         mask = list(rendered["assistant_masks"])
         if any(mask):
+            for turn in sorted(skipped):  # weight 0: the turn's span, found as without blocks
+                start, end = _turn_span(tokenizer, messages, turn, tools, input_ids)
+                mask[start:end] = [0] * (end - start)
             labels = [
                 token if learned else IGNORE_INDEX
                 for token, learned in zip(input_ids, mask, strict=True)
             ]
             return TokenizedExample(input_ids=input_ids, labels=labels)
-    return _chat_by_difference(messages, tokenizer, tools)
+    return _chat_by_difference(messages, tokenizer, tools, skipped)
 
 
 def _render_ids(
@@ -208,27 +231,44 @@ def _prefix_ids(
     return empty[: common_prefix_length(empty, whole)]
 
 
+def _turn_span(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    turn: int,
+    tools: list[Any] | None,
+    input_ids: list[int],
+) -> tuple[int, int]:
+    """Where assistant message ``turn`` lies in ``input_ids`` (the whole chat rendered): from
+    the end of the conversation before it with the generation prompt to the end of the
+    conversation through it."""
+    before = _prefix_ids(tokenizer, messages, turn, tools)
+    through = _render_ids(tokenizer, messages[: turn + 1], False, tools)
+    start = common_prefix_length(before, input_ids)
+    end = common_prefix_length(through, input_ids)
+    # A merge across a boundary may change a token or two; more means the template renders
+    # earlier turns differently once later ones follow, and the spans would be wrong.
+    if len(before) - start > 2 or len(through) - end > 2:
+        raise ValueError(
+            f"cannot find assistant turn {turn + 1} (message {turn + 1}): the chat template "
+            "renders the conversation differently once later messages follow; use a "
+            "template with {% generation %} blocks around the assistant replies"
+        )
+    return start, end
+
+
 def _chat_by_difference(
-    messages: list[dict[str, Any]], tokenizer: Any, tools: list[Any] | None
+    messages: list[dict[str, Any]],
+    tokenizer: Any,
+    tools: list[Any] | None,
+    skipped: set[int],
 ) -> TokenizedExample:
     input_ids = _render_ids(tokenizer, messages, False, tools)
     labels = [IGNORE_INDEX] * len(input_ids)
     special_ids = _special_ids(tokenizer)
     for turn, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or turn in skipped:
             continue
-        before = _prefix_ids(tokenizer, messages, turn, tools)
-        through = _render_ids(tokenizer, messages[: turn + 1], False, tools)
-        start = common_prefix_length(before, input_ids)
-        end = common_prefix_length(through, input_ids)
-        # A merge across a boundary may change a token or two; more means the template renders
-        # earlier turns differently once later ones follow, and the spans would be wrong.
-        if len(before) - start > 2 or len(through) - end > 2:
-            raise ValueError(
-                f"cannot find assistant turn {turn + 1} (message {turn + 1}): the chat template "
-                "renders the conversation differently once later messages follow; use a "
-                "template with {% generation %} blocks around the assistant replies"
-            )
+        start, end = _turn_span(tokenizer, messages, turn, tools, input_ids)
         last_special = max(
             (position for position in range(start, end) if input_ids[position] in special_ids),
             default=None,
