@@ -6,6 +6,7 @@ given and what is missing."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,31 @@ def test_all_linear_takes_every_linear_and_conv1d_but_the_output_layer() -> None
     assert select_targets(Encoder(nn.Linear(4, 8), nn.Linear(8, 2)), "all-linear") == ["0", "1"]
     with pytest.raises(ValueError, match=r"'all-linear' finds no nn.Linear or Conv1D .* besides"):
         select_targets(nn.Sequential(nn.Linear(4, 2)), "all-linear")
+
+
+@pytest.mark.parametrize(
+    ("targets", "tied", "to"),
+    [(["lm_head"], "lm_head", "transformer.wte"), (["wte", "c_fc"], "transformer.wte", "lm_head")],
+)
+def test_a_tied_weight_is_refused_as_a_target(targets: list[str], tied: str, to: str) -> None:
+    # GPT-2 ties lm_head to wte: a merged update would land in both, and loading the exported
+    # model (tie_word_embeddings) would tie them again and lose it.
+    config = ace3.TrainingConfig(lora=ace3.LoRAConfig(r=2, lora_alpha=4, target_modules=targets))
+    reason = f"lora.target_modules: '{tied}' shares its weight with '{to}' (tied weights"
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        apply_lora(_gpt2(), config)
+
+
+def test_all_linear_leaves_a_tied_layer_out_even_when_it_is_not_the_output() -> None:
+    gpt2 = _gpt2()
+    gpt2.get_output_embeddings = lambda: None  # as peft's wrapper says: no output layer known
+    assert set(select_targets(gpt2, "all-linear")) == _names(gpt2, "Conv1D")  # lm_head left out
+    mlp = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    mlp[2].weight = mlp[0].weight  # tied hidden layers, neither the output
+    with pytest.raises(ValueError, match=r"'all-linear' finds no nn.Linear or Conv1D"):
+        select_targets(mlp, "all-linear")
+    mlp[2].weight = nn.Parameter(torch.zeros(4, 4))
+    assert select_targets(mlp, "all-linear") == ["0", "2"]
 
 
 def test_a_target_that_matches_nothing_names_a_few_layers_not_every_module() -> None:

@@ -107,12 +107,43 @@ def _output_layer(model: nn.Module, linear: list[tuple[str, nn.Module]]) -> str 
     return linear[-1][0] if linear else None
 
 
+def _tied(model: nn.Module) -> dict[str, list[str]]:
+    """Each module whose own parameter another module holds too (``tie_word_embeddings``:
+    GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) -> those other modules."""
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name.rpartition(".")[0])
+    tied: dict[str, list[str]] = {}
+    for modules in owners.values():
+        for module in modules:
+            others = [other for other in dict.fromkeys(modules) if other != module]
+            if others:
+                tied.setdefault(module, []).extend(others)
+    return tied
+
+
+def _refuse_tied(model: nn.Module, targets: list[str]) -> None:
+    """A LoRA layer on a tied weight would merge its update into the weight the other module
+    shares (and the exported config ties them again on loading): refused, naming both."""
+    tied = _tied(model)
+    for name in targets:
+        if name in tied:
+            raise ValueError(
+                f"lora.target_modules: {name!r} shares its weight with "
+                f"{', '.join(map(repr, tied[name]))} (tied weights, as tie_word_embeddings "
+                "ties lm_head to the input embedding); LoRA cannot adapt a tied weight: "
+                "leave it out ('all-linear' does)"
+            )
+
+
 def all_linear_targets(model: nn.Module) -> list[str]:
     """``target_modules="all-linear"``: every nn.Linear and Conv1D of the model except its
-    output layer (:func:`_output_layer`). ValueError when that leaves none."""
+    output layer (:func:`_output_layer`) and any whose weight is tied to another module's.
+    ValueError when that leaves none."""
     linear = [(name, module) for name, module in model.named_modules() if name and _linear(module)]
     output = _output_layer(model, linear)
-    targets = [name for name, _ in linear if name != output]
+    tied = _tied(model)
+    targets = [name for name, _ in linear if name != output and name not in tied]
     if not targets:
         held = f" besides its output layer {output!r}" if output else ""
         raise ValueError(
@@ -147,6 +178,7 @@ def select_targets(model: nn.Module, patterns: list[str] | str) -> list[str]:
                 f"could adapt: {shown or 'none'} (or 'all-linear')"
             )
         chosen.update(dict.fromkeys(hits))
+    _refuse_tied(model, list(chosen))
     return list(chosen)
 
 
