@@ -74,8 +74,11 @@ def _adapter_state(adapters: LoRAAdapters, whole: dict[str, Any]) -> dict[str, t
     }
 
 
-def write_adapter(adapters: LoRAAdapters, whole: dict[str, Any], target: Path) -> None:
-    """``adapter/`` in peft's format (see the module docstring)."""
+def write_adapter(
+    adapters: LoRAAdapters, adapter_state: dict[str, torch.Tensor], target: Path
+) -> None:
+    """``adapter/`` in peft's format (see the module docstring), ``adapter_state`` from
+    :func:`_adapter_state`."""
     import peft
     from safetensors.torch import save_file
 
@@ -90,7 +93,7 @@ def write_adapter(adapters: LoRAAdapters, whole: dict[str, Any], target: Path) -
         target_modules=sorted(adapters.layers),
         task_type="CAUSAL_LM",
     ).save_pretrained(str(target))
-    save_file(_adapter_state(adapters, whole), str(target / "adapter_model.safetensors"))
+    save_file(adapter_state, str(target / "adapter_model.safetensors"))
 
 
 def write_model_directory(state: dict[str, torch.Tensor], source: Path, target: Path) -> None:
@@ -180,12 +183,16 @@ class HuggingFaceExport(LoopExtension):
     def _export(self, loop: LoopView) -> None:
         is_main = loop.ctx.is_main
         adapters = self.adapters
+        adapter_state: dict[str, torch.Tensor] = {}
         # (every rank: gathered onto rank 0 where ZeRO-2/3 sharded the model)
         if adapters is not None:
             whole = whole_weights(adapters, self.precision, is_main)
             state = merge_weights(adapters, whole) if is_main else {}
+            if is_main and not adapters.config.trainable:
+                adapter_state = _adapter_state(adapters, whole)
+            del whole  # the adapted layers' base weights go: state has them merged
         else:
-            whole = state = rank0_float32_state(self.model, self.precision, is_main)
+            state = rank0_float32_state(self.model, self.precision, is_main)
         if not is_main:
             return
         drop_tied_output(self.model, state)
@@ -199,7 +206,9 @@ class HuggingFaceExport(LoopExtension):
                 f"beside the adapters, and live only in artifacts/{EXPORT_DIR}/"
             )
         elif adapters is not None:
-            _in_place(lambda at: write_adapter(adapters, whole, at), artifacts / ADAPTER_DIR)
+            _in_place(
+                lambda at: write_adapter(adapters, adapter_state, at), artifacts / ADAPTER_DIR
+            )
             written += f" and artifacts/{ADAPTER_DIR}/ (peft)"
         size = sum(p.stat().st_size for p in (artifacts / EXPORT_DIR).iterdir())
         loop.log(f"Hugging Face model ({len(state)} tensors, {size:,} bytes) written to {written}")

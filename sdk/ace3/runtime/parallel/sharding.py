@@ -207,25 +207,57 @@ def rank0_float32_state(
     """Every weight of ``model`` (what its ``state_dict()`` holds) as float32 CPU tensors on
     rank 0, an empty dict elsewhere: gathered onto rank 0 alone where a strategy sharded it
     (DTensors: a collective, so every rank calls this), else read from rank 0's own whole copy
-    (its float32 masters under O2). Tensors that are not floating point keep their type."""
+    (its float32 masters under O2). Tensors that are not floating point keep their type. Each
+    key gets a tensor of its own that no model or optimizer tensor shares, copied once at most
+    (see :func:`float32_cpu_copies`)."""
     from torch.distributed.tensor import DTensor
 
     if any(isinstance(p, DTensor) for p in model.parameters()):
         state = full_model_state_dict(model, sharded=True, everywhere=False)
-    elif is_main:
-        state = precision.model_state_dict(model)
-    else:
-        return {}
+        if not is_main:
+            return {}
+        return float32_cpu_copies(state, _storages(model))
     if not is_main:
         return {}
-    return {
-        key: value.detach()
-        .to("cpu", torch.float32 if value.is_floating_point() else value.dtype)
-        .clone()
-        .contiguous()
-        for key, value in state.items()
-        if isinstance(value, torch.Tensor)
-    }
+    return float32_cpu_copies(precision.model_state_dict(model), None)
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return int(tensor.untyped_storage().data_ptr())
+
+
+def _storages(model: nn.Module) -> set[int]:
+    """The storages of the model's own tensors (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    tensors = [*model.parameters(), *model.buffers()]
+    return {_storage(t.to_local() if isinstance(t, DTensor) else t) for t in tensors}
+
+
+def float32_cpu_copies(state: dict[str, Any], live: set[int] | None) -> dict[str, torch.Tensor]:
+    """``state``'s tensors as float32 (floating point ones) contiguous CPU tensors, each its own.
+
+    ``state`` is emptied as it goes, so a tensor the cast replaces is freed at once. The cast
+    copies a tensor on another device or of another type; one it leaves as is (``.to()`` returns
+    the same tensor) is copied only when it is someone else's: a tensor of ``live`` (the model's
+    own, where ``state`` was gathered into fresh tensors), any tensor where ``live`` is None (a
+    state that holds the model's or the optimizer's own tensors), or one an earlier key already
+    holds (tied weights)."""
+    copies: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key in list(state):
+        value = state.pop(key)
+        if not isinstance(value, torch.Tensor):
+            continue
+        source = value.detach()
+        tensor = source.to("cpu", torch.float32 if source.is_floating_point() else source.dtype)
+        storage = _storage(tensor)
+        borrowed = storage == _storage(source) and (live is None or storage in live)
+        if borrowed or storage in seen:
+            tensor = tensor.clone(memory_format=torch.contiguous_format)
+        copies[key] = tensor.contiguous()
+        seen.add(_storage(copies[key]))
+    return copies
 
 
 def write_back(trained: nn.Module, original: nn.Module) -> None:

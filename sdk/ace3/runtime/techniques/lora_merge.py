@@ -61,7 +61,8 @@ def whole_weights(adapters: LoRAAdapters, precision: Precision, is_main: bool) -
 
 
 def merge_weights(adapters: LoRAAdapters, whole: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The merged model (original names, float32 on the CPU) from :func:`whole_weights`."""
+    """The merged model (original names, float32 on the CPU) from :func:`whole_weights`: the
+    adapted layers' weights are new tensors, every other tensor is ``whole``'s own."""
     merged: dict[str, Any] = {}
     per_layer: dict[str, dict[str, Any]] = {name: {} for name in adapters.layers}
     for key, value in whole.items():
@@ -75,12 +76,10 @@ def merge_weights(adapters: LoRAAdapters, whole: dict[str, Any]) -> dict[str, to
             merged[f"{layer}.{local[len('base_layer.') :]}"] = value
     for name in adapters.layers:
         weight = merged[f"{name}.weight"].to("cpu", torch.float32)
-        merged[f"{name}.weight"] = weight + _update(adapters.templates[name], per_layer[name])
-    return {
-        key: value.detach().to("cpu").clone().contiguous()
-        for key, value in merged.items()
-        if isinstance(value, torch.Tensor)
-    }
+        update = _update(adapters.templates[name], per_layer[name])
+        merged[f"{name}.weight"] = (weight + update).detach().contiguous()
+    # The other tensors are whole's own (float32 CPU copies, one per key): not copied again.
+    return {key: value for key, value in merged.items() if isinstance(value, torch.Tensor)}
 
 
 def merged_state_dict(adapters: LoRAAdapters, precision: Precision) -> dict[str, torch.Tensor]:
@@ -105,6 +104,7 @@ class LoRAExtension(LoopExtension):
             path = loop.place.output_dir / "artifacts" / MERGED_MODEL
             path.parent.mkdir(parents=True, exist_ok=True)
             state = merge_weights(self.adapters, whole)
+            del whole  # the adapted layers' base weights (state shares the rest)
             save_checkpoint(state, path)
             size = path.stat().st_size
             loop.log(
