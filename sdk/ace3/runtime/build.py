@@ -48,6 +48,7 @@ from ace3.runtime.loop.precision import resolve_precision
 from ace3.runtime.loop.preemption import Preemption
 from ace3.runtime.loop.rng import rank_seed, seed_all
 from ace3.runtime.loop.speed import compile_model, uncompile
+from ace3.runtime.loop.text_counts import TextCounts
 from ace3.runtime.loop.total_steps import total_optimizer_steps
 from ace3.runtime.loop.train_state import TrainState
 from ace3.runtime.observe.log import ENGINE
@@ -174,8 +175,9 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
         teacher=teacher,
     )  # fmt: skip
     parts.micro_batch_split = job.micro_batch_split
-    if text is not None:  # padded dict batches of the tokenized examples
+    if text is not None:  # padded dict batches of the tokenized examples; the summary's counts
         parts.collate_fn = text.collate
+        parts.extensions.append(TextCounts(data.train, _data_replica(job, ctx)[1]))
     if config.eval_prompts and user.source_dir is not None:  # samples at every validation
         parts.extensions.append(eval_samples_for(config, user.source_dir, text, parts))
     if job.micro_batch_split > 1 and ctx.is_main:
@@ -189,13 +191,24 @@ def build(job: JobSpec, ctx: DistContext) -> Components:
 
 def load_text_data(job: JobSpec, ctx: DistContext, model_dir: Path) -> TextData | None:
     """Text records for a Hugging Face model directory: a ``.jsonl`` file (tokenized once per
-    node: :mod:`ace3.runtime.data.text_tokens`, in this attempt's ``TMPDIR``) or jsonl shards
-    (each rank tokenizing its own as it streams them); None when the dataset holds none."""
+    node: :mod:`ace3.runtime.data.text_tokens`, in this attempt's ``TMPDIR``, whose files are
+    deleted once every rank has built its datasets) or jsonl shards (each rank tokenizing its
+    own as it streams them); None when the dataset holds none."""
     once = None
     if ctx.world_size > 1:
         tag = hashlib.sha256(job.output_dir.encode()).hexdigest()[:16]
         scratch = Path(tempfile.gettempdir()) / f"ace3-tokenized-{tag}"
         once = Once(scratch, ctx.local_rank == 0, lambda: barrier(ctx))
+        once.start()
+    text = _text_data(job, ctx, model_dir, once)
+    if once is not None:
+        once.finish()
+    return text
+
+
+def _text_data(
+    job: JobSpec, ctx: DistContext, model_dir: Path, once: Once | None
+) -> TextData | None:
     text_file = text_records_file(job.dataset)
     if text_file is not None:
         return load_text_datasets(

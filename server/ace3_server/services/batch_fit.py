@@ -194,7 +194,7 @@ def batch_problems(
     (its stored row) cannot take, where both are known. Unchecked: a pipeline or layer-parallel
     run (it feeds the model's stages, not its forward), also when a search may make its trials
     one; a package (its other modules may change the model unseen)."""
-    problems = packing_problems(datasets, config)
+    problems = packing_problems(datasets, config, model)
     if model is None or runs_pipeline(config) or searched_fields & LAYOUT_FIELDS:
         return problems
     for field, dataset in datasets.items():
@@ -212,14 +212,18 @@ def batch_problems(
     return problems
 
 
-def packing_problems(datasets: Mapping[str, Any], config: Any) -> list[dict[str, Any]]:
+def packing_problems(
+    datasets: Mapping[str, Any], config: Any, model: Any = None
+) -> list[dict[str, Any]]:
     """``packing`` packs text records; a training dataset known to hold something else is
-    refused on ``config.packing``."""
+    refused on ``config.packing``. jsonl shards whose records no one named may hold text
+    records, which a Hugging Face model's job reads (``model`` None: not known yet); for any
+    other model they are (inputs, targets) pairs, refused."""
     train = datasets.get("dataset_id")
     layout = getattr(train, "batch_layout", None)
     if not getattr(config, "packing", False) or layout is None or layout["kind"] == "records":
         return []
-    if unread_shards(train):
+    if unread_shards(train) and getattr(model, "kind", "huggingface") == "huggingface":
         return []
     return [
         {

@@ -59,6 +59,9 @@ def test_chat_records_in_shards_are_streamed_tokenized_per_rank_and_packed(
     [summary] = [e for e in evs if e["type"] == "summary"]
     final = summary["final_metrics"]
     assert math.isfinite(final["train_loss"]) and math.isfinite(final["val_loss"])
+    # the readers' counts, all-reduced over both ranks (each read 4 batches of 2 packs)
+    assert final["text_examples"] >= 2 * 4 * 2 and final["text_truncated"] >= 0
+    assert 0 <= final["text_padding_share"] < 1
     requests = tmp_path / "shard-requests"
     assert {p.name for p in requests.glob("train-*.json")} == {
         "train-r0-w0.json",

@@ -180,3 +180,26 @@ def test_a_template_that_cannot_render_tool_calls_fails_naming_the_record(
             "chat",
             _with_template(tokenizer, template),
         )
+
+
+REFUSES_SYSTEM = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}{% endfor %}" + WITHOUT_GENERATION
+)
+
+
+def test_a_template_that_raises_on_a_chat_without_tools_names_the_record_file_and_line(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    from ace3.runtime.data.text_tokens import tokenize_file
+
+    path = tmp_path / "chats.jsonl"
+    plain = {"messages": [MESSAGES[1], MESSAGES[4]]}
+    system = {"messages": [{"role": "system", "content": "be terse"}, *plain["messages"]]}
+    path.write_text(f"{json.dumps(plain)}\n\n{json.dumps(system)}\n", encoding="utf-8")
+    with pytest.raises(ValueError) as raised:  # (a blank line: record 2 is on line 3)
+        tokenize_file(path, _with_template(tokenizer, REFUSES_SYSTEM))
+    assert str(raised.value).startswith(
+        f"record 2 ({path}, line 3): the model's chat template raised TemplateError: System "
+        "role not supported"
+    )

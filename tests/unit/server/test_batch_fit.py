@@ -300,3 +300,17 @@ def test_a_search_whose_space_may_make_trials_a_pipeline_is_not_checked() -> Non
     assert batch_problems(model, pairs, search.base_config, searched(search)) == []
     package = SimpleNamespace(**{**vars(model), "kind": "archive"})
     assert batch_problems(package, pairs, plain, set()) == []
+
+
+def test_packing_on_unread_jsonl_shards_is_refused_unless_the_model_is_hugging_face() -> None:
+    from types import SimpleNamespace
+
+    from ace3.config import TrainingConfig
+    from ace3_server.services.batch_fit import packing_problems
+
+    shards = {"dataset_id": SimpleNamespace(batch_layout=PAIR, kind="remote", format="jsonl")}
+    packing = TrainingConfig(packing=True)
+    hf = SimpleNamespace(kind="huggingface")
+    assert packing_problems(shards, packing, hf) == []  # the job reads their kind
+    refused = packing_problems(shards, packing, SimpleNamespace(kind="file"))
+    assert [p["loc"] for p in refused] == [["body", "config", "packing"]]

@@ -10,7 +10,7 @@ them, and gathers the public names of the pieces that tokenize (``text_masking``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ __all__ = [
     "collate_text",
     "detect_record_kind",
     "padding_tokens",
+    "read_numbered_records",
     "read_records",
     "tokenize_record",
     "tokenize_records",
@@ -121,6 +122,14 @@ def read_records(
     ``kind`` names the kind (the dataset's ``records=``: each record need only hold its
     fields); without it the first records decide. Errors name the file and the (1-based) line.
     """
+    kind, numbered = read_numbered_records(path, kind)
+    return kind, [record for _, record in numbered]
+
+
+def read_numbered_records(
+    path: Path, kind: RecordKind | None = None
+) -> tuple[RecordKind, list[tuple[int, dict[str, Any]]]]:
+    """:func:`read_records`, each record with its (1-based) line."""
     numbered: list[tuple[int, Any]] = []
     with open(path, encoding="utf-8") as stream:
         for line_number, line in enumerate(stream, start=1):
@@ -143,13 +152,17 @@ def read_records(
             check_record(record, kind, named=named)
         except ValueError as exc:
             raise ValueError(f"{path}, line {line_number}: {exc}") from exc
-    return kind, [record for _, record in numbered]
+    return kind, numbered
 
 
 def tokenize_records(
-    records: Iterable[dict[str, Any]], kind: RecordKind, tokenizer: Any
+    records: Iterable[dict[str, Any]],
+    kind: RecordKind,
+    tokenizer: Any,
+    lines: tuple[Path, Sequence[int]] | None = None,
 ) -> list[TokenizedExample]:
-    """``tokenize_record`` over records, errors naming the (1-based) record that failed."""
+    """``tokenize_record`` over records, errors naming the (1-based) record that failed, and
+    its file and line when ``lines`` gives them (the file, each record's line)."""
     if kind == "chat":
         chat_template_of(tokenizer)  # refuse once, before any record, without a template
     examples: list[TokenizedExample] = []
@@ -157,5 +170,6 @@ def tokenize_records(
         try:
             examples.append(tokenize_record(record, kind, tokenizer))
         except ValueError as exc:
-            raise ValueError(f"record {number}: {exc}") from exc
+            where = f" ({lines[0]}, line {lines[1][number - 1]})" if lines else ""
+            raise ValueError(f"record {number}{where}: {exc}") from exc
     return examples

@@ -3,20 +3,30 @@
 The node's leader (local rank 0) reads and tokenizes the file, as one rank alone would, and
 writes the examples' token ids and labels to ``scratch`` (a directory of the attempt's own
 ``TMPDIR``, one per node: the sandbox's ``tmp/``): ``ids.bin`` and ``labels.bin`` (int32, the
-examples one after another), ``offsets.bin`` (int64, ``count + 1`` boundaries) and, last, by a
-rename, ``meta.json`` (the records' kind and the example count, or the error that stopped it).
-Every rank waits at a barrier of all ranks; then the others memory-map the arrays (the pages
-are the node's page cache, shared, not a copy per rank) and read them as the same examples, in
-the same order, with the same values: what each rank tokenized before, bit for bit. A
-tokenizing error (a bad record, a chat template missing) is raised by every rank with the
-leader's message. The leader always writes anew before the barrier, so files left by an earlier
-launch of the same attempt are never read.
+examples one after another: 8 bytes a token), ``offsets.bin`` (int64, ``count + 1``
+boundaries) and, last, by a rename, ``meta.json`` (the records' kind and the example count, or
+the error that stopped it: any exception, written before the leader raises it). The other
+ranks of the node wait for ``meta.json`` by polling the file, with no time limit (tokenizing a
+large file may take longer than the process group's timeout, so no collective waits for it; if
+the leader dies, torchrun stops the node's other ranks), then memory-map the arrays and read
+them as the same examples, in the same order, with the same values: what each rank tokenized
+before, bit for bit. Each rank still builds its own items (tensors) from them: what is saved is
+the parsing and tokenizing, not the memory of the items. A tokenizing error (a bad record, a
+chat template missing) is raised by every rank with the leader's message.
+
+Before any file is tokenized (:meth:`Once.start`), the leader removes what an earlier launch of
+the same attempt left, and every rank meets at a barrier (at once: nobody tokenizes before it),
+so no rank reads an earlier launch's files. Once every rank has built its datasets,
+:meth:`Once.finish` meets again and the leader deletes the directory: its disk is taken only
+while the datasets are built.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +35,11 @@ from typing import Any, overload
 import numpy as np
 
 from ace3.config.text_records import RecordKind
-from ace3.runtime.data.text_records import TokenizedExample, read_records, tokenize_records
+from ace3.runtime.data.text_records import (
+    TokenizedExample,
+    read_numbered_records,
+    tokenize_records,
+)
 
 META = "meta.json"
 ARRAYS = ("ids", "labels", "offsets")
@@ -35,23 +49,41 @@ ARRAYS = ("ids", "labels", "offsets")
 class Once:
     """How this rank tokenizes once per node: ``scratch``, the node's directory for a file's
     examples; ``leader``, whether this rank tokenizes (local rank 0); ``wait``, a barrier of
-    every rank."""
+    every rank (met before any file is tokenized and after the datasets are built, never while
+    one is tokenized)."""
 
     scratch: Path
     leader: bool
     wait: Callable[[], None]
+    poll_seconds: float = 0.5
 
     def at(self, name: str) -> Once:
         """The same, for the file called ``name`` (its own subdirectory)."""
-        return Once(self.scratch / name, self.leader, self.wait)
+        return Once(self.scratch / name, self.leader, self.wait, self.poll_seconds)
+
+    def start(self) -> None:
+        """Before any file is tokenized: the leader removes an earlier launch's files, and every
+        rank waits for it (every rank calls it)."""
+        if self.leader:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch.mkdir(parents=True)
+        self.wait()
+
+    def finish(self) -> None:
+        """Once every rank has built its datasets from the scratch files: the leader deletes
+        them (every rank calls it)."""
+        self.wait()
+        if self.leader:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def tokenize_file(
     path: Path, tokenizer: Any, named: RecordKind | None = None
 ) -> tuple[RecordKind, list[TokenizedExample]]:
     """Read and tokenize every record of ``path`` (one process alone)."""
-    kind, records = read_records(path, named)
-    return kind, tokenize_records(records, kind, tokenizer)
+    kind, numbered = read_numbered_records(path, named)
+    lines = (path, [line for line, _ in numbered])
+    return kind, tokenize_records([record for _, record in numbered], kind, tokenizer, lines)
 
 
 class TokenArrays(Sequence[TokenizedExample]):
@@ -129,25 +161,53 @@ def tokenize_once(
     once: Once | None,
 ) -> tuple[RecordKind, Sequence[TokenizedExample]]:
     """The file's records' kind and tokenized examples: tokenized by the node's leader when
-    ``once`` is given (see the module docstring), else here."""
+    ``once`` is given (after :meth:`Once.start`; see the module docstring), else here."""
     if once is None:
         return tokenize_file(path, tokenizer, named)
     scratch = once.scratch
-    result: tuple[RecordKind, list[TokenizedExample]] | None = None
-    if once.leader:
-        (scratch / META).unlink(missing_ok=True)
+    if once.leader:  # (Once.start removed an earlier launch's files)
         scratch.mkdir(parents=True, exist_ok=True)
-        try:
-            result = tokenize_file(path, tokenizer, named)
-        except ValueError as exc:
-            _write_meta(scratch, {"error": str(exc)})
-        else:
-            write_examples(scratch, result[1])
-            _write_meta(scratch, {"kind": result[0], "count": len(result[1])})
-    once.wait()
-    meta = json.loads((scratch / META).read_text(encoding="utf-8"))
+        return _lead(path, tokenizer, named, scratch)
+    meta = _wait_for_meta(scratch, once.poll_seconds)
     if "error" in meta:
-        raise ValueError(meta["error"])
-    if result is not None:
-        return result
+        error = str(meta["error"])
+        if meta.get("type") == "ValueError":
+            raise ValueError(error)
+        raise RuntimeError(f"tokenizing {path.name} failed on this node's local rank 0: {error}")
     return meta["kind"], TokenArrays(scratch, int(meta["count"]))
+
+
+def _lead(
+    path: Path, tokenizer: Any, named: RecordKind | None, scratch: Path
+) -> tuple[RecordKind, list[TokenizedExample]]:
+    """The leader's part: tokenize, write the arrays and then ``meta.json``; on any error,
+    ``meta.json`` saying it (the arrays removed) before the error is raised."""
+    meta: dict[str, Any] | None = None
+    try:
+        result = tokenize_file(path, tokenizer, named)
+        write_examples(scratch, result[1])
+        meta = {"kind": result[0], "count": len(result[1])}
+        return result
+    except BaseException as exc:
+        for name in ARRAYS:
+            (scratch / f"{name}.bin").unlink(missing_ok=True)
+        if isinstance(exc, ValueError):
+            meta = {"error": str(exc), "type": "ValueError"}
+        else:
+            meta = {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__}
+        raise
+    finally:
+        if meta is not None:
+            _write_meta(scratch, meta)
+
+
+def _wait_for_meta(scratch: Path, poll_seconds: float) -> dict[str, Any]:
+    """``meta.json`` once the leader has written it (no time limit: see the module docstring)."""
+    path = scratch / META
+    while True:
+        try:
+            meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            time.sleep(poll_seconds)
+            continue
+        return meta

@@ -50,19 +50,26 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rendering_tools(render: Callable[[], Result], tool_chat: bool) -> Result:
-    """``render()``, with an error from the template on a chat with tool calls turned into a
-    ``ValueError`` saying that the template cannot render them."""
-    if not tool_chat:
-        return render()
+    """``render()``, with an error the chat template raised turned into a ``ValueError`` that
+    says so (the caller names the record): on a chat with tool calls, that the template cannot
+    render them; on any other, what it raised (a template's ``raise_exception``: many refuse a
+    system message, or turns that do not alternate user and assistant)."""
     try:
         return render()
-    except ValueError:
+    except (ValueError, MemoryError):
         raise
     except Exception as exc:  # jinja2's TemplateError, a template's raise_exception, ...
+        if tool_chat:
+            raise ValueError(
+                "the model's chat template cannot render this chat's tool calls or tool "
+                f"messages ({type(exc).__name__}: {exc}); use a model whose chat template "
+                "renders OpenAI-style tool_calls and tool messages, or leave them out of the "
+                "records"
+            ) from exc
         raise ValueError(
-            "the model's chat template cannot render this chat's tool calls or tool messages "
-            f"({type(exc).__name__}: {exc}); use a model whose chat template renders "
-            "OpenAI-style tool_calls and tool messages, or leave them out of the records"
+            f"the model's chat template raised {type(exc).__name__}: {exc} (templates often "
+            "refuse a system message, or turns that do not alternate user and assistant); "
+            "change the record, or use a model whose chat template renders it"
         ) from exc
 
 

@@ -33,6 +33,9 @@ from ace3.runtime.data.stream.webdataset import webdataset_samples
 from ace3.runtime.job_spec import StreamSpec
 
 DEFAULT_COLUMNS = {"inputs": "inputs", "targets": "targets"}
+# The longest line of a text record in a shard (characters): registered shards are not read at
+# registration, so a record is bounded here, before it is parsed or tokenized.
+MAX_RECORD_LINE_CHARS = 64 * 2**20
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
@@ -210,8 +213,11 @@ def _open_text(path: Path) -> io.TextIOBase:
     return path.open(encoding="utf-8")
 
 
-def _lines(path: Path, start: int) -> Generator[tuple[int, str], None, None]:
-    """The shard's non-blank lines (with their 1-based numbers) from the ``start``-th on."""
+def _lines(
+    path: Path, start: int, limit: int | None = None
+) -> Generator[tuple[int, str], None, None]:
+    """The shard's non-blank lines (with their 1-based numbers) from the ``start``-th on; a
+    line longer than ``limit`` characters is a ValueError naming it (read no further)."""
     errors: tuple[type[BaseException], ...] = (OSError, EOFError, UnicodeDecodeError)
     if path.name.endswith(".zst"):
         import zstandard
@@ -221,7 +227,13 @@ def _lines(path: Path, start: int) -> Generator[tuple[int, str], None, None]:
     line_no = 0
     try:
         with _open_text(path) as handle:
-            for line_no, line in enumerate(handle, start=1):
+            while line := handle.readline(-1 if limit is None else limit + 1):
+                line_no += 1
+                if limit is not None and len(line) > limit and not line.endswith("\n"):
+                    raise ValueError(
+                        f"{path}, line {line_no}: longer than {limit:,} characters; a text "
+                        "record is at most that long: shorten or split it"
+                    )
                 if not line.strip():
                     continue
                 index += 1
@@ -239,8 +251,9 @@ def _jsonl(path: Path, start: int) -> Generator[tuple[torch.Tensor, torch.Tensor
 
 
 def _jsonl_objects(path: Path, start: int) -> Generator[tuple[str, int, Any], None, None]:
-    """Text records: ``(file name, line number, parsed JSON)``, checked later (by kind)."""
-    for line_no, line in _lines(path, start):
+    """Text records: ``(file name, line number, parsed JSON)``, checked later (by kind); a
+    line is at most :data:`MAX_RECORD_LINE_CHARS` characters."""
+    for line_no, line in _lines(path, start, MAX_RECORD_LINE_CHARS):
         try:
             yield path.name, line_no, json.loads(line)
         except json.JSONDecodeError as exc:

@@ -19,13 +19,15 @@ reader's position is past every record the packer has taken, and the open pack h
 ones not given out yet.
 
 A stream of records has no known length: it cycles for ``max_steps`` (``epochs`` is refused),
-as every jsonl stream does.
+as every jsonl stream does. A whole pass over a reader's share whose every record is left out
+(nothing to learn within ``sequence_length``) is an error naming its shards, as a file of such
+records is: a cycling reader would otherwise read on for ever without an item.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,7 +46,18 @@ from ace3.runtime.data.text_records import (
 )
 from ace3.runtime.job_spec import DatasetSpec
 
-COUNTS = ("examples", "truncated", "dropped", "tokens")
+COUNTS = ("examples", "truncated", "dropped", "tokens", "items")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Where a reader's records come from: ``epoch()``, the pass of the record just read;
+    ``shards(epoch)``, that pass's shard files; ``whole``, whether the reader starts at a pass's
+    first record (not resumed inside one)."""
+
+    epoch: Callable[[], int]
+    shards: Callable[[int], list[str]]
+    whole: bool
 
 
 @dataclass(frozen=True)
@@ -63,9 +76,15 @@ class TextSettings:
 class Tokens:
     """One reader's tokenizer and packer (see the module docstring)."""
 
-    def __init__(self, settings: TextSettings, state: dict[str, Any] | None, who: str) -> None:
+    def __init__(
+        self, settings: TextSettings, state: dict[str, Any] | None, who: str, where: Pass
+    ) -> None:
         self.settings = settings
         self.who = who
+        self.where = where
+        self.epoch: int | None = None  # the pass being read
+        self.whole = where.whole  # whether this reader has read that pass from its start
+        self.kept = False  # whether that pass has kept an example yet
         state = state or {}
         self.pending = [
             TokenizedExample(input_ids=list(ids), labels=list(labels))
@@ -93,38 +112,60 @@ class Tokens:
         if cut is None:
             self.counts["dropped"] += 1
             return None
+        self.kept = True
         self.counts["examples"] += 1
         self.counts["tokens"] += len(cut.input_ids)
         if truncated and not self._told:
             self._told = True
             ENGINE.info(
                 f"{self.who}: {file}, line {line} has more than sequence_length="
-                f"{settings.length} tokens: such examples are truncated (counted in the data "
-                "position)"
+                f"{settings.length} tokens: such examples are truncated (the run's summary counts "
+                "them: text_truncated)"
             )
         return cut
+
+    def _passed(self) -> None:
+        """Before a record: a ValueError when the pass that just ended was read whole and kept
+        no example (a cycling reader would read on for ever; a validation reader gives none)."""
+        if self.epoch is not None and self.whole and not self.kept:
+            shards = ", ".join(self.where.shards(self.epoch))
+            raise ValueError(
+                f"{self.who}: no record of its shards ({shards}) learns anything within "
+                f"sequence_length={self.settings.length} (each one, truncated, keeps no learned "
+                "token after its first); raise sequence_length or shorten the prompts"
+            )
+
+    def _given(self, item: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.counts["items"] += 1
+        return item
 
     def items(self, records: Iterator[Any]) -> Iterator[dict[str, torch.Tensor]]:
         """The items of ``records`` (``(file, line, record)``): the pending pack is updated
         before an item is given out."""
         length = self.settings.length
         for file, line, record in records:
+            epoch = self.where.epoch()
+            if epoch != self.epoch:
+                self._passed()
+                self.whole = self.epoch is not None or self.whole
+                self.epoch, self.kept = epoch, False
             example = self._example(file, line, record)
             if example is None:
                 continue
             if not self.settings.packing:
-                yield single_item(example)
+                yield self._given(single_item(example))
                 continue
             if self.pending and len(example.input_ids) > self.room:
                 pack, self.pending = self.pending, [example]
                 self.room = length - len(example.input_ids)
-                yield pack_item(pack)
+                yield self._given(pack_item(pack))
             else:
                 self.pending.append(example)
                 self.room -= len(example.input_ids)
-        if self.pending:  # (the end of a pass that does not cycle)
+        self._passed()  # (the end of a pass that does not cycle)
+        if self.pending:
             pack, self.pending, self.room = self.pending, [], length
-            yield pack_item(pack)
+            yield self._given(pack_item(pack))
 
 
 class TextShardStream(ShardStream):
@@ -160,10 +201,17 @@ class TextShardStream(ShardStream):
     def __iter__(self) -> Any:
         saved = (self._pending or {}).get("text")
         records = super().__iter__()
-        assert self._live is not None
-        position = self._live.position
+        live = self._live
+        assert live is not None
+        position = live.position
         who = f"{self.split} reader {position.reader} of {position.readers}"
-        self._tokens = Tokens(self.text, saved, who)
+        reader = position.reader
+        where = Pass(
+            epoch=lambda: live.position.epoch,
+            shards=lambda epoch: [self.files[s] for s in self.plan.share(epoch, reader)],
+            whole=position.fed == 0 and position.cursor == 0 and position.offset == 0,
+        )
+        self._tokens = Tokens(self.text, saved, who, where)
         return self._tokens.items(records)
 
     def state_dict(self) -> dict[str, Any]:
@@ -171,3 +219,32 @@ class TextShardStream(ShardStream):
         if self._live is not None and self._tokens is not None:
             state["text"] = self._tokens.state()
         return state
+
+
+def stream_text_counts(position: Any) -> dict[str, int]:
+    """The text counts of every reader in a training position (a loader's state: each reader's
+    ``"text"``, wherever the loader keeps it), summed, with ``item_tokens``: the tokens of the
+    items given out (the open packs' not yet)."""
+    totals = dict.fromkeys((*COUNTS, "item_tokens"), 0)
+    found: list[dict[str, Any]] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict):
+            text = value.get("text")
+            if isinstance(text, dict) and isinstance(text.get("counts"), dict):
+                found.append(text)
+                return
+            for inner in value.values():
+                visit(inner)
+        elif isinstance(value, list | tuple):
+            for inner in value:
+                visit(inner)
+
+    visit(position)
+    for text in found:
+        counts = {name: int(text["counts"].get(name, 0)) for name in COUNTS}
+        for name in COUNTS:
+            totals[name] += counts[name]
+        pending = sum(len(ids) for ids, _labels in text.get("pending", []))
+        totals["item_tokens"] += counts["tokens"] - pending
+    return totals
