@@ -24,22 +24,24 @@ down_revision: str | None = "0022"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+FOREIGN_KEY = "fk_jobs_fine_tuned_model_id_models"
+
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("fine_tuned_model_id", sa.String(32), nullable=True))
-        batch.add_column(sa.Column("fine_tune_request", sa.JSON(), nullable=True))
-        batch.create_foreign_key(
-            "fk_jobs_fine_tuned_model_id_models", "models", ["fine_tuned_model_id"], ["id"]
-        )
-    with op.batch_alter_table("models") as batch:
-        batch.add_column(sa.Column("source_job_id", sa.String(32), nullable=True))
+    # Plain ADD COLUMNs: on SQLite a batch operation that adds a constraint recreates the table,
+    # which drops its triggers (migration 0012's webhook outbox). SQLite cannot add a foreign key
+    # to an existing table, so there the column has none (SQLite enforces none by default).
+    op.add_column("jobs", sa.Column("fine_tuned_model_id", sa.String(32), nullable=True))
+    op.add_column("jobs", sa.Column("fine_tune_request", sa.JSON(), nullable=True))
+    if op.get_bind().dialect.name != "sqlite":
+        op.create_foreign_key(FOREIGN_KEY, "jobs", "models", ["fine_tuned_model_id"], ["id"])
+    op.add_column("models", sa.Column("source_job_id", sa.String(32), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("models") as batch:
-        batch.drop_column("source_job_id")
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_constraint("fk_jobs_fine_tuned_model_id_models", type_="foreignkey")
-        batch.drop_column("fine_tune_request")
-        batch.drop_column("fine_tuned_model_id")
+    # (plain DROP COLUMNs for the same reason: SQLite 3.35+ drops a column in place)
+    op.drop_column("models", "source_job_id")
+    if op.get_bind().dialect.name != "sqlite":
+        op.drop_constraint(FOREIGN_KEY, "jobs", type_="foreignkey")
+    op.drop_column("jobs", "fine_tune_request")
+    op.drop_column("jobs", "fine_tuned_model_id")
