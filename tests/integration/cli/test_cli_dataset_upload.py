@@ -104,6 +104,7 @@ def test_a_directory_of_shards_is_uploaded_once_and_resumes(api: API, tmp_path: 
         "shards": "2",
         "bytes": str(len(jsonl_bytes(3)) + len(jsonl_bytes(5))),
         "samples": "unknown",
+        "records": "-",
         "sha256": fields["sha256"],
         "created": fields["created"],
     }

@@ -97,7 +97,13 @@ SECTIONS: dict[type[BaseModel], list[Case]] = {
             },
         ),
         Case("lora", {"r": 8, "lora_alpha": 0.08, "target_modules": ["*"]}),
-        Case("lora", {"target_modules": ["fc1"]}, {"zero_stage": 3}, refused=True),  # FSDP
+        Case("lora", {"target_modules": ["fc1"]}, {"zero_stage": 3}),  # FSDP2 shards the base too
+        Case(
+            "lora",
+            {"target_modules": ["fc1"]},
+            {"num_gpus": 2, "tensor_parallel_size": 2},
+            refused=True,
+        ),
     ],
     ace3.DistillationConfig: [
         Case("distillation", {"teacher_model_id": TEACHER}),
