@@ -2,28 +2,31 @@
 may share them (``benchmarks/data_streaming.py``: SeaweedFS on the same two cores), so every
 CPU-second the fetch spends is one the store cannot serve with.
 
-A shard of at least :data:`RANGED_MIN_BYTES` is read as parts of :data:`PART_BYTES` (ranged
-GETs, as boto3's own ``download_file`` reads), at most :data:`RANGE_READERS` parts in flight
-(the source checks each part against the manifest:
-:meth:`ace3_worker.shard_fetch.S3ShardSource.open_range`). Each part streams in chunks of
-:data:`CHUNK_BYTES` read straight into reused buffers (``readinto``: no bytes object per
-chunk, no part held whole), each written at its offset into the entry's reserved part file
-by the thread that read it and handed to the caller's thread, which hashes them (sha256) in
-order; a part runs at most :data:`CHUNKS_AHEAD` chunks ahead of the hash. Meanwhile the bytes
-written so far are flushed (one ``fdatasync`` at a time), so that the ``fsync`` after the last
-part has little left to do, where the cache fsyncs its entries at all
-(:mod:`ace3_worker.shard_cache_boot`: not where it is tagged with this boot).
+A shard of a bucket of at least :data:`RANGED_MIN_BYTES` is read as parts of at most
+:data:`PART_BYTES` (GETs of a byte range, each checked against the manifest by the source:
+:meth:`ace3_worker.shard_fetch.S3ShardSource.open_range`), at most :data:`RANGE_READERS` parts
+in flight. Each part streams in chunks of :data:`CHUNK_BYTES` read straight into reused
+buffers (``readinto``: no bytes object per chunk, no part held whole), each written at its
+offset into the entry's reserved part file by the thread that read it and handed to the
+caller's thread, which hashes them (sha256) in order; a part runs at most
+:data:`CHUNKS_AHEAD` chunks ahead of the hash. Meanwhile the bytes written so far are flushed
+(one ``fdatasync`` at a time), so that the ``fsync`` after the last part has little left to
+do, where the cache fsyncs its entries at all (:mod:`ace3_worker.shard_cache_boot`: not where
+it is tagged with this boot).
 
-What it costs, 128 MiB objects on SeaweedFS on the same 2 cores, the variants interleaved
-(medians of CPU seconds of the fetching process, with the machine loaded by other work, load
-5-7): 8 MiB parts read whole as bytes and hashed after, 0.29-0.35; the chunks into reused
-buffers, 0.24-0.25; boto3's ``download_file``, which hashes nothing, 0.21-0.24
-(benchmarks/README.md).
+By default one part is in flight and a part is up to 1 GiB: a shard is one streaming GET
+(more for a larger one), read by one thread while the caller hashes. Parallel ranges cost
+CPU (six readers contending for the interpreter, as boto3's ``download_file`` reads) that
+the two measured cores could not spare: on SeaweedFS on the same 2 cores, idle, one reader
+read 128 MiB objects at 0.81-0.93 of ``download_file``'s rate and 10 MiB ones at 0.85-1.01,
+where six readers of 8 MiB parts read them at 0.70-0.83 and 0.66-0.68 (benchmarks/README.md).
+Shards fetch in parallel anyway: the feeder fetches up to 4 at once. The machinery for more
+readers stays (the tests drive it with six), for a store whose single stream is slow.
 
-A smaller shard is one streaming read, whose chunks a thread of their own reads ahead
-(:func:`read_ahead`, at most :data:`READ_AHEAD_CHUNKS` of them), so that the socket's reads
-overlap the hashing and the writing (one 10 MiB shard at a time from SeaweedFS: 0.65 of boto3's
-``download_file`` without, 0.77 with).
+A shard under :data:`RANGED_MIN_BYTES` (and every shard of the artifact store) is one
+streaming read, whose chunks a thread of their own reads ahead (:func:`read_ahead`, at most
+:data:`READ_AHEAD_CHUNKS` of them), so that the socket's reads overlap the hashing and the
+writing.
 """
 
 from __future__ import annotations
@@ -39,10 +42,10 @@ from typing import Protocol
 from ace3.config.shards import Shard
 
 MiB = 1024 * 1024
-RANGED_MIN_BYTES = 32 * MiB
-PART_BYTES = 8 * MiB
+RANGED_MIN_BYTES = 1 * MiB
+PART_BYTES = 1024 * MiB
 MIN_PART_BYTES = 4 * MiB
-RANGE_READERS = 6
+RANGE_READERS = 1
 CHUNK_BYTES = MiB
 CHUNKS_AHEAD = 4
 SYNC_BYTES = 32 * MiB

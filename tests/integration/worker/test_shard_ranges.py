@@ -38,6 +38,8 @@ def tiny_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard_ranges, "MIN_PART_BYTES", PART)
     monkeypatch.setattr(shard_ranges, "RANGED_MIN_BYTES", 2 * PART)
     monkeypatch.setattr(shard_ranges, "CHUNK_BYTES", PART // 4)
+    # (several parts in flight: the machinery a store far away is read with)
+    monkeypatch.setattr(shard_ranges, "RANGE_READERS", 6)
 
 
 def _shard(data: bytes) -> Shard:

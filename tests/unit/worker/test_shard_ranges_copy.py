@@ -31,6 +31,8 @@ def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard_ranges, "MIN_PART_BYTES", PART)
     monkeypatch.setattr(shard_ranges, "CHUNK_BYTES", CHUNK)
     monkeypatch.setattr(shard_ranges, "CHUNKS_AHEAD", 2)
+    # (several parts in flight: the machinery a store far away is read with)
+    monkeypatch.setattr(shard_ranges, "RANGE_READERS", 6)
 
 
 def _copy(tmp_path: Path, data: bytes, open_part: shard_ranges.OpenPart) -> str:
